@@ -1,0 +1,279 @@
+//! The broker: the single meeting point between the listener processes and
+//! the rest of the group.
+//!
+//! Each listener keeps a small pool of return pipes to the broker, registered
+//! once; the router keeps one connection. The broker stamps every request with
+//! the pipe it came from ([`Origin::Pipe`]), forwards it to the router, and
+//! routes each response back by that stamp alone: it keeps no per-request
+//! state, so nothing in it grows with traffic and nothing needs expiring.
+//! It relays the router's route table to every listener, and when the router
+//! goes away it tells every pipe at once so that listeners answer the
+//! requests in flight with 503 instead of waiting for their deadline.
+//! (WebSocket sessions and push fan-out arrive with the WebSocket issue.)
+//!
+//! # Layout
+//! - [`run`]: accept loop and the two kinds of connection (pipe, router).
+
+#![forbid(unsafe_code)]
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use switchyard_proto::control::{Control, RouteTable};
+use switchyard_proto::transport::{FrameReader, FrameSink, PeerPolicy, Refused, spawn_writer};
+use switchyard_proto::{Envelope, Kind, Origin};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::oneshot;
+
+/// Errors that stop the broker.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("broker socket: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// The broker's settings.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Largest frame accepted or sent, in bytes.
+    pub max_frame: usize,
+    /// Frames queued per outbound connection before requests are refused with 503.
+    pub queue_capacity: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            max_frame: switchyard_proto::DEFAULT_MAX_FRAME,
+            queue_capacity: 8192,
+        }
+    }
+}
+
+struct Pipe {
+    sink: FrameSink,
+    /// Pipe 0 of each listener receives the route table.
+    index: u32,
+}
+
+#[derive(Default)]
+struct State {
+    pipes: HashMap<u64, Pipe>,
+    router: Option<(u64, FrameSink)>,
+    table: Option<RouteTable>,
+    next_id: u64,
+}
+
+#[derive(Clone)]
+struct Shared {
+    state: Arc<Mutex<State>>,
+    config: Config,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock is a bug; keep serving with the data.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Serves the broker on `listener` until `shutdown` resolves. `ready` fires
+/// once the broker accepts connections.
+pub async fn run(
+    listener: UnixListener,
+    config: Config,
+    ready: oneshot::Sender<()>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), Error> {
+    let shared = Shared {
+        state: Arc::default(),
+        config,
+    };
+    let policy = PeerPolicy::for_group();
+    let _ = ready.send(());
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => return Ok(()),
+            accepted = listener.accept() => {
+                let (stream, _) = match accepted {
+                    Ok(s) => s,
+                    Err(err) => {
+                        tracing::warn!(%err, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        continue;
+                    }
+                };
+                if let Err(err) = policy.check(&stream) {
+                    tracing::warn!(%err, "refusing connection");
+                    continue;
+                }
+                tokio::spawn(connection(shared.clone(), stream));
+            }
+        }
+    }
+}
+
+async fn connection(shared: Shared, stream: UnixStream) {
+    let max = shared.config.max_frame;
+    let (read, write) = stream.into_split();
+    let mut reader = FrameReader::new(read, max);
+    let hello = match tokio::time::timeout(Duration::from_secs(5), reader.next()).await {
+        Ok(Ok(Some(env))) if env.kind == Kind::Control => env.decode_control(),
+        Ok(Ok(_)) => return tracing::warn!("connection sent no hello"),
+        Ok(Err(err)) => return tracing::warn!(%err, "bad hello frame"),
+        Err(_) => return tracing::warn!("no hello within 5 s"),
+    };
+    let (sink, _writer) = spawn_writer(write, shared.config.queue_capacity, max);
+    match hello {
+        Ok(Control::HelloPipe { pid, index }) => pipe(shared, reader, sink, pid, index).await,
+        Ok(Control::HelloRouter { pid }) => router(shared, reader, sink, pid).await,
+        Ok(other) => tracing::warn!(?other, "unexpected hello"),
+        Err(err) => tracing::warn!(%err, "undecodable hello"),
+    }
+}
+
+fn control(message: &Control) -> Option<Envelope> {
+    Envelope::control(message)
+        .map_err(|err| tracing::error!(%err, "cannot encode control"))
+        .ok()
+}
+
+async fn pipe(
+    shared: Shared,
+    mut reader: FrameReader<tokio::net::unix::OwnedReadHalf>,
+    sink: FrameSink,
+    pid: u32,
+    index: u32,
+) {
+    let id = {
+        let mut st = shared.lock();
+        st.next_id += 1;
+        let id = st.next_id;
+        let welcome = control(&Control::Welcome { id });
+        let _ = welcome.map(|w| sink.send(w));
+        if index == 0 {
+            let news = match (&st.router, &st.table) {
+                (Some(_), Some(table)) => control(&Control::RouteTable(table.clone())),
+                (None, _) => control(&Control::RouterLost),
+                _ => None,
+            };
+            let _ = news.map(|n| sink.send(n));
+        }
+        st.pipes.insert(
+            id,
+            Pipe {
+                sink: sink.clone(),
+                index,
+            },
+        );
+        id
+    };
+    tracing::debug!(pid, index, id, "listener pipe registered");
+    let mut batch = Vec::with_capacity(64);
+    loop {
+        match reader.read_batch(&mut batch).await {
+            Ok(true) => {}
+            Ok(false) => break,
+            Err(err) => {
+                tracing::warn!(%err, pid, "closing listener pipe");
+                break;
+            }
+        }
+        let st = shared.lock();
+        for mut env in batch.drain(..) {
+            match env.kind {
+                Kind::Request | Kind::Notification => {
+                    env.origin = Origin::Pipe(id);
+                    let refused = match &st.router {
+                        Some((_, router)) => router.send(env).err(),
+                        None => Some(Refused {
+                            envelope: Box::new(env),
+                            full: false,
+                        }),
+                    };
+                    if let Some(Refused { envelope, full }) = refused
+                        && envelope.kind == Kind::Request
+                    {
+                        let detail = if full {
+                            "router queue is full"
+                        } else {
+                            "router is not available"
+                        };
+                        let _ = sink.send(Envelope::error_to(&envelope, 503, detail));
+                    }
+                }
+                other => tracing::debug!(?other, "ignoring frame from listener pipe"),
+            }
+        }
+    }
+    shared.lock().pipes.remove(&id);
+}
+
+async fn router(
+    shared: Shared,
+    mut reader: FrameReader<tokio::net::unix::OwnedReadHalf>,
+    sink: FrameSink,
+    pid: u32,
+) {
+    let generation = {
+        let mut st = shared.lock();
+        st.next_id += 1;
+        let generation = st.next_id;
+        st.router = Some((generation, sink));
+        generation
+    };
+    tracing::info!(pid, "router connected");
+    let mut batch = Vec::with_capacity(64);
+    loop {
+        match reader.read_batch(&mut batch).await {
+            Ok(true) => {}
+            Ok(false) => break,
+            Err(err) => {
+                tracing::warn!(%err, "closing router connection");
+                break;
+            }
+        }
+        let mut st = shared.lock();
+        for env in batch.drain(..) {
+            match (env.kind, env.origin) {
+                (Kind::Response | Kind::StreamItem, Origin::Pipe(id)) => {
+                    // The pipe may be gone (listener restarted): drop.
+                    if let Some(pipe) = st.pipes.get(&id)
+                        && let Err(refused) = pipe.sink.send(env)
+                    {
+                        tracing::debug!(%refused, id, "response dropped");
+                    }
+                }
+                (Kind::Control, _) => match env.decode_control() {
+                    Ok(Control::RouteTable(table)) => {
+                        if let Some(news) = control(&Control::RouteTable(table.clone())) {
+                            for pipe in st.pipes.values().filter(|p| p.index == 0) {
+                                let _ = pipe.sink.send(news.clone());
+                            }
+                        }
+                        st.table = Some(table);
+                    }
+                    Ok(other) => tracing::debug!(?other, "ignoring control from router"),
+                    Err(err) => tracing::warn!(%err, "bad control frame from router"),
+                },
+                (Kind::Notification, _) => {
+                    // Push fan-out to WebSocket/gRPC clients arrives with issue #5.
+                }
+                (kind, origin) => tracing::debug!(?kind, ?origin, "ignoring frame from router"),
+            }
+        }
+    }
+    let mut st = shared.lock();
+    if matches!(st.router, Some((g, _)) if g == generation) {
+        st.router = None;
+        tracing::warn!("router connection lost; failing requests in flight");
+        if let Some(lost) = control(&Control::RouterLost) {
+            for pipe in st.pipes.values() {
+                let _ = pipe.sink.send(lost.clone());
+            }
+        }
+    }
+}

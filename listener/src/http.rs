@@ -1,0 +1,176 @@
+//! One HTTP request: match, build the event, send it, write the answer.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{HeaderName, HeaderValue, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use switchyard_proto::{Deadline, Envelope, problem};
+
+use crate::Config;
+use crate::pipes::{Pool, SendFailure};
+use crate::routes::Lookup;
+
+pub(crate) struct State {
+    pub(crate) pool: Arc<Pool>,
+    pub(crate) config: Arc<Config>,
+}
+
+type Reply = Response<Full<Bytes>>;
+
+pub(crate) async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Reply, Infallible> {
+    Ok(match req.uri().path() {
+        "/health" => json(StatusCode::OK, serde_json::json!({ "status": "alive" })),
+        "/ready" => ready(&state),
+        _ => route(&state, req).await,
+    })
+}
+
+fn ready(state: &State) -> Reply {
+    let routes = state.pool.routes();
+    let router = state.pool.router_up();
+    let ready = router && routes.table.all_up();
+    let managers: Vec<_> = routes
+        .table
+        .managers
+        .iter()
+        .map(|m| serde_json::json!({ "name": m.name, "instances_up": m.instances_up }))
+        .collect();
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    json(
+        status,
+        serde_json::json!({ "ready": ready, "router": router, "managers": managers }),
+    )
+}
+
+async fn route(state: &State, req: Request<Incoming>) -> Reply {
+    let routes = state.pool.routes();
+    let matched = match routes.lookup(req.method().as_str(), req.uri().path()) {
+        Lookup::Found(m) => m,
+        Lookup::WrongMethod(allowed) => {
+            let mut reply = error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed for this path");
+            if let Ok(v) = HeaderValue::from_str(&allowed.join(", ")) {
+                reply.headers_mut().insert(header::ALLOW, v);
+            }
+            return reply;
+        }
+        Lookup::NotFound => return error(StatusCode::NOT_FOUND, "no route matches this path"),
+    };
+    drop(routes);
+
+    let limit = state.config.max_body_bytes;
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > limit as u64) {
+        return error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            &format!("request body is larger than {limit} bytes"),
+        );
+    }
+    let (parts, body) = req.into_parts();
+    let body = match Limited::new(body, limit).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(err) if err.is::<http_body_util::LengthLimitError>() => {
+            return error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                &format!("request body is larger than {limit} bytes"),
+            );
+        }
+        Err(_) => return error(StatusCode::BAD_REQUEST, "could not read the request body"),
+    };
+
+    let mut env = Envelope::request(matched.entry.event_type, 0, body);
+    env.deadline = Deadline::after(state.config.request_timeout);
+    if let Some(ct) = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+    {
+        env.meta.push("content-type", ct);
+    }
+    if let Some(query) = parts.uri.query() {
+        env.meta.push("query", query);
+    }
+    for (name, value) in matched.params {
+        env.meta.push(format!("p.{name}"), value);
+    }
+
+    let in_flight = match state.pool.send(env) {
+        Ok(f) => f,
+        Err(SendFailure::Busy) => {
+            let mut reply = error(StatusCode::SERVICE_UNAVAILABLE, "the server is overloaded");
+            reply
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            return reply;
+        }
+        Err(SendFailure::Unavailable) => {
+            return error(StatusCode::SERVICE_UNAVAILABLE, "the broker is not available");
+        }
+    };
+    let response = match tokio::time::timeout(state.config.request_timeout, &mut { in_flight }.response).await
+    {
+        Ok(Ok(env)) => env,
+        Ok(Err(_)) => return error(StatusCode::SERVICE_UNAVAILABLE, "the request was dropped"),
+        Err(_) => return error(StatusCode::GATEWAY_TIMEOUT, "the request deadline passed"),
+    };
+    into_http(response)
+}
+
+fn into_http(env: Envelope) -> Reply {
+    let status = StatusCode::from_u16(env.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let body = match env.payload.inline() {
+        Some(b) => b.clone(),
+        None => {
+            return error(
+                StatusCode::NOT_IMPLEMENTED,
+                "shared-memory bodies are not supported yet",
+            );
+        }
+    };
+    let mut reply = Response::new(Full::new(body));
+    *reply.status_mut() = status;
+    let headers = reply.headers_mut();
+    for (name, value) in env.meta.iter() {
+        match (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_str(value),
+        ) {
+            (Ok(n), Ok(v)) => {
+                headers.append(n, v);
+            }
+            _ => tracing::debug!(name, "skipping invalid response header"),
+        }
+    }
+    reply
+}
+
+fn json(status: StatusCode, value: serde_json::Value) -> Reply {
+    let mut reply = Response::new(Full::new(Bytes::from(value.to_string())));
+    *reply.status_mut() = status;
+    reply
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    reply
+}
+
+/// A problem+json error produced by the listener itself.
+pub(crate) fn error(status: StatusCode, detail: &str) -> Reply {
+    let (_, body) = problem::problem(status.as_u16(), detail);
+    let mut reply = Response::new(Full::new(body));
+    *reply.status_mut() = status;
+    reply.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(problem::PROBLEM_JSON),
+    );
+    reply
+}

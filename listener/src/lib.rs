@@ -1,0 +1,153 @@
+//! The listener: where HTTP requests become events and responses become HTTP.
+//!
+//! A listener process accepts connections (HTTP/1.1 and h2 on one port, told
+//! apart by the connection preface), matches each request against the route
+//! table the managers declared, turns it into a request [`Envelope`] and sends
+//! it to the broker over one of its pooled return pipes. The response comes
+//! back on the same pipe, matched by correlation id, and is written out as
+//! the manager produced it. The listener enforces the limits a client can
+//! abuse (header size and read time, body size, request deadline) and answers
+//! `/health` and `/ready` itself. It owns no business logic and no state that
+//! outlives a request.
+//!
+//! # Layout
+//! - [`run`]: the accept loop and graceful drain.
+//! - `pipes`: the pool of return pipes to the broker and the pending map.
+//! - `routes`: the route table, merged from the router's announcements.
+//! - `http`: request → event → response.
+//!
+//! [`Envelope`]: switchyard_proto::Envelope
+
+#![forbid(unsafe_code)]
+
+mod http;
+mod pipes;
+mod routes;
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+
+/// Errors that stop the listener.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("listener socket: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("invalid listener configuration: {0}")]
+    Config(String),
+}
+
+/// The listener's settings.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The broker's socket, where the return pipes connect.
+    pub broker_socket: PathBuf,
+    /// Return pipes in the pool (about one per runtime thread).
+    pub pipes: usize,
+    /// Largest frame accepted or sent, in bytes.
+    pub max_frame: usize,
+    /// Frames queued per pipe before requests get 503.
+    pub queue_capacity: usize,
+    /// Largest request head (request line and headers), in bytes; at least 8192.
+    pub max_header_bytes: usize,
+    /// Largest request body, in bytes; larger gets 413.
+    pub max_body_bytes: usize,
+    /// Time a client has to send the whole request head (slowloris guard).
+    pub header_read_timeout: Duration,
+    /// Deadline of a request from arrival to response; past it, 504.
+    pub request_timeout: Duration,
+}
+
+impl Config {
+    fn validate(&self) -> Result<(), Error> {
+        if self.max_header_bytes < 8192 {
+            return Err(Error::Config("max_header_bytes must be at least 8192".into()));
+        }
+        if self.pipes == 0 {
+            return Err(Error::Config("pipes must be at least 1".into()));
+        }
+        if self.max_body_bytes + 64 * 1024 > self.max_frame {
+            return Err(Error::Config(format!(
+                "max_body_bytes ({}) must leave 64 KiB of room under max_frame ({})",
+                self.max_body_bytes, self.max_frame
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Serves HTTP on `tcp` until `drain` resolves with a grace period; then stops
+/// accepting and gives in-flight requests that long to finish. `ready` fires
+/// once every return pipe is registered and the route table is known.
+pub async fn run(
+    tcp: TcpListener,
+    config: Config,
+    ready: oneshot::Sender<()>,
+    drain: impl Future<Output = Duration>,
+) -> Result<(), Error> {
+    config.validate()?;
+    let config = Arc::new(config);
+    let pool = pipes::Pool::start(config.clone());
+    pool.wait_ready().await;
+    let _ = ready.send(());
+    tracing::info!(addr = %tcp.local_addr()?, "accepting connections");
+
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(config.header_read_timeout)
+        .max_buf_size(config.max_header_bytes);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(config.max_header_bytes as u32);
+    let builder = Arc::new(builder);
+    let graceful = GracefulShutdown::new();
+    let state = Arc::new(http::State {
+        pool,
+        config: config.clone(),
+    });
+
+    tokio::pin!(drain);
+    let grace = loop {
+        tokio::select! {
+            grace = &mut drain => break grace,
+            accepted = tcp.accept() => {
+                let (stream, _) = match accepted {
+                    Ok(s) => s,
+                    Err(err) => {
+                        // EMFILE and friends: back off instead of spinning.
+                        tracing::warn!(%err, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                let builder = builder.clone();
+                let state = state.clone();
+                let watcher = graceful.watcher();
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |req| http::handle(state.clone(), req));
+                    let conn = builder.serve_connection(TokioIo::new(stream), service);
+                    if let Err(err) = watcher.watch(conn.into_owned()).await {
+                        tracing::debug!(%err, "connection ended with an error");
+                    }
+                });
+            }
+        }
+    };
+    drop(tcp);
+    tracing::info!(connections = graceful.count(), ?grace, "draining");
+    if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
+        tracing::warn!("grace period over; closing remaining connections");
+    }
+    Ok(())
+}

@@ -1,0 +1,153 @@
+//! The route table: method + path pattern → event type.
+//!
+//! Routes are merged, never forgotten: when a manager goes down its routes
+//! stay, so requests to them get 503 from the router rather than 404 here.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use switchyard_proto::control::{RouteEntry, RouteTable};
+
+/// A snapshot of the routes, swapped whole on every change.
+#[derive(Default)]
+pub(crate) struct Routes {
+    known: BTreeMap<(String, String), Arc<RouteEntry>>,
+    by_method: HashMap<String, matchit::Router<Arc<RouteEntry>>>,
+    /// The router's last view of manager health.
+    pub(crate) table: RouteTable,
+}
+
+/// A matched route and its path parameters.
+pub(crate) struct Matched {
+    pub(crate) entry: Arc<RouteEntry>,
+    pub(crate) params: Vec<(String, String)>,
+}
+
+pub(crate) enum Lookup {
+    Found(Matched),
+    /// The path exists for these other methods.
+    WrongMethod(Vec<String>),
+    NotFound,
+}
+
+impl Routes {
+    /// This snapshot with `table` merged in.
+    pub(crate) fn merged(&self, table: RouteTable) -> Routes {
+        let mut known = self.known.clone();
+        for entry in &table.routes {
+            let key = (entry.route.method.clone(), entry.route.path.clone());
+            known.insert(key, Arc::new(entry.clone()));
+        }
+        let mut by_method: HashMap<String, matchit::Router<Arc<RouteEntry>>> = HashMap::new();
+        for ((method, path), entry) in &known {
+            let router = by_method.entry(method.clone()).or_default();
+            if let Err(err) = router.insert(path.clone(), entry.clone()) {
+                tracing::error!(%method, %path, %err, "route conflicts with another; ignored");
+            }
+        }
+        Routes {
+            known,
+            by_method,
+            table,
+        }
+    }
+
+    pub(crate) fn lookup(&self, method: &str, path: &str) -> Lookup {
+        if let Some(router) = self.by_method.get(method)
+            && let Ok(m) = router.at(path)
+        {
+            let params = m
+                .params
+                .iter()
+                .map(|(k, v)| (k.to_owned(), percent_decode(v)))
+                .collect();
+            return Lookup::Found(Matched {
+                entry: m.value.clone(),
+                params,
+            });
+        }
+        let allowed: Vec<String> = self
+            .by_method
+            .iter()
+            .filter(|(m, r)| m.as_str() != method && r.at(path).is_ok())
+            .map(|(m, _)| m.clone())
+            .collect();
+        if allowed.is_empty() {
+            Lookup::NotFound
+        } else {
+            Lookup::WrongMethod(allowed)
+        }
+    }
+}
+
+/// Decodes `%XX` escapes; invalid escapes and non-UTF-8 results are kept raw.
+fn percent_decode(s: &str) -> String {
+    if !s.contains('%') {
+        return s.to_owned();
+    }
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok();
+            if let Some(b) = hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                out.push(b);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8(out).unwrap_or_else(|_| s.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use switchyard_proto::EventType;
+    use switchyard_proto::control::HttpRoute;
+
+    fn entry(method: &str, path: &str) -> RouteEntry {
+        RouteEntry {
+            route: HttpRoute {
+                method: method.into(),
+                path: path.into(),
+            },
+            event_type: EventType::of(path),
+            type_name: path.into(),
+            manager: "m".into(),
+        }
+    }
+
+    #[test]
+    fn match_params_methods_and_merge() {
+        let table = RouteTable {
+            routes: vec![entry("GET", "/hello/{name}"), entry("POST", "/echo")],
+            ..Default::default()
+        };
+        let routes = Routes::default().merged(table);
+        match routes.lookup("GET", "/hello/J%C3%BCrgen") {
+            Lookup::Found(m) => assert_eq!(m.params, vec![("name".into(), "Jürgen".into())]),
+            _ => panic!("no match"),
+        }
+        assert!(matches!(routes.lookup("GET", "/echo"), Lookup::WrongMethod(m) if m == ["POST"]));
+        assert!(matches!(routes.lookup("GET", "/nope"), Lookup::NotFound));
+        // A later table without /echo does not forget it.
+        let routes = routes.merged(RouteTable {
+            routes: vec![entry("GET", "/noop")],
+            ..Default::default()
+        });
+        assert!(matches!(routes.lookup("POST", "/echo"), Lookup::Found(_)));
+        assert!(matches!(routes.lookup("GET", "/noop"), Lookup::Found(_)));
+    }
+
+    #[test]
+    fn percent_decoding_is_lenient() {
+        assert_eq!(percent_decode("a%20b"), "a b");
+        assert_eq!(percent_decode("100%"), "100%");
+        assert_eq!(percent_decode("%zz"), "%zz");
+        assert_eq!(percent_decode("%ff"), "%ff");
+    }
+}

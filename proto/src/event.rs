@@ -1,0 +1,273 @@
+//! The event envelope: what travels between processes.
+//!
+//! An [`Envelope`] is the unit of routing. Its payload is opaque to every hop
+//! but the two ends: the broker and router route on `event_type`, `kind`,
+//! `correlation` and `origin` alone, and never decode or copy the payload.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+/// A routable event type: a name such as `shop.Checkout`, interned to a
+/// stable 64-bit id (FNV-1a of the UTF-8 name) so that routing compares
+/// integers. The id is the same in every process and on every machine.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default)]
+pub struct EventType(pub u64);
+
+impl EventType {
+    /// The id reserved for control frames; no name hashes to it in practice
+    /// and [`EventType::of`] never returns it.
+    pub const CONTROL: EventType = EventType(0);
+
+    /// Interns `name`. `const` so that SDK types carry their id at compile time.
+    pub const fn of(name: &str) -> EventType {
+        let bytes = name.as_bytes();
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        let mut i = 0;
+        while i < bytes.len() {
+            hash ^= bytes[i] as u64;
+            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+            i += 1;
+        }
+        EventType(if hash == 0 { 1 } else { hash })
+    }
+}
+
+impl std::fmt::Debug for EventType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "EventType({:#018x})", self.0)
+    }
+}
+
+/// What an envelope is for; decides how the router treats it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Kind {
+    /// Wants exactly one [`Kind::Response`] with the same correlation.
+    Request,
+    /// Fire-and-forget; delivered to every subscriber.
+    Notification,
+    /// The answer to a request; routed back by `origin`.
+    Response,
+    /// One piece of a streamed body (reserved for streaming responses).
+    StreamItem,
+    /// Process-to-process control (hello, route table, ...).
+    Control,
+}
+
+/// Where a response must go back to. Stamped by the hop that owns the return
+/// address: the broker for listener pipes, the router for managers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Origin {
+    /// Not stamped yet (a listener's request before the broker sees it).
+    Unset,
+    /// A listener return pipe, by the id the broker gave it.
+    Pipe(u64),
+    /// A manager instance, by the id the router gave it.
+    Manager(u64),
+}
+
+/// An absolute deadline in microseconds since the Unix epoch; 0 means none.
+/// Wall-clock so that it means the same thing in every process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, Default)]
+pub struct Deadline(pub u64);
+
+impl Deadline {
+    /// No deadline.
+    pub const NONE: Deadline = Deadline(0);
+
+    /// The deadline `after` from now.
+    pub fn after(after: Duration) -> Deadline {
+        Deadline(now_micros().saturating_add(after.as_micros() as u64))
+    }
+
+    /// Whether the deadline is set and has passed at `now` (micros since epoch).
+    pub fn expired_at(self, now: u64) -> bool {
+        self.0 != 0 && now >= self.0
+    }
+
+    /// Time left, `None` when there is no deadline.
+    pub fn remaining(self) -> Option<Duration> {
+        (self.0 != 0).then(|| Duration::from_micros(self.0.saturating_sub(now_micros())))
+    }
+}
+
+/// Microseconds since the Unix epoch.
+pub fn now_micros() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+/// A small ordered header map carried with an event (`content-type`, path
+/// parameters, the query string). Few entries, so a vector beats a map.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Meta(pub Vec<(String, String)>);
+
+impl Meta {
+    /// The first value for `key`.
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.0.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+    }
+
+    /// Appends an entry.
+    pub fn push(&mut self, key: impl Into<String>, value: impl Into<String>) {
+        self.0.push((key.into(), value.into()));
+    }
+
+    /// Iterates over the entries.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.0.iter().map(|(k, v)| (k.as_str(), v.as_str()))
+    }
+}
+
+/// A payload in shared memory: which segment, where, how long. Only the
+/// handle travels in the frame; the bytes stay where the producer wrote them.
+///
+/// Issue #4 (shared memory) gives this its mechanism; until then no process
+/// produces one, and a receiver that gets one answers 501.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShmHandle {
+    /// Segment id within the group.
+    pub segment: u32,
+    /// Byte offset in the segment.
+    pub offset: u64,
+    /// Payload length in bytes.
+    pub len: u64,
+}
+
+/// An event's body: inline bytes (a zero-copy slice of the received frame),
+/// or a handle to shared memory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Payload {
+    Inline(Bytes),
+    Shm(ShmHandle),
+}
+
+impl Default for Payload {
+    fn default() -> Self {
+        Payload::Inline(Bytes::new())
+    }
+}
+
+impl Payload {
+    /// The inline bytes, or `None` for a shared-memory handle.
+    pub fn inline(&self) -> Option<&Bytes> {
+        match self {
+            Payload::Inline(b) => Some(b),
+            Payload::Shm(_) => None,
+        }
+    }
+}
+
+/// One event on the wire.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Envelope {
+    /// The interned event type; [`EventType::CONTROL`] for control frames.
+    pub event_type: EventType,
+    pub kind: Kind,
+    /// Chosen by the requester, unique among its outstanding requests;
+    /// echoed by the response.
+    pub correlation: u64,
+    /// The return address (see [`Origin`]).
+    pub origin: Origin,
+    pub deadline: Deadline,
+    /// HTTP-like status of a response (200, 404, 503, ...); 0 on other kinds.
+    pub status: u16,
+    pub meta: Meta,
+    pub payload: Payload,
+}
+
+impl Envelope {
+    /// A request of `event_type` carrying `payload`.
+    pub fn request(event_type: EventType, correlation: u64, payload: Bytes) -> Envelope {
+        Envelope {
+            event_type,
+            kind: Kind::Request,
+            correlation,
+            origin: Origin::Unset,
+            deadline: Deadline::NONE,
+            status: 0,
+            meta: Meta::default(),
+            payload: Payload::Inline(payload),
+        }
+    }
+
+    /// A notification of `event_type`.
+    pub fn notification(event_type: EventType, payload: Bytes) -> Envelope {
+        Envelope {
+            kind: Kind::Notification,
+            ..Envelope::request(event_type, 0, payload)
+        }
+    }
+
+    /// The response to `request` (same type, correlation, origin) with a status,
+    /// meta and body.
+    pub fn response_to(request: &Envelope, status: u16, meta: Meta, body: Bytes) -> Envelope {
+        Envelope {
+            event_type: request.event_type,
+            kind: Kind::Response,
+            correlation: request.correlation,
+            origin: request.origin,
+            deadline: Deadline::NONE,
+            status,
+            meta,
+            payload: Payload::Inline(body),
+        }
+    }
+
+    /// A synthesized error response (`application/problem+json`) to `request`:
+    /// what a hop answers when it cannot deliver, so no client ever waits for
+    /// a timeout.
+    pub fn error_to(request: &Envelope, status: u16, detail: &str) -> Envelope {
+        let (meta, body) = crate::problem::problem(status, detail);
+        Envelope::response_to(request, status, meta, body)
+    }
+
+    /// A control frame carrying `message`.
+    pub fn control(message: &crate::control::Control) -> crate::Result<Envelope> {
+        Ok(Envelope {
+            event_type: EventType::CONTROL,
+            kind: Kind::Control,
+            correlation: 0,
+            origin: Origin::Unset,
+            deadline: Deadline::NONE,
+            status: 0,
+            meta: Meta::default(),
+            payload: Payload::Inline(Bytes::from(crate::codec::encode(message)?)),
+        })
+    }
+
+    /// Decodes the control message of a [`Kind::Control`] frame.
+    pub fn decode_control(&self) -> crate::Result<crate::control::Control> {
+        match &self.payload {
+            Payload::Inline(bytes) => crate::codec::decode(bytes),
+            Payload::Shm(_) => Err(crate::Error::Malformed("control frame with shm payload")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn interning_is_stable_and_distinct() {
+        const A: EventType = EventType::of("demo.Noop");
+        assert_eq!(A, EventType::of("demo.Noop"));
+        assert_ne!(A, EventType::of("demo.Echo"));
+        assert_ne!(EventType::of(""), EventType::CONTROL);
+        // FNV-1a 64 of "a", a published test vector.
+        assert_eq!(EventType::of("a").0, 0xaf63dc4c8601ec8c);
+    }
+
+    #[test]
+    fn deadlines() {
+        assert!(!Deadline::NONE.expired_at(u64::MAX));
+        let d = Deadline::after(Duration::from_secs(60));
+        assert!(!d.expired_at(now_micros()));
+        assert!(d.expired_at(d.0));
+        assert!(d.remaining().unwrap() <= Duration::from_secs(60));
+    }
+}

@@ -1,0 +1,243 @@
+//! Frames: how envelopes are laid out on a byte stream.
+//!
+//! ```text
+//! u32 LE  frame length (bytes after this field)
+//! u32 LE  header length
+//! header  bincode of the envelope without its inline payload
+//! payload the inline payload bytes, raw
+//! ```
+//!
+//! The payload is not bincode-encoded: the writer hands it to the kernel as
+//! its own `IoSlice`, and the reader returns it as a `Bytes` slice of the
+//! receive buffer, so no hop copies a body to forward it.
+//!
+//! Parsing is two-phase: [`check`] says whether a whole frame is buffered
+//! without allocating, and [`parse`] runs only on a whole frame.
+
+use bytes::{BufMut, Bytes, BytesMut};
+use serde::{Deserialize, Serialize};
+
+use crate::event::{Deadline, Envelope, EventType, Kind, Meta, Origin, Payload, ShmHandle};
+use crate::{Error, Result, codec};
+
+/// Default maximum frame size: bodies larger than this must go through
+/// shared memory (or, until issue #4 lands, a larger configured limit).
+pub const DEFAULT_MAX_FRAME: usize = 1024 * 1024;
+
+/// Bytes of the two length fields.
+pub const PREFIX_LEN: usize = 8;
+
+#[derive(Serialize)]
+struct HeaderRef<'a> {
+    event_type: EventType,
+    kind: Kind,
+    correlation: u64,
+    origin: Origin,
+    deadline: Deadline,
+    status: u16,
+    meta: &'a Meta,
+    shm: Option<&'a ShmHandle>,
+}
+
+// Field order and types must match `HeaderRef`: bincode is positional.
+#[derive(Deserialize)]
+struct HeaderOwned {
+    event_type: EventType,
+    kind: Kind,
+    correlation: u64,
+    origin: Origin,
+    deadline: Deadline,
+    status: u16,
+    meta: Meta,
+    shm: Option<ShmHandle>,
+}
+
+/// Appends the prefix and header of `env` to `out`, and returns the inline
+/// payload that must follow them on the wire.
+pub fn encode_head<'e>(env: &'e Envelope, out: &mut BytesMut, max: usize) -> Result<&'e [u8]> {
+    let (shm, payload): (Option<&ShmHandle>, &[u8]) = match &env.payload {
+        Payload::Inline(b) => (None, b),
+        Payload::Shm(h) => (Some(h), &[]),
+    };
+    let head = HeaderRef {
+        event_type: env.event_type,
+        kind: env.kind,
+        correlation: env.correlation,
+        origin: env.origin,
+        deadline: env.deadline,
+        status: env.status,
+        meta: &env.meta,
+        shm,
+    };
+    let start = out.len();
+    out.put_bytes(0, PREFIX_LEN);
+    let mut header = Vec::with_capacity(64);
+    codec::encode_into(&head, &mut header)?;
+    let frame_len = 4 + header.len() + payload.len();
+    if frame_len + 4 > max {
+        out.truncate(start);
+        return Err(Error::FrameTooLarge {
+            len: frame_len + 4,
+            max,
+        });
+    }
+    out.extend_from_slice(&header);
+    out[start..start + 4].copy_from_slice(&(frame_len as u32).to_le_bytes());
+    out[start + 4..start + 8].copy_from_slice(&(header.len() as u32).to_le_bytes());
+    Ok(payload)
+}
+
+/// Encodes a whole frame into one buffer (tests, control messages).
+pub fn encode(env: &Envelope, max: usize) -> Result<BytesMut> {
+    let mut out = BytesMut::new();
+    let payload = encode_head(env, &mut out, max)?;
+    out.extend_from_slice(payload);
+    Ok(out)
+}
+
+/// Whether `buf` starts with a whole frame: `Ok(Some(len))` with its total
+/// length, `Ok(None)` when more bytes are needed, an error when the declared
+/// length is over `max` or too short to hold a header.
+pub fn check(buf: &[u8], max: usize) -> Result<Option<usize>> {
+    if buf.len() < 4 {
+        return Ok(None);
+    }
+    let frame_len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
+    let total = frame_len + 4;
+    if total > max {
+        return Err(Error::FrameTooLarge { len: total, max });
+    }
+    if frame_len < 4 {
+        return Err(Error::Malformed("frame shorter than its header length field"));
+    }
+    Ok((buf.len() >= total).then_some(total))
+}
+
+/// Parses one whole frame (as delimited by [`check`]). The payload is a
+/// zero-copy slice of `frame`.
+pub fn parse(frame: Bytes) -> Result<Envelope> {
+    if frame.len() < PREFIX_LEN {
+        return Err(Error::Malformed("frame shorter than its prefix"));
+    }
+    let header_len = u32::from_le_bytes([frame[4], frame[5], frame[6], frame[7]]) as usize;
+    let header_end = PREFIX_LEN
+        .checked_add(header_len)
+        .filter(|&end| end <= frame.len())
+        .ok_or(Error::Malformed("header longer than frame"))?;
+    let head: HeaderOwned = codec::decode(&frame[PREFIX_LEN..header_end])?;
+    let payload = match head.shm {
+        Some(handle) if header_end == frame.len() => Payload::Shm(handle),
+        Some(_) => return Err(Error::Malformed("shm frame with inline bytes")),
+        None => Payload::Inline(frame.slice(header_end..)),
+    };
+    Ok(Envelope {
+        event_type: head.event_type,
+        kind: head.kind,
+        correlation: head.correlation,
+        origin: head.origin,
+        deadline: head.deadline,
+        status: head.status,
+        meta: head.meta,
+        payload,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(body: &[u8]) -> Envelope {
+        let mut env = Envelope::request(EventType::of("demo.Echo"), 7, Bytes::copy_from_slice(body));
+        env.origin = Origin::Pipe(3);
+        env.deadline = Deadline(123);
+        env.meta.push("content-type", "application/json");
+        env.meta.push("p.name", "world");
+        env
+    }
+
+    fn one(buf: &[u8]) -> Result<Envelope> {
+        let len = check(buf, DEFAULT_MAX_FRAME)?.expect("whole frame");
+        assert_eq!(len, buf.len());
+        parse(Bytes::copy_from_slice(buf))
+    }
+
+    #[test]
+    fn round_trip_inline_and_shm() {
+        for body in [&b""[..], b"x", &[0u8; 70_000]] {
+            let env = sample(body);
+            assert_eq!(one(&encode(&env, DEFAULT_MAX_FRAME).unwrap()).unwrap(), env);
+        }
+        let mut env = sample(b"");
+        env.payload = Payload::Shm(ShmHandle {
+            segment: 1,
+            offset: 64,
+            len: 1 << 20,
+        });
+        env.kind = Kind::Response;
+        env.status = 200;
+        assert_eq!(one(&encode(&env, DEFAULT_MAX_FRAME).unwrap()).unwrap(), env);
+    }
+
+    #[test]
+    fn over_limit_is_refused_both_ways() {
+        let env = sample(&[1u8; 2048]);
+        assert!(matches!(encode(&env, 1024), Err(Error::FrameTooLarge { .. })));
+        let bytes = encode(&env, DEFAULT_MAX_FRAME).unwrap();
+        assert!(matches!(check(&bytes, 1024), Err(Error::FrameTooLarge { .. })));
+        // A declared length of 4 GiB is refused before any buffering.
+        assert!(check(&[0xff, 0xff, 0xff, 0xff], DEFAULT_MAX_FRAME).is_err());
+    }
+
+    #[test]
+    fn truncated_frames_are_incomplete_not_errors() {
+        let bytes = encode(&sample(b"hello"), DEFAULT_MAX_FRAME).unwrap();
+        for cut in 0..bytes.len() {
+            assert_eq!(
+                check(&bytes[..cut], DEFAULT_MAX_FRAME).unwrap(),
+                None,
+                "cut {cut}"
+            );
+        }
+    }
+
+    #[test]
+    fn inconsistent_lengths_are_errors() {
+        let mut bytes = encode(&sample(b"hello"), DEFAULT_MAX_FRAME).unwrap();
+        bytes[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(matches!(parse(bytes.freeze()), Err(Error::Malformed(_))));
+        assert!(check(&[2, 0, 0, 0, 0, 0], DEFAULT_MAX_FRAME).is_err());
+    }
+
+    #[test]
+    fn garbage_never_panics() {
+        let mut seed = 0x2545f4914f6cdd1du64;
+        for len in 8..600usize {
+            let mut bytes: Vec<u8> = (0..len)
+                .map(|_| {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    seed as u8
+                })
+                .collect();
+            bytes[0..4].copy_from_slice(&((len - 4) as u32).to_le_bytes());
+            let hl = (seed as usize) % len;
+            bytes[4..8].copy_from_slice(&(hl as u32).to_le_bytes());
+            if let Ok(Some(n)) = check(&bytes, DEFAULT_MAX_FRAME) {
+                let _ = parse(Bytes::copy_from_slice(&bytes[..n]));
+            }
+        }
+    }
+
+    #[test]
+    fn corrupted_valid_frames_never_panic() {
+        let good = encode(&sample(b"payload"), DEFAULT_MAX_FRAME).unwrap();
+        for i in PREFIX_LEN..good.len() {
+            for flip in [0x01u8, 0x80, 0xff] {
+                let mut bad = good.clone();
+                bad[i] ^= flip;
+                let _ = parse(bad.freeze());
+            }
+        }
+    }
+}

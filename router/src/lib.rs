@@ -1,0 +1,226 @@
+//! The router: event type → manager instances.
+//!
+//! Managers connect to the router and declare the event types they answer and
+//! the notifications they want; the broker connects it to the listeners. A
+//! request goes to exactly one instance of its type (least outstanding
+//! requests, round-robin on ties), a notification to every subscriber. The
+//! router keeps each request in flight until its response comes back, so it
+//! can answer for a hop that failed: a request nobody can serve gets its error
+//! at once, a manager that disconnects has its requests answered with 503,
+//! and a request past its deadline gets 504 — no caller ever waits for a
+//! response that cannot come.
+//!
+//! # Layout
+//! - [`run`]: the accept loop for managers and the connection to the broker.
+//! - `table`: routing state (instances, in-flight requests, routes).
+
+#![forbid(unsafe_code)]
+
+mod table;
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use switchyard_proto::control::Control;
+use switchyard_proto::transport::{FrameReader, FrameSink, PeerPolicy, spawn_writer};
+use switchyard_proto::{Envelope, Kind, Origin};
+use tokio::net::unix::OwnedReadHalf;
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::oneshot;
+
+use table::Table;
+
+/// Errors that stop the router.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("router socket: {0}")]
+    Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Wire(#[from] switchyard_proto::Error),
+}
+
+/// The router's settings.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The broker's socket, which the router connects to.
+    pub broker_socket: PathBuf,
+    /// Managers the group declares: `/ready` waits for all of them.
+    pub declared_managers: Vec<String>,
+    /// Largest frame accepted or sent, in bytes.
+    pub max_frame: usize,
+    /// Frames queued per connection before requests to it get 503.
+    pub queue_capacity: usize,
+    /// Requests in flight per manager instance before new ones get 503.
+    pub max_outstanding: u32,
+}
+
+#[derive(Clone)]
+struct Shared {
+    table: Arc<Mutex<Table>>,
+    config: Arc<Config>,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Table> {
+        self.table.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Serves the router: managers on `listener`, the broker at
+/// `config.broker_socket`. `ready` fires once the broker is connected.
+pub async fn run(
+    listener: UnixListener,
+    config: Config,
+    ready: oneshot::Sender<()>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), Error> {
+    let shared = Shared {
+        table: Arc::new(Mutex::new(Table::new(
+            config.declared_managers.clone(),
+            config.max_outstanding,
+        ))),
+        config: Arc::new(config),
+    };
+    tokio::spawn(broker_link(shared.clone(), ready));
+    tokio::spawn(deadline_sweeper(shared.clone()));
+    let policy = PeerPolicy::for_group();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => return Ok(()),
+            accepted = listener.accept() => {
+                let (stream, _) = match accepted {
+                    Ok(s) => s,
+                    Err(err) => {
+                        tracing::warn!(%err, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        continue;
+                    }
+                };
+                if let Err(err) = policy.check(&stream) {
+                    tracing::warn!(%err, "refusing connection");
+                    continue;
+                }
+                tokio::spawn(manager_connection(shared.clone(), stream));
+            }
+        }
+    }
+}
+
+/// Keeps the connection to the broker up for the life of the router.
+async fn broker_link(shared: Shared, ready: oneshot::Sender<()>) {
+    let mut ready = Some(ready);
+    let mut backoff = Duration::from_millis(5);
+    loop {
+        match connect_broker(&shared).await {
+            Ok((reader, sink)) => {
+                backoff = Duration::from_millis(5);
+                shared.lock().set_broker(Some(sink));
+                if let Some(ready) = ready.take() {
+                    let _ = ready.send(());
+                }
+                tracing::info!("connected to broker");
+                broker_reader(&shared, reader).await;
+                shared.lock().set_broker(None);
+                tracing::warn!("broker connection lost; reconnecting");
+            }
+            Err(err) => {
+                tracing::debug!(%err, "broker not reachable yet");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_millis(200));
+            }
+        }
+    }
+}
+
+async fn connect_broker(shared: &Shared) -> Result<(FrameReader<OwnedReadHalf>, FrameSink), Error> {
+    let stream = UnixStream::connect(&shared.config.broker_socket).await?;
+    let (read, write) = stream.into_split();
+    let (sink, _writer) = spawn_writer(write, shared.config.queue_capacity, shared.config.max_frame);
+    sink.send_wait(Envelope::control(&Control::HelloRouter {
+        pid: std::process::id(),
+    })?)
+    .await?;
+    Ok((FrameReader::new(read, shared.config.max_frame), sink))
+}
+
+async fn broker_reader(shared: &Shared, mut reader: FrameReader<OwnedReadHalf>) {
+    let mut batch = Vec::with_capacity(64);
+    loop {
+        match reader.read_batch(&mut batch).await {
+            Ok(true) => {}
+            Ok(false) => return,
+            Err(err) => return tracing::warn!(%err, "closing broker connection"),
+        }
+        let mut table = shared.lock();
+        for env in batch.drain(..) {
+            match env.kind {
+                Kind::Request => table.route_request(env),
+                Kind::Notification => table.route_notification(env, None),
+                other => tracing::debug!(?other, "ignoring frame from broker"),
+            }
+        }
+    }
+}
+
+async fn manager_connection(shared: Shared, stream: UnixStream) {
+    let max = shared.config.max_frame;
+    let (read, write) = stream.into_split();
+    let mut reader = FrameReader::new(read, max);
+    let description = match tokio::time::timeout(Duration::from_secs(5), reader.next()).await {
+        Ok(Ok(Some(env))) if env.kind == Kind::Control => match env.decode_control() {
+            Ok(Control::HelloManager(d)) => d,
+            other => return tracing::warn!(?other, "expected a manager hello"),
+        },
+        other => return tracing::warn!(?other, "manager sent no hello"),
+    };
+    let (sink, _writer) = spawn_writer(write, shared.config.queue_capacity, max);
+    let name = description.name.clone();
+    let id = match shared.lock().add_instance(description, sink.clone()) {
+        Ok(id) => id,
+        Err(reason) => {
+            tracing::error!(manager = %name, %reason, "refusing manager");
+            return;
+        }
+    };
+    if let Ok(welcome) = Envelope::control(&Control::Welcome { id }) {
+        let _ = sink.send(welcome);
+    }
+    tracing::info!(manager = %name, instance = id, "manager registered");
+    let mut batch = Vec::with_capacity(64);
+    loop {
+        match reader.read_batch(&mut batch).await {
+            Ok(true) => {}
+            Ok(false) => break,
+            Err(err) => {
+                tracing::warn!(%err, manager = %name, "closing manager connection");
+                break;
+            }
+        }
+        let mut table = shared.lock();
+        for mut env in batch.drain(..) {
+            match env.kind {
+                Kind::Response => table.complete(env),
+                Kind::Request => {
+                    env.origin = Origin::Manager(id);
+                    table.route_request(env);
+                }
+                Kind::Notification => table.route_notification(env, Some(id)),
+                other => tracing::debug!(?other, "ignoring frame from manager"),
+            }
+        }
+    }
+    let failed = shared.lock().remove_instance(id);
+    tracing::warn!(manager = %name, instance = id, failed, "manager disconnected");
+}
+
+async fn deadline_sweeper(shared: Shared) {
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        shared.lock().expire(switchyard_proto::event::now_micros());
+    }
+}

@@ -1,0 +1,329 @@
+//! The router's state: who serves what, and which requests are in flight.
+
+use std::collections::{BTreeMap, HashMap};
+
+use switchyard_proto::control::{
+    Control, HandledType, HttpRoute, ManagerDescription, ManagerHealth, RouteEntry, RouteTable,
+};
+use switchyard_proto::transport::FrameSink;
+use switchyard_proto::{Deadline, Envelope, EventType, Origin};
+
+struct Instance {
+    name: String,
+    sink: FrameSink,
+    /// Requests sent to this instance and not answered yet.
+    outstanding: u32,
+}
+
+struct Known {
+    type_name: String,
+    manager: String,
+}
+
+struct InFlight {
+    instance: u64,
+    deadline: Deadline,
+}
+
+pub(crate) struct Table {
+    instances: HashMap<u64, Instance>,
+    /// Request type → instances answering it, in registration order.
+    handlers: HashMap<EventType, Vec<u64>>,
+    /// Notification type → subscribed instances.
+    subscribers: HashMap<EventType, Vec<u64>>,
+    /// Round-robin cursor per type, to break least-outstanding ties.
+    cursor: HashMap<EventType, usize>,
+    /// Every type ever registered, with its manager's name: a request for a
+    /// known type whose manager is down gets 503, an unknown one 404.
+    known: HashMap<EventType, Known>,
+    /// Keyed by the requester's return address and correlation id.
+    in_flight: HashMap<(Origin, u64), InFlight>,
+    /// Every route ever declared; routes of a manager that is down stay, so
+    /// the listener answers 503 for them, not 404.
+    routes: BTreeMap<(String, String), RouteEntry>,
+    declared: Vec<String>,
+    broker: Option<FrameSink>,
+    version: u64,
+    next_id: u64,
+    max_outstanding: u32,
+}
+
+impl Table {
+    pub(crate) fn new(declared: Vec<String>, max_outstanding: u32) -> Table {
+        Table {
+            instances: HashMap::new(),
+            handlers: HashMap::new(),
+            subscribers: HashMap::new(),
+            cursor: HashMap::new(),
+            known: HashMap::new(),
+            in_flight: HashMap::new(),
+            routes: BTreeMap::new(),
+            declared,
+            broker: None,
+            version: 0,
+            next_id: 0,
+            max_outstanding,
+        }
+    }
+
+    pub(crate) fn set_broker(&mut self, broker: Option<FrameSink>) {
+        if broker.is_none() {
+            // Responses to listener pipes can no longer be delivered.
+            self.in_flight.retain(|(origin, _), flight| {
+                let keep = !matches!(origin, Origin::Pipe(_));
+                if !keep && let Some(inst) = self.instances.get_mut(&flight.instance) {
+                    inst.outstanding = inst.outstanding.saturating_sub(1);
+                }
+                keep
+            });
+        }
+        self.broker = broker;
+        self.publish();
+    }
+
+    /// Registers a connected instance; refuses a type-id collision.
+    pub(crate) fn add_instance(
+        &mut self,
+        description: ManagerDescription,
+        sink: FrameSink,
+    ) -> Result<u64, String> {
+        for HandledType { name, event_type, .. } in &description.handles {
+            if let Some(known) = self.known.get(event_type)
+                && known.type_name != *name
+            {
+                return Err(format!("event type `{name}` collides with `{}`", known.type_name));
+            }
+        }
+        self.next_id += 1;
+        let id = self.next_id;
+        for handled in &description.handles {
+            self.handlers.entry(handled.event_type).or_default().push(id);
+            self.known.insert(
+                handled.event_type,
+                Known {
+                    type_name: handled.name.clone(),
+                    manager: description.name.clone(),
+                },
+            );
+            if let Some(HttpRoute { method, path }) = &handled.route {
+                self.routes.insert(
+                    (method.clone(), path.clone()),
+                    RouteEntry {
+                        route: HttpRoute {
+                            method: method.clone(),
+                            path: path.clone(),
+                        },
+                        event_type: handled.event_type,
+                        type_name: handled.name.clone(),
+                        manager: description.name.clone(),
+                    },
+                );
+            }
+        }
+        for sub in &description.subscribes {
+            self.subscribers.entry(*sub).or_default().push(id);
+        }
+        self.instances.insert(
+            id,
+            Instance {
+                name: description.name.clone(),
+                sink,
+                outstanding: 0,
+            },
+        );
+        self.publish();
+        Ok(id)
+    }
+
+    /// Removes a disconnected instance and answers its requests in flight
+    /// with 503. Returns how many were failed.
+    pub(crate) fn remove_instance(&mut self, id: u64) -> usize {
+        let Some(inst) = self.instances.remove(&id) else {
+            return 0;
+        };
+        for list in self.handlers.values_mut().chain(self.subscribers.values_mut()) {
+            list.retain(|&i| i != id);
+        }
+        let lost: Vec<(Origin, u64)> = self
+            .in_flight
+            .iter()
+            .filter(|(_, f)| f.instance == id)
+            .map(|(k, _)| *k)
+            .collect();
+        let detail = format!("manager `{}` went down while handling the request", inst.name);
+        for key in &lost {
+            if self.in_flight.remove(key).is_some() {
+                let stub = stub_request(key.0, key.1);
+                self.deliver(Envelope::error_to(&stub, 503, &detail));
+            }
+        }
+        self.publish();
+        lost.len()
+    }
+
+    /// Sends a request to one instance, or answers it at once.
+    pub(crate) fn route_request(&mut self, env: Envelope) {
+        let key = (env.origin, env.correlation);
+        let Some(id) = self.pick(env.event_type) else {
+            let (status, detail) = match self.known.get(&env.event_type) {
+                Some(known) => (503, format!("manager `{}` is not running", known.manager)),
+                // A listener only sends types from the route table: the
+                // manager is known to the group, just not registered yet.
+                None if matches!(env.origin, Origin::Pipe(_)) => {
+                    (503, "no manager serves this route right now".to_owned())
+                }
+                None => (
+                    404,
+                    format!("no manager handles event type {:#x}", env.event_type.0),
+                ),
+            };
+            return self.deliver(Envelope::error_to(&env, status, &detail));
+        };
+        let inst = self.instances.get_mut(&id).expect("picked instances exist");
+        if inst.outstanding >= self.max_outstanding {
+            let mut err = Envelope::error_to(&env, 503, &format!("manager `{}` is at capacity", inst.name));
+            err.meta.push("retry-after", "1");
+            return self.deliver(err);
+        }
+        let deadline = env.deadline;
+        match inst.sink.send(env) {
+            Ok(()) => {
+                inst.outstanding += 1;
+                self.in_flight.insert(
+                    key,
+                    InFlight {
+                        instance: id,
+                        deadline,
+                    },
+                );
+            }
+            Err(refused) => {
+                let mut err = Envelope::error_to(
+                    &refused.envelope,
+                    503,
+                    &format!("manager `{}` is not keeping up", inst.name),
+                );
+                if refused.full {
+                    err.meta.push("retry-after", "1");
+                }
+                self.deliver(err);
+            }
+        }
+    }
+
+    /// Least outstanding requests; ties broken round-robin.
+    fn pick(&mut self, ty: EventType) -> Option<u64> {
+        let list = self.handlers.get(&ty).filter(|l| !l.is_empty())?;
+        let start = self.cursor.entry(ty).or_default();
+        *start = (*start + 1) % list.len();
+        let mut best: Option<(u32, u64)> = None;
+        for k in 0..list.len() {
+            let id = list[(*start + k) % list.len()];
+            let outstanding = self.instances.get(&id).map_or(u32::MAX, |i| i.outstanding);
+            if best.is_none_or(|(o, _)| outstanding < o) {
+                best = Some((outstanding, id));
+            }
+        }
+        best.map(|(_, id)| id)
+    }
+
+    /// A response from a manager: close its in-flight entry and pass it on.
+    /// A response with no entry was already answered (503/504) and is dropped.
+    pub(crate) fn complete(&mut self, env: Envelope) {
+        let Some(flight) = self.in_flight.remove(&(env.origin, env.correlation)) else {
+            return tracing::debug!(origin = ?env.origin, "late response dropped");
+        };
+        if let Some(inst) = self.instances.get_mut(&flight.instance) {
+            inst.outstanding = inst.outstanding.saturating_sub(1);
+        }
+        self.deliver(env);
+    }
+
+    /// Every subscriber gets the notification, except the instance it came from.
+    pub(crate) fn route_notification(&mut self, env: Envelope, from: Option<u64>) {
+        if let Some(list) = self.subscribers.get(&env.event_type) {
+            for id in list.iter().filter(|&&id| Some(id) != from) {
+                if let Some(inst) = self.instances.get(id)
+                    && let Err(refused) = inst.sink.send(env.clone())
+                {
+                    tracing::warn!(%refused, manager = %inst.name, "notification dropped");
+                }
+            }
+        }
+    }
+
+    /// Answers every request past its deadline with 504.
+    pub(crate) fn expire(&mut self, now: u64) {
+        if self.in_flight.is_empty() {
+            return;
+        }
+        let expired: Vec<(Origin, u64)> = self
+            .in_flight
+            .iter()
+            .filter(|(_, f)| f.deadline.expired_at(now))
+            .map(|(k, _)| *k)
+            .collect();
+        for key in expired {
+            if let Some(flight) = self.in_flight.remove(&key) {
+                if let Some(inst) = self.instances.get_mut(&flight.instance) {
+                    inst.outstanding = inst.outstanding.saturating_sub(1);
+                }
+                self.deliver(Envelope::error_to(
+                    &stub_request(key.0, key.1),
+                    504,
+                    "deadline exceeded",
+                ));
+            }
+        }
+    }
+
+    /// Sends a response to its origin.
+    fn deliver(&self, env: Envelope) {
+        let sink = match env.origin {
+            Origin::Pipe(_) => self.broker.as_ref(),
+            Origin::Manager(id) => self.instances.get(&id).map(|i| &i.sink),
+            Origin::Unset => None,
+        };
+        match sink {
+            Some(sink) => {
+                if let Err(refused) = sink.send(env) {
+                    tracing::warn!(%refused, "response dropped");
+                }
+            }
+            None => tracing::debug!(origin = ?env.origin, "response to a gone origin dropped"),
+        }
+    }
+
+    /// Sends the current route table to the broker.
+    fn publish(&mut self) {
+        self.version += 1;
+        let Some(broker) = &self.broker else { return };
+        let mut managers: BTreeMap<String, u32> = self.declared.iter().map(|n| (n.clone(), 0)).collect();
+        for inst in self.instances.values() {
+            *managers.entry(inst.name.clone()).or_default() += 1;
+        }
+        let table = RouteTable {
+            version: self.version,
+            routes: self.routes.values().cloned().collect(),
+            managers: managers
+                .into_iter()
+                .map(|(name, instances_up)| ManagerHealth { name, instances_up })
+                .collect(),
+        };
+        match Envelope::control(&Control::RouteTable(table)) {
+            Ok(env) => {
+                if let Err(refused) = broker.send(env) {
+                    tracing::warn!(%refused, "route table not sent");
+                }
+            }
+            Err(err) => tracing::error!(%err, "cannot encode route table"),
+        }
+    }
+}
+
+/// The minimal request an error response is built from.
+fn stub_request(origin: Origin, correlation: u64) -> Envelope {
+    let mut env = Envelope::request(EventType::CONTROL, correlation, Default::default());
+    env.origin = origin;
+    env
+}

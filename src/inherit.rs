@@ -1,0 +1,31 @@
+//! File descriptors a child inherits from the supervisor at fixed numbers.
+//! The only unsafe code of the binary: adopting raw fds as owned sockets.
+
+use std::os::fd::{FromRawFd, OwnedFd};
+
+use switchyard_proto::process::LISTEN_FD;
+
+fn owned(fd: i32) -> std::io::Result<OwnedFd> {
+    // Refuse a closed fd instead of adopting garbage.
+    // SAFETY: the borrow lives only for this probe, which reads fd flags.
+    let probe = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    nix::fcntl::fcntl(probe, nix::fcntl::FcntlArg::F_GETFD).map_err(std::io::Error::from)?;
+    // SAFETY: the supervisor placed a socket at `fd` for this process alone
+    // (pre_exec dup2), nothing else in this process refers to it, and it is
+    // adopted exactly once per process.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The inherited listening Unix socket (broker, router).
+pub(crate) fn unix_listener() -> std::io::Result<tokio::net::UnixListener> {
+    let std = std::os::unix::net::UnixListener::from(owned(LISTEN_FD)?);
+    std.set_nonblocking(true)?;
+    tokio::net::UnixListener::from_std(std)
+}
+
+/// The inherited listening TCP socket (listener).
+pub(crate) fn tcp_listener() -> std::io::Result<tokio::net::TcpListener> {
+    let std = std::net::TcpListener::from(owned(LISTEN_FD)?);
+    std.set_nonblocking(true)?;
+    tokio::net::TcpListener::from_std(std)
+}

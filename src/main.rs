@@ -1,0 +1,115 @@
+//! `switchyard`: the command line and the supervisor of a process group.
+//!
+//! One binary ships the whole group: `switchyard up` runs the supervisor,
+//! which re-executes this binary with the hidden `__role` argument once per
+//! child (broker, router, each manager, listener).
+//!
+//! # Layout
+//! - `config`: `switchyard.toml`.
+//! - `roles`: the entry of each child process.
+//! - `supervisor`: spawning, watching, restarting and stopping children.
+//! - `status`: `switchyard status`.
+
+mod config;
+mod inherit;
+mod roles;
+mod status;
+mod supervisor;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Exit code for a configuration error (EX_USAGE).
+const EXIT_CONFIG: u8 = 64;
+
+#[derive(Parser)]
+#[command(
+    name = "switchyard",
+    version,
+    about = "Multi-process event-routing application server"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Start the process group and serve until SIGTERM or SIGINT.
+    Up {
+        /// Configuration file (default: built-in demo configuration).
+        #[arg(short, long)]
+        config: Option<PathBuf>,
+        /// Listen address, overriding the configuration (port 0: any free port).
+        #[arg(long)]
+        bind: Option<std::net::SocketAddr>,
+        /// Directory for the group's sockets (default: a fresh private one).
+        #[arg(long)]
+        runtime_dir: Option<PathBuf>,
+    },
+    /// Show the processes of a running group.
+    Status {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        /// The group's runtime directory (default: the only running group).
+        #[arg(long)]
+        runtime_dir: Option<PathBuf>,
+    },
+    /// Validate a configuration file and exit.
+    Check {
+        #[arg(short, long)]
+        config: PathBuf,
+    },
+    /// Internal: run one role of the group.
+    #[command(name = "__role", hide = true)]
+    Role {
+        role: roles::Role,
+        #[arg(long)]
+        name: String,
+        #[arg(long)]
+        spec: String,
+    },
+}
+
+fn load_config(path: Option<&std::path::Path>) -> Result<config::Config, ExitCode> {
+    let loaded = match path {
+        Some(p) => config::Config::load(p),
+        None => Ok(config::Config::default()),
+    };
+    loaded.map_err(|err| {
+        eprintln!("switchyard: configuration error:\n{err}");
+        ExitCode::from(EXIT_CONFIG)
+    })
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Up {
+            config,
+            bind,
+            runtime_dir,
+        } => {
+            let mut config = match load_config(config.as_deref()) {
+                Ok(c) => c,
+                Err(code) => return code,
+            };
+            if let Some(bind) = bind {
+                config.listener.bind = bind;
+            }
+            supervisor::main(config, runtime_dir)
+        }
+        Command::Status { json, runtime_dir } => status::main(json, runtime_dir),
+        Command::Check { config } => match load_config(Some(&config)) {
+            Ok(_) => {
+                println!("{}: ok", config.display());
+                ExitCode::SUCCESS
+            }
+            Err(code) => code,
+        },
+        Command::Role { role, name, spec } => roles::main(role, name, spec),
+    }
+}

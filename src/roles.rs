@@ -1,0 +1,157 @@
+//! The entry of each child process: adopt the inherited sockets, run the
+//! role's library `run`, and report phases to the supervisor.
+
+use std::future::Future;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use switchyard_proto::process::{CONTROL_FD, RuntimePaths, init_child_logging};
+use switchyard_proto::supervision::{ChildChannel, Command, Phase, wait_stop};
+use tokio::sync::oneshot;
+
+use crate::config::Config;
+use crate::inherit;
+
+/// The roles a child can play.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Role {
+    Broker,
+    Router,
+    Manager,
+    Listener,
+}
+
+impl Role {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Role::Broker => "broker",
+            Role::Router => "router",
+            Role::Manager => "manager",
+            Role::Listener => "listener",
+        }
+    }
+}
+
+/// What a child is told: the group's configuration and runtime directory.
+#[derive(serde::Serialize, serde::Deserialize)]
+pub(crate) struct Spec {
+    pub(crate) config: Config,
+    pub(crate) runtime_dir: std::path::PathBuf,
+}
+
+pub(crate) fn main(role: Role, name: String, spec: String) -> ExitCode {
+    init_child_logging();
+    let spec: Spec = match serde_json::from_str(&spec) {
+        Ok(s) => s,
+        Err(err) => {
+            tracing::error!(%err, "bad role spec");
+            return ExitCode::from(crate::EXIT_CONFIG);
+        }
+    };
+    let runtime = match role {
+        Role::Listener => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(spec.config.threads())
+            .enable_all()
+            .build(),
+        _ => tokio::runtime::Builder::new_current_thread().enable_all().build(),
+    };
+    let runtime = match runtime {
+        Ok(rt) => rt,
+        Err(err) => {
+            tracing::error!(%err, "cannot start the runtime");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(serve(role, name, spec)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            tracing::error!("{err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(role: Role, name: String, spec: Spec) -> anyhow::Result<()> {
+    // SAFETY: the supervisor placed our end of the control socketpair at
+    // CONTROL_FD before exec; nothing else adopts it.
+    let control = unsafe { ChildChannel::from_fd(CONTROL_FD) }?;
+    control.report(Phase::Starting).await;
+    let config = &spec.config;
+    let paths = RuntimePaths::new(&spec.runtime_dir);
+    let max_frame = config.group.max_frame_bytes;
+    let queue_capacity = config.group.queue_capacity;
+    let (ready_tx, ready_rx) = oneshot::channel();
+    let mut commands = control.commands();
+    let stop = async move {
+        wait_stop(&mut commands).await;
+    };
+
+    let work: std::pin::Pin<Box<dyn Future<Output = anyhow::Result<()>>>> = match role {
+        Role::Broker => {
+            let listener = inherit::unix_listener()?;
+            let cfg = switchyard_broker::Config {
+                max_frame,
+                queue_capacity,
+            };
+            Box::pin(async move { Ok(switchyard_broker::run(listener, cfg, ready_tx, stop).await?) })
+        }
+        Role::Router => {
+            let listener = inherit::unix_listener()?;
+            let cfg = switchyard_router::Config {
+                broker_socket: paths.broker_socket(),
+                declared_managers: config.managers.iter().map(|m| m.name.clone()).collect(),
+                max_frame,
+                queue_capacity,
+                max_outstanding: config.group.max_outstanding_per_instance,
+            };
+            Box::pin(async move { Ok(switchyard_router::run(listener, cfg, ready_tx, stop).await?) })
+        }
+        Role::Manager => {
+            let service =
+                switchyard_demo::service(&name).ok_or_else(|| anyhow::anyhow!("unknown manager `{name}`"))?;
+            let cfg = switchyard_manager::host::Config {
+                router_socket: paths.router_socket(),
+                max_frame,
+                queue_capacity,
+            };
+            Box::pin(async move { Ok(switchyard_manager::host::run(service, cfg, ready_tx, stop).await?) })
+        }
+        Role::Listener => {
+            let tcp = inherit::tcp_listener()?;
+            let l = &config.listener;
+            let cfg = switchyard_listener::Config {
+                broker_socket: paths.broker_socket(),
+                pipes: config.pipes(),
+                max_frame,
+                queue_capacity,
+                max_header_bytes: l.max_header_bytes,
+                max_body_bytes: l.max_body_bytes,
+                header_read_timeout: Duration::from_millis(l.header_read_timeout_ms),
+                request_timeout: Duration::from_millis(l.request_timeout_ms),
+            };
+            let mut commands = control.commands();
+            let drain = async move {
+                match wait_stop(&mut commands).await {
+                    Command::Drain { grace_ms } => Duration::from_millis(grace_ms),
+                    _ => Duration::ZERO,
+                }
+            };
+            Box::pin(async move { Ok(switchyard_listener::run(tcp, cfg, ready_tx, drain).await?) })
+        }
+    };
+
+    let report_ready = async {
+        if ready_rx.await.is_ok() {
+            control.report(Phase::Ready).await;
+        }
+        // Stay pending: the work decides when we end.
+        std::future::pending::<()>().await
+    };
+    let result = tokio::select! {
+        result = work => result,
+        _ = report_ready => unreachable!("report_ready never completes"),
+    };
+    control.report(Phase::Stopped).await;
+    result
+}

@@ -1,0 +1,484 @@
+//! The supervisor: owns the group's runtime directory and listening sockets,
+//! starts the children in dependency order, restarts them one-for-one, and
+//! stops them in reverse order on SIGTERM/SIGINT.
+//!
+//! It binds every listening socket itself and hands each child its socket at
+//! a fixed fd. A restarted broker, router or listener therefore inherits the
+//! same socket: peers that reconnect (and clients that connect) queue in its
+//! backlog instead of being refused while the child comes back.
+//!
+//! # Layout
+//! - `runtime_dir`: the private directory and where `status` finds it.
+//! - `child`: spawning one child and watching its pipes and exit.
+//! - this module: the event loop, restart policy and shutdown.
+
+mod child;
+pub(crate) mod runtime_dir;
+
+use std::collections::VecDeque;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use switchyard_proto::supervision::{Phase, ToChild};
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::config::Config;
+use crate::roles::{Role, Spec};
+use child::ChildHandle;
+use runtime_dir::RuntimeDir;
+
+/// What the supervisor loop reacts to.
+pub(crate) enum Event {
+    Phase {
+        child: usize,
+        generation: u64,
+        phase: Phase,
+    },
+    Exited {
+        child: usize,
+        generation: u64,
+        status: String,
+    },
+    Respawn {
+        child: usize,
+    },
+    Status(oneshot::Sender<Vec<ProcessInfo>>),
+}
+
+/// One line of `switchyard status`.
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
+pub(crate) struct ProcessInfo {
+    pub(crate) role: String,
+    pub(crate) name: String,
+    pub(crate) pid: Option<u32>,
+    pub(crate) state: String,
+    pub(crate) restarts: u32,
+    pub(crate) uptime_ms: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    Starting,
+    Running,
+    /// Waiting out its restart delay.
+    Backoff,
+    Stopping,
+    Stopped,
+}
+
+struct Child {
+    role: Role,
+    name: String,
+    /// The supervisor-owned listening socket this child serves, if any.
+    socket: Option<OwnedFd>,
+    generation: u64,
+    state: State,
+    handle: Option<ChildHandle>,
+    restarts: u32,
+    started: Instant,
+    /// Restart times inside the intensity window.
+    recent: VecDeque<Instant>,
+    backoff: Duration,
+}
+
+struct Supervisor {
+    config: Config,
+    spec_json: String,
+    dir: RuntimeDir,
+    children: Vec<Child>,
+    events: mpsc::UnboundedSender<Event>,
+    started: Instant,
+}
+
+/// Runs `switchyard up`.
+pub(crate) fn main(config: Config, runtime_dir: Option<PathBuf>) -> ExitCode {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env(switchyard_proto::process::ENV_LOG)
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stdout)
+        .with_ansi(false)
+        .without_time()
+        .try_init();
+    // A current-thread runtime: the spawning thread must outlive the children
+    // (PR_SET_PDEATHSIG fires when the thread that forked them exits).
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(err) => {
+            eprintln!("switchyard: cannot start the runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(up(config, runtime_dir)) {
+        Ok(code) => code,
+        Err(err) => {
+            tracing::error!("{err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn up(config: Config, runtime_dir: Option<PathBuf>) -> anyhow::Result<ExitCode> {
+    let dir = RuntimeDir::prepare(runtime_dir)?;
+    let paths = dir.paths();
+    let tcp = std::net::TcpListener::bind(config.listener.bind)
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listener.bind));
+    let tcp = match tcp {
+        Ok(t) => t,
+        Err(err) => {
+            dir.remove();
+            return Err(err);
+        }
+    };
+    let addr = tcp.local_addr()?;
+    let broker_sock = runtime_dir::bind_unix(&paths.broker_socket())?;
+    let router_sock = runtime_dir::bind_unix(&paths.router_socket())?;
+    let control_sock = runtime_dir::bind_unix(&paths.control_socket())?;
+
+    let spec_json = serde_json::to_string(&Spec {
+        config: config.clone(),
+        runtime_dir: dir.path().to_path_buf(),
+    })?;
+    let (events, mut rx) = mpsc::unbounded_channel();
+    let mut children = vec![
+        Child::new(Role::Broker, "broker", Some(OwnedFd::from(broker_sock))),
+        Child::new(Role::Router, "router", Some(OwnedFd::from(router_sock))),
+    ];
+    for m in &config.managers {
+        children.push(Child::new(Role::Manager, &m.name, None));
+    }
+    children.push(Child::new(Role::Listener, "listener", Some(OwnedFd::from(tcp))));
+    let mut sup = Supervisor {
+        config,
+        spec_json,
+        dir,
+        children,
+        events,
+        started: Instant::now(),
+    };
+
+    let control = tokio::spawn(crate::status::serve(control_sock, sup.events.clone()));
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sigint = signal(SignalKind::interrupt())?;
+
+    // Start in dependency order, each only once the previous is ready.
+    for idx in 0..sup.children.len() {
+        let started = tokio::select! {
+            r = sup.start_one(idx, &mut rx) => r,
+            _ = sigterm.recv() => Err(anyhow::anyhow!("SIGTERM during start-up")),
+            _ = sigint.recv() => Err(anyhow::anyhow!("SIGINT during start-up")),
+        };
+        if let Err(err) = started {
+            tracing::error!("start-up failed: {err:#}");
+            sup.shutdown(&mut rx, &mut sigterm, &mut sigint).await;
+            control.abort();
+            sup.dir.remove();
+            return Ok(ExitCode::FAILURE);
+        }
+    }
+    tracing::info!(
+        processes = sup.children.len(),
+        ms = sup.started.elapsed().as_millis() as u64,
+        "group ready"
+    );
+    println!(
+        "switchyard listening on http://{addr} (runtime dir {})",
+        sup.dir.path().display()
+    );
+
+    let code = loop {
+        tokio::select! {
+            _ = sigterm.recv() => { tracing::info!("SIGTERM: draining"); break ExitCode::SUCCESS; }
+            _ = sigint.recv() => { tracing::info!("SIGINT: draining"); break ExitCode::SUCCESS; }
+            Some(ev) = rx.recv() => {
+                if let Err(err) = sup.handle(ev) {
+                    tracing::error!("{err:#}; stopping the group");
+                    break ExitCode::FAILURE;
+                }
+            }
+        }
+    };
+    sup.shutdown(&mut rx, &mut sigterm, &mut sigint).await;
+    control.abort();
+    sup.dir.remove();
+    tracing::info!("stopped");
+    Ok(code)
+}
+
+impl Child {
+    fn new(role: Role, name: &str, socket: Option<OwnedFd>) -> Child {
+        Child {
+            role,
+            name: name.to_owned(),
+            socket,
+            generation: 0,
+            state: State::Stopped,
+            handle: None,
+            restarts: 0,
+            started: Instant::now(),
+            recent: VecDeque::new(),
+            backoff: Duration::ZERO,
+        }
+    }
+
+    fn info(&self) -> ProcessInfo {
+        ProcessInfo {
+            role: self.role.as_str().to_owned(),
+            name: self.name.clone(),
+            pid: self.handle.as_ref().map(|h| h.pid),
+            state: format!("{:?}", self.state).to_lowercase(),
+            restarts: self.restarts,
+            uptime_ms: if self.state == State::Running {
+                self.started.elapsed().as_millis() as u64
+            } else {
+                0
+            },
+        }
+    }
+}
+
+impl Supervisor {
+    fn spawn(&mut self, idx: usize) -> anyhow::Result<()> {
+        let exe = std::env::current_exe()?;
+        let child = &mut self.children[idx];
+        child.generation += 1;
+        let handle = child::spawn(
+            &exe,
+            child::Launch {
+                index: idx,
+                generation: child.generation,
+                role: child.role,
+                name: &child.name,
+                spec_json: &self.spec_json,
+                socket: child.socket.as_ref().map(|s| s.as_raw_fd()),
+            },
+            self.events.clone(),
+        )?;
+        tracing::info!(role = child.role.as_str(), name = %child.name, pid = handle.pid, "started");
+        child.handle = Some(handle);
+        child.state = State::Starting;
+        child.started = Instant::now();
+        Ok(())
+    }
+
+    async fn start_one(&mut self, idx: usize, rx: &mut mpsc::UnboundedReceiver<Event>) -> anyhow::Result<()> {
+        self.spawn(idx)?;
+        let deadline =
+            tokio::time::Instant::now() + Duration::from_millis(self.config.group.start_timeout_ms);
+        loop {
+            let ev = tokio::time::timeout_at(deadline, rx.recv())
+                .await
+                .map_err(|_| anyhow::anyhow!("{} did not become ready in time", self.children[idx].name))?
+                .ok_or_else(|| anyhow::anyhow!("event channel closed"))?;
+            match ev {
+                Event::Phase {
+                    child,
+                    generation,
+                    phase: Phase::Ready,
+                } if child == idx && generation == self.children[idx].generation => {
+                    self.children[idx].state = State::Running;
+                    return Ok(());
+                }
+                Event::Exited {
+                    child,
+                    generation,
+                    status,
+                } if generation == self.children[child].generation => {
+                    self.children[child].state = State::Stopped;
+                    self.children[child].handle = None;
+                    anyhow::bail!("{} exited during start-up ({status})", self.children[child].name);
+                }
+                Event::Status(reply) => {
+                    let _ = reply.send(self.snapshot());
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn snapshot(&self) -> Vec<ProcessInfo> {
+        let mut out = vec![ProcessInfo {
+            role: "supervisor".into(),
+            name: "supervisor".into(),
+            pid: Some(std::process::id()),
+            state: "running".into(),
+            restarts: 0,
+            uptime_ms: self.started.elapsed().as_millis() as u64,
+        }];
+        out.extend(self.children.iter().map(Child::info));
+        out
+    }
+
+    /// Reacts to one event while serving. An error stops the group.
+    fn handle(&mut self, ev: Event) -> anyhow::Result<()> {
+        match ev {
+            Event::Phase {
+                child,
+                generation,
+                phase,
+            } => {
+                let c = &mut self.children[child];
+                if generation == c.generation && phase == Phase::Ready && c.state == State::Starting {
+                    c.state = State::Running;
+                    tracing::info!(name = %c.name, restarts = c.restarts, "ready again");
+                }
+            }
+            Event::Exited {
+                child,
+                generation,
+                status,
+            } => {
+                if generation != self.children[child].generation {
+                    return Ok(());
+                }
+                let policy = self.config.restart.clone();
+                let c = &mut self.children[child];
+                c.handle = None;
+                let now = Instant::now();
+                let window = Duration::from_secs(policy.window_s);
+                while c.recent.front().is_some_and(|t| now.duration_since(*t) > window) {
+                    c.recent.pop_front();
+                }
+                if c.recent.len() as u32 >= policy.max_restarts {
+                    c.state = State::Stopped;
+                    anyhow::bail!(
+                        "{} exited ({status}) after {} restarts within {} s",
+                        c.name,
+                        c.recent.len(),
+                        policy.window_s
+                    );
+                }
+                // A child that ran for a while earns a fresh backoff.
+                if now.duration_since(c.started) > window {
+                    c.backoff = Duration::ZERO;
+                }
+                c.backoff = if c.backoff.is_zero() {
+                    Duration::from_millis(policy.initial_backoff_ms)
+                } else {
+                    (c.backoff * 2).min(Duration::from_millis(policy.max_backoff_ms))
+                };
+                c.recent.push_back(now);
+                c.restarts += 1;
+                c.state = State::Backoff;
+                tracing::warn!(name = %c.name, %status, delay_ms = c.backoff.as_millis() as u64, "exited; restarting");
+                let events = self.events.clone();
+                let delay = c.backoff;
+                tokio::spawn(async move {
+                    tokio::time::sleep(delay).await;
+                    let _ = events.send(Event::Respawn { child });
+                });
+            }
+            Event::Respawn { child } => {
+                if self.children[child].state == State::Backoff
+                    && let Err(err) = self.spawn(child)
+                {
+                    tracing::error!(name = %self.children[child].name, "cannot restart: {err:#}");
+                    let _ = self.events.send(Event::Exited {
+                        child,
+                        generation: self.children[child].generation,
+                        status: "spawn failed".into(),
+                    });
+                }
+            }
+            Event::Status(reply) => {
+                let _ = reply.send(self.snapshot());
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops the group: listeners drain first, then managers, router, broker.
+    /// A second signal skips the waiting and kills what is left.
+    async fn shutdown(
+        &mut self,
+        rx: &mut mpsc::UnboundedReceiver<Event>,
+        sigterm: &mut tokio::signal::unix::Signal,
+        sigint: &mut tokio::signal::unix::Signal,
+    ) {
+        let grace = self.config.shutdown_grace();
+        // Our copy of the TCP socket goes first: the listener's close then
+        // really stops new connections.
+        if let Some(listener) = self.children.iter_mut().find(|c| c.role == Role::Listener) {
+            listener.socket = None;
+        }
+        let stages: [(&[Role], ToChild, Duration); 4] = [
+            (
+                &[Role::Listener],
+                ToChild::Drain {
+                    grace_ms: grace.as_millis() as u64,
+                },
+                grace + Duration::from_secs(2),
+            ),
+            (&[Role::Manager], ToChild::Stop, Duration::from_secs(3)),
+            (&[Role::Router], ToChild::Stop, Duration::from_secs(3)),
+            (&[Role::Broker], ToChild::Stop, Duration::from_secs(3)),
+        ];
+        let mut hurry = false;
+        for (roles, command, patience) in stages {
+            let members: Vec<usize> = (0..self.children.len())
+                .filter(|&i| roles.contains(&self.children[i].role))
+                .collect();
+            for &i in &members {
+                let c = &mut self.children[i];
+                c.state = if c.handle.is_some() {
+                    State::Stopping
+                } else {
+                    State::Stopped
+                };
+                if let Some(h) = &c.handle {
+                    if hurry {
+                        h.kill();
+                    } else {
+                        h.command(command).await;
+                    }
+                }
+            }
+            let deadline = tokio::time::Instant::now() + patience;
+            while members.iter().any(|&i| self.children[i].handle.is_some()) {
+                tokio::select! {
+                    ev = rx.recv() => match ev {
+                        Some(Event::Exited { child, generation, .. }) if generation == self.children[child].generation => {
+                            self.children[child].handle = None;
+                            self.children[child].state = State::Stopped;
+                        }
+                        Some(Event::Status(reply)) => { let _ = reply.send(self.snapshot()); }
+                        Some(_) => {}
+                        None => break,
+                    },
+                    _ = sigterm.recv(), if !hurry => { hurry = true; self.kill(&members); }
+                    _ = sigint.recv(), if !hurry => { hurry = true; self.kill(&members); }
+                    _ = tokio::time::sleep_until(deadline) => {
+                        tracing::warn!("stage did not stop in time; killing it");
+                        self.kill(&members);
+                        // Killed processes are reaped promptly; do not wait forever.
+                        let reap = tokio::time::Instant::now() + Duration::from_secs(2);
+                        while members.iter().any(|&i| self.children[i].handle.is_some()) {
+                            match tokio::time::timeout_at(reap, rx.recv()).await {
+                                Ok(Some(Event::Exited { child, generation, .. })) if generation == self.children[child].generation => {
+                                    self.children[child].handle = None;
+                                    self.children[child].state = State::Stopped;
+                                }
+                                Ok(Some(_)) => {}
+                                _ => break,
+                            }
+                        }
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    fn kill(&self, members: &[usize]) {
+        for &i in members {
+            if let Some(h) = &self.children[i].handle {
+                h.kill();
+            }
+        }
+    }
+}
