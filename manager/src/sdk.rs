@@ -204,6 +204,13 @@ pub struct Context {
     pub correlation: u64,
 }
 
+impl Context {
+    /// Logs `message` at info level, tagged with the request's correlation id.
+    pub fn log(&self, message: &str) {
+        tracing::info!(correlation = self.correlation, "{message}");
+    }
+}
+
 type Handler<M> = Box<dyn Fn(&mut M, &Request<'_>, &mut Context) -> Result<Response, Error> + Send>;
 
 /// The handlers of a manager, keyed by event type.

@@ -2,7 +2,8 @@
 //!
 //! Two managers, so that the group shows routing between processes:
 //! `basics` answers `/noop`, `/echo`, `/hello/{name}` and `/panic`;
-//! `payload` answers `/payload/{size}`.
+//! `payload` answers `/payload/{size}` and `/sleep/{ms}` (which blocks the
+//! manager: a stand-in for slow work until worker pools exist).
 
 #![forbid(unsafe_code)]
 
@@ -113,8 +114,23 @@ pub struct Payloads {
 impl Manager for Payloads {
     const NAME: &'static str = "payload";
     fn register(r: &mut Registry<Self>) {
-        r.request(Self::payload);
+        r.request(Self::payload).request(Self::sleep);
     }
+}
+
+/// `GET /sleep/{ms}` → blocks the manager for `ms` milliseconds (at most 60 s).
+#[derive(Deserialize, Serialize)]
+pub struct Sleep {
+    pub ms: u64,
+}
+impl Event for Sleep {
+    const NAME: &'static str = "demo.Sleep";
+    const ROUTE: Option<(&'static str, &'static str)> = Some(("GET", "/sleep/{ms}"));
+}
+
+#[derive(Serialize)]
+pub struct Slept {
+    pub slept_ms: u64,
 }
 
 impl Payloads {
@@ -128,6 +144,15 @@ impl Payloads {
             self.last = bytes::Bytes::from(vec![b'x'; ev.size as usize]);
         }
         Result::Ok(Binary(self.last.clone()))
+    }
+
+    fn sleep(&mut self, ev: Sleep, cx: &mut Context) -> Result<Json<Slept>, Error> {
+        if ev.ms > 60_000 {
+            return Err(Error::bad_request("ms must be at most 60000"));
+        }
+        cx.log(&format!("sleeping {} ms", ev.ms));
+        std::thread::sleep(std::time::Duration::from_millis(ev.ms));
+        Result::Ok(Json(Slept { slept_ms: ev.ms }))
     }
 }
 

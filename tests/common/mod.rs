@@ -1,0 +1,355 @@
+//! Test harness: starts a real group (the `switchyard` binary under its
+//! supervisor) on an ephemeral port with a private runtime dir, waits for its
+//! readiness line, and tears everything down on drop.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How long any wait in a test may take before it counts as a failure. Not a
+/// performance threshold: a generous bound so a broken build fails instead
+/// of hanging the suite.
+pub const PATIENCE: Duration = Duration::from_secs(30);
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// A fresh, not-yet-existing path for a runtime dir.
+pub fn fresh_dir(tag: &str) -> PathBuf {
+    let base = std::env::temp_dir().join(format!("switchyard-tests-{}", std::process::id()));
+    std::fs::create_dir_all(&base).unwrap();
+    base.join(format!("{tag}-{}", COUNTER.fetch_add(1, Ordering::Relaxed)))
+}
+
+pub struct Group {
+    child: Option<Child>,
+    pub addr: SocketAddr,
+    pub runtime_dir: PathBuf,
+    lines: Arc<Mutex<Vec<String>>>,
+    line_events: mpsc::Receiver<String>,
+}
+
+pub struct GroupBuilder {
+    config: Option<String>,
+    tag: &'static str,
+}
+
+impl GroupBuilder {
+    /// Uses this `switchyard.toml` text.
+    pub fn config(mut self, toml: &str) -> Self {
+        self.config = Some(toml.to_owned());
+        self
+    }
+
+    pub fn start(self) -> Group {
+        let runtime_dir = fresh_dir(self.tag);
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_switchyard"));
+        cmd.arg("up")
+            .arg("--bind")
+            .arg("127.0.0.1:0")
+            .arg("--runtime-dir")
+            .arg(&runtime_dir);
+        if let Some(config) = &self.config {
+            let path = runtime_dir.with_extension("toml");
+            std::fs::write(&path, config).unwrap();
+            cmd.arg("-c").arg(path);
+        }
+        let mut child = cmd
+            .env("SWITCHYARD_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn switchyard");
+        let stdout = child.stdout.take().unwrap();
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let (tx, line_events) = mpsc::channel();
+        let store = lines.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                eprintln!("group| {line}");
+                store.lock().unwrap().push(line.clone());
+                if tx.send(line).is_err() {
+                    // Nobody is listening any more; keep draining the pipe.
+                }
+            }
+        });
+        let mut group = Group {
+            child: Some(child),
+            addr: "127.0.0.1:1".parse().unwrap(),
+            runtime_dir,
+            lines,
+            line_events,
+        };
+        let line = group.wait_line("listening on http://");
+        let addr = line
+            .split("http://")
+            .nth(1)
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap();
+        group.addr = addr.parse().unwrap();
+        group
+    }
+}
+
+impl Group {
+    pub fn builder(tag: &'static str) -> GroupBuilder {
+        GroupBuilder { config: None, tag }
+    }
+
+    /// Starts the zero-config group.
+    pub fn start(tag: &'static str) -> Group {
+        Group::builder(tag).start()
+    }
+
+    /// Waits for a stdout line containing `needle` (seen before or after the call).
+    pub fn wait_line(&mut self, needle: &str) -> String {
+        if let Some(line) = self.lines.lock().unwrap().iter().find(|l| l.contains(needle)) {
+            return line.clone();
+        }
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.line_events.recv_timeout(left) {
+                Ok(line) if line.contains(needle) => return line,
+                Ok(_) => {}
+                Err(_) => panic!("no line containing {needle:?} within {PATIENCE:?}"),
+            }
+        }
+    }
+
+    pub fn supervisor_pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    /// `switchyard status --json` for this group.
+    pub fn status(&self) -> serde_json::Value {
+        let out = Command::new(env!("CARGO_BIN_EXE_switchyard"))
+            .args(["status", "--json", "--runtime-dir"])
+            .arg(&self.runtime_dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "status failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    /// The pid of the process named `name` (role name or manager name).
+    pub fn pid_of(&self, name: &str) -> u32 {
+        self.status()["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name)
+            .and_then(|p| p["pid"].as_u64())
+            .unwrap_or_else(|| panic!("no running process named {name}")) as u32
+    }
+
+    /// Every pid the status lists.
+    pub fn all_pids(&self) -> Vec<u32> {
+        self.status()["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|p| p["pid"].as_u64().map(|p| p as u32))
+            .collect()
+    }
+
+    /// Polls `GET path` until it answers `status` (the group's readiness, as a
+    /// client sees it), within [`PATIENCE`].
+    pub fn eventually_status(&self, path: &str, status: u16) {
+        let deadline = Instant::now() + PATIENCE;
+        let mut last = None;
+        while Instant::now() < deadline {
+            match get(self.addr, path) {
+                Ok(r) if r.status == status => return,
+                other => last = Some(other.map(|r| r.status)),
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("GET {path} never answered {status}; last: {last:?}");
+    }
+
+    /// Waits until `name` runs again under a pid other than `old`.
+    pub fn eventually_restarted(&self, name: &str, old: u32) {
+        let deadline = Instant::now() + PATIENCE;
+        while Instant::now() < deadline {
+            let status = self.status();
+            let p = status["processes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|p| p["name"] == name)
+                .cloned();
+            if let Some(p) = p {
+                if p["state"] == "running" && p["pid"].as_u64().is_some_and(|pid| pid as u32 != old) {
+                    return;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("{name} was not restarted within {PATIENCE:?}");
+    }
+
+    pub fn kill9(&self, name: &str) -> u32 {
+        let pid = self.pid_of(name);
+        kill(pid, libc::SIGKILL);
+        pid
+    }
+
+    /// Sends SIGTERM to the supervisor and waits for it to exit.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let mut child = self.child.take().unwrap();
+        kill(child.id(), libc::SIGTERM);
+        wait_with_patience(&mut child)
+    }
+}
+
+fn wait_with_patience(child: &mut Child) -> std::process::ExitStatus {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("supervisor did not exit within {PATIENCE:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            kill(child.id(), libc::SIGTERM);
+            let deadline = Instant::now() + Duration::from_secs(15);
+            while child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            // Children die with the supervisor (PR_SET_PDEATHSIG).
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.runtime_dir);
+        let _ = std::fs::remove_file(self.runtime_dir.with_extension("toml"));
+    }
+}
+
+pub fn kill(pid: u32, signal: i32) {
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    unsafe {
+        libc::kill(pid as i32, signal);
+    }
+}
+
+pub fn alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z "))
+}
+
+/// A parsed HTTP/1.1 response.
+#[derive(Debug)]
+pub struct HttpResponse {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl HttpResponse {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// Sends raw bytes, reads until the server closes, parses the response.
+pub fn raw(addr: SocketAddr, request: &[u8]) -> std::io::Result<HttpResponse> {
+    let mut stream = TcpStream::connect(addr)?;
+    stream.set_read_timeout(Some(PATIENCE))?;
+    stream.write_all(request)?;
+    let mut buf = Vec::new();
+    stream.read_to_end(&mut buf)?;
+    parse_response(&buf)
+}
+
+pub fn parse_response(buf: &[u8]) -> std::io::Result<HttpResponse> {
+    let bad = |m: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, m.to_owned());
+    let split = buf
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| bad("no header end"))?;
+    let head = std::str::from_utf8(&buf[..split]).map_err(|_| bad("head not utf-8"))?;
+    let mut lines = head.split("\r\n");
+    let status = lines
+        .next()
+        .and_then(|l| l.split(' ').nth(1))
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| bad("no status"))?;
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| {
+            l.split_once(':')
+                .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+        })
+        .collect();
+    let mut body = buf[split + 4..].to_vec();
+    let chunked = headers
+        .iter()
+        .any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"));
+    if chunked {
+        body = dechunk(&body).ok_or_else(|| bad("bad chunked body"))?;
+    }
+    Ok(HttpResponse {
+        status,
+        headers,
+        body,
+    })
+}
+
+fn dechunk(mut b: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::new();
+    loop {
+        let end = b.windows(2).position(|w| w == b"\r\n")?;
+        let size = usize::from_str_radix(std::str::from_utf8(&b[..end]).ok()?.trim(), 16).ok()?;
+        b = &b[end + 2..];
+        if size == 0 {
+            return Some(out);
+        }
+        out.extend_from_slice(b.get(..size)?);
+        b = b.get(size + 2..)?;
+    }
+}
+
+pub fn request(addr: SocketAddr, method: &str, path: &str, body: &[u8]) -> std::io::Result<HttpResponse> {
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nhost: test\r\nconnection: close\r\ncontent-length: {}\r\n",
+        body.len()
+    );
+    if !body.is_empty() {
+        req.push_str("content-type: application/json\r\n");
+    }
+    req.push_str("\r\n");
+    let mut bytes = req.into_bytes();
+    bytes.extend_from_slice(body);
+    raw(addr, &bytes)
+}
+
+pub fn get(addr: SocketAddr, path: &str) -> std::io::Result<HttpResponse> {
+    request(addr, "GET", path, b"")
+}
