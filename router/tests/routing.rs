@@ -1,0 +1,293 @@
+//! The router as a black box: a fake broker and fake managers on real Unix
+//! sockets, speaking the real frames.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use bytes::Bytes;
+use switchyard_proto::control::{Control, HandledType, ManagerDescription, RouteTable};
+use switchyard_proto::transport::{FrameReader, FrameSink, spawn_writer};
+use switchyard_proto::{DEFAULT_MAX_FRAME, Deadline, Envelope, EventType, Kind, Origin};
+use tokio::io::AsyncWriteExt;
+use tokio::net::unix::OwnedReadHalf;
+use tokio::net::{UnixListener, UnixStream};
+
+const PATIENCE: Duration = Duration::from_secs(20);
+
+struct Peer {
+    reader: FrameReader<OwnedReadHalf>,
+    sink: FrameSink,
+}
+
+impl Peer {
+    fn new(stream: UnixStream) -> Peer {
+        let (r, w) = stream.into_split();
+        let (sink, _) = spawn_writer(w, 1024, DEFAULT_MAX_FRAME);
+        Peer {
+            reader: FrameReader::new(r, DEFAULT_MAX_FRAME),
+            sink,
+        }
+    }
+
+    /// The next frame that is not a route-table announcement.
+    async fn next(&mut self) -> Envelope {
+        loop {
+            let env = tokio::time::timeout(PATIENCE, self.reader.next())
+                .await
+                .expect("frame in time")
+                .expect("readable")
+                .expect("not closed");
+            if env.kind == Kind::Control {
+                if let Ok(Control::RouteTable(_)) = env.decode_control() {
+                    continue;
+                }
+            }
+            return env;
+        }
+    }
+
+    /// Waits for a route table satisfying `pred`.
+    async fn table(&mut self, pred: impl Fn(&RouteTable) -> bool) -> RouteTable {
+        loop {
+            let env = tokio::time::timeout(PATIENCE, self.reader.next())
+                .await
+                .unwrap()
+                .unwrap()
+                .unwrap();
+            if let Ok(Control::RouteTable(t)) = env.decode_control() {
+                if pred(&t) {
+                    return t;
+                }
+            }
+        }
+    }
+}
+
+struct Rig {
+    dir: PathBuf,
+    broker: Peer,
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn unique_dir() -> PathBuf {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "sy-router-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+async fn rig(declared: &[&str]) -> Rig {
+    let dir = unique_dir();
+    let broker_socket = dir.join("broker.sock");
+    let broker_listener = UnixListener::bind(&broker_socket).unwrap();
+    let router_listener = UnixListener::bind(dir.join("router.sock")).unwrap();
+    let config = switchyard_router::Config {
+        broker_socket,
+        declared_managers: declared.iter().map(|s| s.to_string()).collect(),
+        max_frame: DEFAULT_MAX_FRAME,
+        queue_capacity: 1024,
+        max_outstanding: 2,
+    };
+    let (ready, _) = tokio::sync::oneshot::channel();
+    tokio::spawn(switchyard_router::run(
+        router_listener,
+        config,
+        ready,
+        std::future::pending(),
+    ));
+    let (stream, _) = broker_listener.accept().await.unwrap();
+    let mut broker = Peer::new(stream);
+    match broker
+        .reader
+        .next()
+        .await
+        .unwrap()
+        .unwrap()
+        .decode_control()
+        .unwrap()
+    {
+        Control::HelloRouter { .. } => {}
+        other => panic!("expected router hello, got {other:?}"),
+    }
+    Rig { dir, broker }
+}
+
+async fn manager(rig: &Rig, name: &str, handles: &[&str], subscribes: &[&str]) -> Peer {
+    let stream = UnixStream::connect(rig.dir.join("router.sock")).await.unwrap();
+    let mut peer = Peer::new(stream);
+    let description = ManagerDescription {
+        name: name.into(),
+        pid: std::process::id(),
+        handles: handles
+            .iter()
+            .map(|h| HandledType {
+                name: h.to_string(),
+                event_type: EventType::of(h),
+                route: None,
+            })
+            .collect(),
+        subscribes: subscribes.iter().map(|s| EventType::of(s)).collect(),
+    };
+    peer.sink
+        .send_wait(Envelope::control(&Control::HelloManager(description)).unwrap())
+        .await
+        .unwrap();
+    match peer.next().await.decode_control().unwrap() {
+        Control::Welcome { .. } => peer,
+        other => panic!("expected welcome, got {other:?}"),
+    }
+}
+
+fn request(ty: &str, correlation: u64, pipe: u64) -> Envelope {
+    let mut env = Envelope::request(EventType::of(ty), correlation, Bytes::from_static(b"body"));
+    env.origin = Origin::Pipe(pipe);
+    env
+}
+
+#[tokio::test]
+async fn requests_reach_the_manager_and_responses_return_by_origin() {
+    let mut rig = rig(&["m"]).await;
+    let mut m = manager(&rig, "m", &["t.A"], &[]).await;
+    rig.broker.table(|t| t.all_up()).await;
+    rig.broker.sink.send(request("t.A", 7, 3)).unwrap();
+    let got = m.next().await;
+    assert_eq!(
+        (got.kind, got.correlation, got.origin),
+        (Kind::Request, 7, Origin::Pipe(3))
+    );
+    assert_eq!(got.payload.inline().unwrap().as_ref(), b"body");
+    m.sink
+        .send(Envelope::response_to(
+            &got,
+            200,
+            Default::default(),
+            Bytes::from_static(b"ok"),
+        ))
+        .unwrap();
+    let back = rig.broker.next().await;
+    assert_eq!(
+        (back.kind, back.status, back.correlation, back.origin),
+        (Kind::Response, 200, 7, Origin::Pipe(3))
+    );
+}
+
+#[tokio::test]
+async fn unrouted_requests_are_answered_at_once() {
+    let mut rig = rig(&[]).await;
+    rig.broker.sink.send(request("t.Nobody", 1, 1)).unwrap();
+    assert_eq!(rig.broker.next().await.status, 503);
+    // A manager asking for a type nobody ever served: 404.
+    let mut m = manager(&rig, "m", &["t.A"], &[]).await;
+    let mut call = Envelope::request(EventType::of("t.Nobody"), 5, Bytes::new());
+    call.origin = Origin::Unset;
+    m.sink.send(call).unwrap();
+    let answer = m.next().await;
+    assert_eq!((answer.status, answer.correlation), (404, 5));
+}
+
+#[tokio::test]
+async fn a_disconnecting_manager_fails_its_requests_with_503() {
+    let mut rig = rig(&["m"]).await;
+    let mut m = manager(&rig, "m", &["t.A"], &[]).await;
+    rig.broker.sink.send(request("t.A", 1, 9)).unwrap();
+    let _ = m.next().await;
+    drop(m);
+    let answer = rig.broker.next().await;
+    assert_eq!(
+        (answer.status, answer.correlation, answer.origin),
+        (503, 1, Origin::Pipe(9))
+    );
+    // Known type, manager gone: 503, not 404.
+    rig.broker.sink.send(request("t.A", 2, 9)).unwrap();
+    assert_eq!(rig.broker.next().await.status, 503);
+}
+
+#[tokio::test]
+async fn least_outstanding_spreads_requests_and_capacity_is_bounded() {
+    let mut rig = rig(&["m"]).await;
+    let mut a = manager(&rig, "m", &["t.A"], &[]).await;
+    let mut b = manager(&rig, "m", &["t.A"], &[]).await;
+    for c in 1..=4 {
+        rig.broker.sink.send(request("t.A", c, 1)).unwrap();
+    }
+    // Two each (max_outstanding = 2), never three on one.
+    let mut seen = vec![a.next().await.correlation, a.next().await.correlation];
+    seen.push(b.next().await.correlation);
+    seen.push(b.next().await.correlation);
+    seen.sort_unstable();
+    assert_eq!(seen, [1, 2, 3, 4]);
+    // Both at capacity: 503 with Retry-After.
+    rig.broker.sink.send(request("t.A", 5, 1)).unwrap();
+    let busy = rig.broker.next().await;
+    assert_eq!((busy.status, busy.correlation), (503, 5));
+    assert_eq!(busy.meta.get("retry-after"), Some("1"));
+}
+
+#[tokio::test]
+async fn expired_deadlines_get_504() {
+    let mut rig = rig(&["m"]).await;
+    let mut m = manager(&rig, "m", &["t.A"], &[]).await;
+    let mut env = request("t.A", 11, 2);
+    env.deadline = Deadline::after(Duration::from_millis(50));
+    rig.broker.sink.send(env).unwrap();
+    let got = m.next().await;
+    let answer = rig.broker.next().await;
+    assert_eq!((answer.status, answer.correlation), (504, 11));
+    // The manager's late answer is dropped, not delivered twice.
+    m.sink
+        .send(Envelope::response_to(&got, 200, Default::default(), Bytes::new()))
+        .unwrap();
+    rig.broker.sink.send(request("t.A", 12, 2)).unwrap();
+    let next = m.next().await;
+    m.sink
+        .send(Envelope::response_to(
+            &next,
+            200,
+            Default::default(),
+            Bytes::new(),
+        ))
+        .unwrap();
+    assert_eq!(rig.broker.next().await.correlation, 12);
+}
+
+#[tokio::test]
+async fn notifications_reach_every_subscriber_but_the_sender() {
+    let rig = rig(&[]).await;
+    let mut sender = manager(&rig, "s", &[], &["t.Event"]).await;
+    let mut x = manager(&rig, "x", &[], &["t.Event"]).await;
+    let mut y = manager(&rig, "y", &[], &["t.Event"]).await;
+    sender
+        .sink
+        .send(Envelope::notification(
+            EventType::of("t.Event"),
+            Bytes::from_static(b"n"),
+        ))
+        .unwrap();
+    assert_eq!(x.next().await.kind, Kind::Notification);
+    assert_eq!(y.next().await.kind, Kind::Notification);
+    let nothing = tokio::time::timeout(Duration::from_millis(100), sender.reader.next()).await;
+    assert!(nothing.is_err(), "the sender does not get its own notification");
+}
+
+#[tokio::test]
+async fn a_garbage_frame_closes_only_that_connection() {
+    let mut rig = rig(&["m"]).await;
+    let mut bad = UnixStream::connect(rig.dir.join("router.sock")).await.unwrap();
+    bad.write_all(&[0xff, 0xff, 0xff, 0x7f, 1, 2, 3]).await.unwrap();
+    let mut m = manager(&rig, "m", &["t.A"], &[]).await;
+    rig.broker.sink.send(request("t.A", 1, 1)).unwrap();
+    let got = m.next().await;
+    m.sink
+        .send(Envelope::response_to(&got, 200, Default::default(), Bytes::new()))
+        .unwrap();
+    assert_eq!(rig.broker.next().await.status, 200);
+}
