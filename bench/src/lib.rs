@@ -1,1 +1,9 @@
+//! Switchyard's measuring stick: load generation, and the zero-hop baseline
+//! every Switchyard figure is compared against. The baseline is a plain
+//! in-process hyper server answering the demo application's routes with the
+//! same bytes, so that a benchmark run can put both side by side on the same
+//! machine and report each Switchyard number as a ratio to it.
+//!
+//! - [`baseline`]: the in-process server (also the `switchyard-baseline` binary).
 
+pub mod baseline;
