@@ -56,10 +56,13 @@ pub trait Event: DeserializeOwned + Serialize {
     /// from the JSON body otherwise (path parameters must then match by name).
     fn from_request(request: &Request<'_>) -> Result<Self, Error> {
         if request.body.is_empty() {
+            // Path parameters win over query keys of the same name: the
+            // route, not the client, decides what `{name}` is.
             let pairs: Vec<(&str, &str)> = request
                 .query_pairs
                 .iter()
                 .map(|(k, v)| (k.as_str(), v.as_str()))
+                .filter(|(k, _)| request.path_param(k).is_none())
                 .chain(request.path_params())
                 .collect();
             let encoded =
