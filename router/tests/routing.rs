@@ -37,10 +37,10 @@ impl Peer {
                 .expect("frame in time")
                 .expect("readable")
                 .expect("not closed");
-            if env.kind == Kind::Control {
-                if let Ok(Control::RouteTable(_)) = env.decode_control() {
-                    continue;
-                }
+            if env.kind == Kind::Control
+                && let Ok(Control::RouteTable(_)) = env.decode_control()
+            {
+                continue;
             }
             return env;
         }
@@ -54,10 +54,10 @@ impl Peer {
                 .unwrap()
                 .unwrap()
                 .unwrap();
-            if let Ok(Control::RouteTable(t)) = env.decode_control() {
-                if pred(&t) {
-                    return t;
-                }
+            if let Ok(Control::RouteTable(t)) = env.decode_control()
+                && pred(&t)
+            {
+                return t;
             }
         }
     }

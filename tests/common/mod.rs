@@ -192,10 +192,11 @@ impl Group {
                 .iter()
                 .find(|p| p["name"] == name)
                 .cloned();
-            if let Some(p) = p {
-                if p["state"] == "running" && p["pid"].as_u64().is_some_and(|pid| pid as u32 != old) {
-                    return;
-                }
+            if let Some(p) = p
+                && p["state"] == "running"
+                && p["pid"].as_u64().is_some_and(|pid| pid as u32 != old)
+            {
+                return;
             }
             std::thread::sleep(Duration::from_millis(20));
         }
