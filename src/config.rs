@@ -5,10 +5,11 @@
 //! before any process starts.
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use switchyard_manager::abi::{Library, LoadError};
 
 /// The whole group's configuration.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -70,6 +71,9 @@ pub(crate) struct GroupConfig {
     pub(crate) shutdown_grace_ms: u64,
     /// Milliseconds a child gets to report ready before start-up fails.
     pub(crate) start_timeout_ms: u64,
+    /// Whether 5xx error messages from handlers reach clients (off by
+    /// default: they may carry internals).
+    pub(crate) expose_errors: bool,
 }
 
 impl Default for GroupConfig {
@@ -80,6 +84,7 @@ impl Default for GroupConfig {
             max_outstanding_per_instance: 4096,
             shutdown_grace_ms: 10_000,
             start_timeout_ms: 10_000,
+            expose_errors: false,
         }
     }
 }
@@ -113,8 +118,40 @@ impl Default for RestartConfig {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ManagerConfig {
-    /// The manager's name; today one of the built-in demo managers.
+    /// The manager's name in this group (routing, logs, status).
     pub(crate) name: String,
+    /// The plugin library (`.so`); relative paths are relative to the
+    /// configuration file. Absent: the built-in demo plugin.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) plugin: Option<PathBuf>,
+    /// Which manager type of the plugin to run (default: `name`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) manager: Option<String>,
+    /// How many processes of this manager to run.
+    #[serde(default = "one")]
+    pub(crate) instances: u32,
+    /// Handed to the manager's `create` as its config.
+    #[serde(default)]
+    pub(crate) config: toml::Table,
+}
+
+fn one() -> u32 {
+    1
+}
+
+impl ManagerConfig {
+    /// The manager type to instantiate.
+    pub(crate) fn kind(&self) -> &str {
+        self.manager.as_deref().unwrap_or(&self.name)
+    }
+
+    /// Opens the plugin library (or the built-in one).
+    pub(crate) fn library(&self) -> Result<Library, LoadError> {
+        match &self.plugin {
+            Some(path) => Library::open(path),
+            None => Ok(Library::linked(switchyard_demo::switchyard_plugin_vtable, "demo")),
+        }
+    }
 }
 
 impl Default for Config {
@@ -127,6 +164,10 @@ impl Default for Config {
                 .iter()
                 .map(|name| ManagerConfig {
                     name: (*name).to_owned(),
+                    plugin: None,
+                    manager: None,
+                    instances: 1,
+                    config: toml::Table::new(),
                 })
                 .collect(),
         }
@@ -151,10 +192,18 @@ impl Config {
             path: path.display().to_string(),
             source,
         })?;
-        let config: Config = toml::from_str(&text).map_err(|e| ConfigError::Parse {
+        let mut config: Config = toml::from_str(&text).map_err(|e| ConfigError::Parse {
             path: path.display().to_string(),
             message: e.to_string(),
         })?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        for m in &mut config.managers {
+            if let Some(plugin) = &m.plugin
+                && plugin.is_relative()
+            {
+                m.plugin = Some(base.join(plugin));
+            }
+        }
         config.validate()?;
         Ok(config)
     }
@@ -189,15 +238,27 @@ impl Config {
         }
         let mut seen = std::collections::HashSet::new();
         for (i, m) in self.managers.iter().enumerate() {
-            if switchyard_demo::service(&m.name).is_none() {
-                problems.push(format!(
-                    "managers[{i}].name: unknown manager `{}` (built in: {})",
-                    m.name,
-                    switchyard_demo::MANAGERS.join(", ")
-                ));
-            }
             if !seen.insert(&m.name) {
                 problems.push(format!("managers[{i}].name: `{}` is listed twice", m.name));
+            }
+            if m.instances == 0 || m.instances > 64 {
+                problems.push(format!("managers[{i}].instances: must be between 1 and 64"));
+            }
+            // Open every plugin now, so a bad one stops the start-up before
+            // any process runs, not half-way through it.
+            match m.library() {
+                Ok(library) => {
+                    let kinds = library.kinds();
+                    if !kinds.iter().any(|k| k == m.kind()) {
+                        let key = if m.manager.is_some() { "manager" } else { "name" };
+                        problems.push(format!(
+                            "managers[{i}].{key}: the plugin has no manager `{}` (it has: {})",
+                            m.kind(),
+                            kinds.join(", ")
+                        ));
+                    }
+                }
+                Err(err) => problems.push(format!("managers[{i}].plugin: {err}")),
             }
         }
         if problems.is_empty() {
@@ -251,11 +312,22 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("bind"), "{err}");
+        let config: Config = toml::from_str(
+            "[listener]\nmax_header_bytes = 10\n[[managers]]\nname = \"zzz\"\ninstances = 0\n",
+        )
+        .unwrap();
+        let err = config.validate().unwrap_err().to_string();
+        assert!(err.contains("listener.max_header_bytes"), "{err}");
+        assert!(
+            err.contains("managers[0].name: the plugin has no manager `zzz`"),
+            "{err}"
+        );
+        assert!(err.contains("managers[0].instances"), "{err}");
         let config: Config =
-            toml::from_str("[listener]\nmax_header_bytes = 10\n[[managers]]\nname = \"zzz\"\n").unwrap();
+            toml::from_str("[[managers]]\nname = \"x\"\nplugin = \"/nonexistent.so\"\n").unwrap();
         let err = config.validate().unwrap_err().to_string();
         assert!(
-            err.contains("listener.max_header_bytes") && err.contains("managers[0].name"),
+            err.contains("managers[0].plugin: cannot load plugin /nonexistent.so"),
             "{err}"
         );
     }

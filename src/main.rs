@@ -69,6 +69,8 @@ enum Command {
         role: roles::Role,
         #[arg(long)]
         name: String,
+        #[arg(long, default_value_t = 0)]
+        instance: u32,
         #[arg(long)]
         spec: String,
     },
@@ -110,6 +112,11 @@ fn main() -> ExitCode {
             }
             Err(code) => code,
         },
-        Command::Role { role, name, spec } => roles::main(role, name, spec),
+        Command::Role {
+            role,
+            name,
+            instance,
+            spec,
+        } => roles::main(role, name, instance, spec),
     }
 }

@@ -40,7 +40,7 @@ pub(crate) struct Spec {
     pub(crate) runtime_dir: std::path::PathBuf,
 }
 
-pub(crate) fn main(role: Role, name: String, spec: String) -> ExitCode {
+pub(crate) fn main(role: Role, name: String, instance: u32, spec: String) -> ExitCode {
     init_child_logging();
     let spec: Spec = match serde_json::from_str(&spec) {
         Ok(s) => s,
@@ -63,7 +63,7 @@ pub(crate) fn main(role: Role, name: String, spec: String) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(serve(role, name, spec)) {
+    match runtime.block_on(serve(role, name, instance, spec)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             tracing::error!("{err:#}");
@@ -72,7 +72,7 @@ pub(crate) fn main(role: Role, name: String, spec: String) -> ExitCode {
     }
 }
 
-async fn serve(role: Role, name: String, spec: Spec) -> anyhow::Result<()> {
+async fn serve(role: Role, name: String, instance: u32, spec: Spec) -> anyhow::Result<()> {
     // SAFETY: the supervisor placed our end of the control socketpair at
     // CONTROL_FD before exec; nothing else adopts it.
     let control = unsafe { ChildChannel::from_fd(CONTROL_FD) }?;
@@ -108,14 +108,27 @@ async fn serve(role: Role, name: String, spec: Spec) -> anyhow::Result<()> {
             Box::pin(async move { Ok(switchyard_router::run(listener, cfg, ready_tx, stop).await?) })
         }
         Role::Manager => {
-            let service =
-                switchyard_demo::service(&name).ok_or_else(|| anyhow::anyhow!("unknown manager `{name}`"))?;
+            let m = config
+                .managers
+                .iter()
+                .find(|m| m.name == name)
+                .ok_or_else(|| anyhow::anyhow!("no manager `{name}` in the configuration"))?;
+            let args = switchyard_manager::messages::CreateArgs {
+                name: name.clone(),
+                instance,
+                config_json: serde_json::to_string(&m.config)?,
+                expose_errors: config.group.expose_errors,
+            };
+            let (plugin, description) = m.library()?.instantiate(m.kind(), &args)?;
             let cfg = switchyard_manager::host::Config {
+                name: name.clone(),
                 router_socket: paths.router_socket(),
                 max_frame,
                 queue_capacity,
             };
-            Box::pin(async move { Ok(switchyard_manager::host::run(service, cfg, ready_tx, stop).await?) })
+            Box::pin(async move {
+                Ok(switchyard_manager::host::run(plugin, description, cfg, ready_tx, stop).await?)
+            })
         }
         Role::Listener => {
             let tcp = inherit::tcp_listener()?;

@@ -1,56 +1,64 @@
-//! The manager host: one process, one manager instance.
+//! The manager host: one process, one manager instance behind the plugin
+//! boundary.
 //!
-//! Connects to the router, declares what the manager serves, then answers
-//! requests in the order they arrive. Handlers run on this task: a manager is
-//! single-threaded by design (its state needs no locks); scale by instances.
-//! If the router goes away the host reconnects and declares itself again.
+//! Connects to the router, declares what the manager serves, then turns each
+//! batch of frames into one [`Plugin::step`] and each output back into frames.
+//! Requests from different callers may carry equal correlation ids, so the
+//! host gives each request a local id of its own for the plugin and maps the
+//! answer back. If the router goes away, calls the plugin is awaiting fail
+//! with 503 and the host reconnects and declares itself again.
 
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use bytes::Bytes;
 use switchyard_proto::control::Control;
 use switchyard_proto::transport::{FrameReader, FrameSink, spawn_writer};
-use switchyard_proto::{Envelope, Kind, Payload};
+use switchyard_proto::{Deadline, Envelope, EventType, Kind, Origin, Payload, problem};
 use tokio::net::UnixStream;
 use tokio::net::unix::OwnedReadHalf;
 use tokio::sync::oneshot;
 
-use crate::service::Service;
-
-/// Errors that stop the host.
-#[derive(Debug, thiserror::Error)]
-pub enum HostError {
-    #[error("router refused the manager")]
-    Refused,
-}
+use crate::abi::{LoadError, Plugin};
+use crate::messages::{Description, FromPlugin, LogLevel, ToPlugin};
 
 /// The host's settings.
 #[derive(Clone, Debug)]
 pub struct Config {
+    /// The configured manager name (what the router and status show).
+    pub name: String,
     /// The router's socket.
     pub router_socket: PathBuf,
     /// Largest frame accepted or sent, in bytes.
     pub max_frame: usize,
-    /// Responses queued towards the router.
+    /// Frames queued towards the router.
     pub queue_capacity: usize,
 }
 
-/// Serves `service` until `shutdown` resolves. `ready` fires once the router
-/// has accepted the manager's declaration.
+/// Serves `plugin` until `shutdown` resolves. `ready` fires once the router
+/// has accepted the manager's declaration. Returns an error only when the
+/// plugin itself breaks (the supervisor then restarts the process).
 pub async fn run(
-    mut service: Box<dyn Service>,
+    mut plugin: Plugin,
+    description: Description,
     config: Config,
     ready: oneshot::Sender<()>,
     shutdown: impl Future<Output = ()>,
-) -> Result<(), HostError> {
+) -> Result<(), LoadError> {
     let mut ready = Some(ready);
     tokio::pin!(shutdown);
     let mut backoff = Duration::from_millis(5);
+    let mut host = Host {
+        requests: HashMap::new(),
+        calls: HashSet::new(),
+        next_local: 1,
+    };
     loop {
         let link = tokio::select! {
             _ = &mut shutdown => return Ok(()),
-            link = connect(&*service, &config) => link,
+            link = connect(&description, &config) => link,
         };
         match link {
             Ok((reader, sink, id)) => {
@@ -61,10 +69,10 @@ pub async fn run(
                 }
                 tokio::select! {
                     _ = &mut shutdown => return Ok(()),
-                    _ = serve(&mut *service, &config, reader, sink) => {
-                        tracing::warn!("router connection lost; reconnecting");
-                    }
+                    served = host.serve(&mut plugin, &config, reader, &sink) => served?,
                 }
+                tracing::warn!("router connection lost; reconnecting");
+                host.router_lost(&mut plugin)?;
             }
             Err(err) => {
                 tracing::debug!(%err, "router not reachable yet");
@@ -79,15 +87,15 @@ pub async fn run(
 }
 
 async fn connect(
-    service: &dyn Service,
+    description: &Description,
     config: &Config,
 ) -> Result<(FrameReader<OwnedReadHalf>, FrameSink, u64), switchyard_proto::Error> {
     let stream = UnixStream::connect(&config.router_socket).await?;
     let (read, write) = stream.into_split();
     let (sink, _writer) = spawn_writer(write, config.queue_capacity, config.max_frame);
     let mut reader = FrameReader::new(read, config.max_frame);
-    sink.send_wait(Envelope::control(&Control::HelloManager(service.describe()))?)
-        .await?;
+    let hello = Control::HelloManager(description.for_router(&config.name));
+    sink.send_wait(Envelope::control(&hello)?).await?;
     match reader.next().await? {
         Some(env) if env.kind == Kind::Control => match env.decode_control()? {
             Control::Welcome { id } => Ok((reader, sink, id)),
@@ -97,52 +105,188 @@ async fn connect(
     }
 }
 
-/// Bytes of frame overhead we leave room for when checking a response size.
+/// Bytes of frame overhead left free when checking a response's size.
 const FRAME_HEADROOM: usize = 4096;
 
-async fn serve(
-    service: &mut dyn Service,
-    config: &Config,
-    mut reader: FrameReader<OwnedReadHalf>,
-    sink: FrameSink,
-) {
-    let mut batch = Vec::with_capacity(64);
-    loop {
-        match reader.read_batch(&mut batch).await {
-            Ok(true) => {}
-            Ok(false) => return,
-            Err(err) => return tracing::warn!(%err, "closing router connection"),
-        }
-        for env in batch.drain(..) {
-            match env.kind {
-                Kind::Request => {
-                    let body: &[u8] = match &env.payload {
-                        Payload::Inline(bytes) => bytes,
-                        Payload::Shm(_) => {
+struct Host {
+    /// Local request id → the request's return address.
+    requests: HashMap<u64, (Origin, u64, EventType)>,
+    /// Calls the plugin is waiting on (their ids are our correlations).
+    calls: HashSet<u64>,
+    next_local: u64,
+}
+
+impl Host {
+    async fn serve(
+        &mut self,
+        plugin: &mut Plugin,
+        config: &Config,
+        mut reader: FrameReader<OwnedReadHalf>,
+        sink: &FrameSink,
+    ) -> Result<(), LoadError> {
+        let mut batch = Vec::with_capacity(64);
+        let mut inputs = Vec::with_capacity(64);
+        loop {
+            match reader.read_batch(&mut batch).await {
+                Ok(true) => {}
+                Ok(false) => return Ok(()),
+                Err(err) => {
+                    tracing::warn!(%err, "closing router connection");
+                    return Ok(());
+                }
+            }
+            for env in batch.drain(..) {
+                let body = match env.payload {
+                    Payload::Inline(ref bytes) => bytes.clone(),
+                    Payload::Shm(_) => {
+                        if env.kind == Kind::Request {
                             let _ = sink.send(Envelope::error_to(
                                 &env,
                                 501,
                                 "shared-memory payloads are not supported yet",
                             ));
-                            continue;
                         }
+                        continue;
+                    }
+                };
+                match env.kind {
+                    Kind::Request => {
+                        let local = self.next_local;
+                        self.next_local += 1;
+                        self.requests
+                            .insert(local, (env.origin, env.correlation, env.event_type));
+                        inputs.push(ToPlugin::Request {
+                            correlation: local,
+                            event_type: env.event_type,
+                            meta: env.meta,
+                            body,
+                        });
+                    }
+                    Kind::Response => {
+                        if self.calls.remove(&env.correlation) {
+                            inputs.push(ToPlugin::CallResult {
+                                call: env.correlation,
+                                status: env.status,
+                                meta: env.meta,
+                                body,
+                            });
+                        }
+                    }
+                    Kind::Notification => inputs.push(ToPlugin::Notification {
+                        event_type: env.event_type,
+                        meta: env.meta,
+                        body,
+                    }),
+                    other => tracing::debug!(?other, "ignoring frame from router"),
+                }
+            }
+            if inputs.is_empty() {
+                continue;
+            }
+            let outputs = plugin.step(&inputs)?;
+            inputs.clear();
+            self.dispatch(outputs, config, sink);
+        }
+    }
+
+    fn dispatch(&mut self, outputs: Vec<FromPlugin>, config: &Config, sink: &FrameSink) {
+        for output in outputs {
+            let env = match output {
+                FromPlugin::Response {
+                    correlation,
+                    status,
+                    meta,
+                    body,
+                } => {
+                    let Some((origin, correlation, event_type)) = self.requests.remove(&correlation) else {
+                        tracing::warn!(correlation, "plugin answered an unknown request");
+                        continue;
                     };
-                    let response = service.handle(env.event_type, env.correlation, &env.meta, body);
-                    let reply = if response.body.len() + FRAME_HEADROOM > config.max_frame {
-                        tracing::error!(len = response.body.len(), "response larger than the frame limit");
+                    let mut env = Envelope::request(event_type, correlation, Bytes::new());
+                    env.origin = origin;
+                    if body.len() + FRAME_HEADROOM > config.max_frame {
+                        tracing::error!(len = body.len(), "response larger than the frame limit");
                         Envelope::error_to(&env, 500, "response too large")
                     } else {
-                        Envelope::response_to(&env, response.status, response.meta, response.body)
-                    };
-                    if let Err(refused) = sink.send(reply) {
-                        tracing::warn!(%refused, "response dropped");
+                        Envelope::response_to(&env, status, meta, body)
                     }
                 }
-                Kind::Notification => {
-                    // Subscriptions arrive with the plugin SDK issue.
+                FromPlugin::Call {
+                    call,
+                    event_type,
+                    meta,
+                    body,
+                    timeout_ms,
+                } => {
+                    self.calls.insert(call);
+                    let mut env = Envelope::request(event_type, call, body);
+                    env.meta = meta;
+                    env.deadline = Deadline::after(Duration::from_millis(timeout_ms));
+                    env
                 }
-                other => tracing::debug!(?other, "ignoring frame from router"),
+                FromPlugin::Notify {
+                    event_type,
+                    meta,
+                    body,
+                } => {
+                    let mut env = Envelope::notification(event_type, body);
+                    env.meta = meta;
+                    env
+                }
+                FromPlugin::Log {
+                    level,
+                    correlation,
+                    message,
+                } => {
+                    log(level, correlation, &message);
+                    continue;
+                }
+            };
+            if let Err(refused) = sink.send(env) {
+                tracing::warn!(%refused, "frame to router dropped");
             }
         }
+    }
+
+    /// The router is gone: its requests are answered by the router's own
+    /// successor (it failed them), and the plugin's pending calls fail now.
+    fn router_lost(&mut self, plugin: &mut Plugin) -> Result<(), LoadError> {
+        self.requests.clear();
+        if self.calls.is_empty() {
+            return Ok(());
+        }
+        let (meta, body) = problem::problem(503, "the router went down during the call");
+        let inputs: Vec<ToPlugin> = self
+            .calls
+            .drain()
+            .map(|call| ToPlugin::CallResult {
+                call,
+                status: 503,
+                meta: meta.clone(),
+                body: body.clone(),
+            })
+            .collect();
+        // Whatever the plugin answers now has nowhere to go but the log.
+        for output in plugin.step(&inputs)? {
+            if let FromPlugin::Log {
+                level,
+                correlation,
+                message,
+            } = output
+            {
+                log(level, correlation, &message);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Logs a plugin's line through this process's `tracing` subscriber.
+pub(crate) fn log(level: LogLevel, correlation: u64, message: &str) {
+    match level {
+        LogLevel::Error => tracing::error!(correlation, "{message}"),
+        LogLevel::Warn => tracing::warn!(correlation, "{message}"),
+        LogLevel::Info => tracing::info!(correlation, "{message}"),
+        LogLevel::Debug => tracing::debug!(correlation, "{message}"),
     }
 }

@@ -2,25 +2,41 @@
 //! that serves one manager.
 //!
 //! A manager is where an event's work happens. Plugin authors implement
-//! [`Manager`] and register typed handlers in a [`Registry`]; the SDK turns
-//! the event's bytes into their types and their results back into bytes. The
-//! host ([`host::run`]) connects to the router, declares what the manager
-//! serves, and feeds it requests. Between the two sits the plugin boundary,
-//! [`Service`]: bytes in, bytes out, panics caught. Today managers are linked
-//! statically into the binary; the dynamic-plugin issue puts a versioned C ABI
-//! on exactly that boundary.
+//! [`Manager`], declare typed handlers in a [`Registry`] and export the type
+//! from a `cdylib` with [`export_manager!`]. The SDK turns an event's bytes
+//! into their types and their results back into bytes; between the plugin and
+//! the host ([`host::run`]) only a versioned C ABI of bytes crosses ([`abi`]),
+//! so a plugin built by another compiler still loads, and a panic in a
+//! handler becomes a 500 instead of a dead process.
 //!
 //! # Layout
-//! - [`sdk`]: `Manager`, `Event`, `Registry`, `Context`, replies and errors.
-//! - [`service`]: the byte boundary and the dispatcher that implements it.
+//! - [`Event`], [`Request`]: event types and how requests become them
+//!   (`extract` does path/query/body merging with coercion).
+//! - [`Reply`], [`Response`], [`Error`]: what handlers return.
+//! - [`Manager`], [`Registry`], [`State`]: declaring handlers.
+//! - [`Context`]: notifications, calls to other managers, config, logs.
+//! - `runtime`: the plugin side of the boundary, with a small executor.
+//! - [`abi`]: the C ABI, the export macros and the loader (all the unsafe code).
 //! - [`host`]: the manager host process loop.
+//! - [`testing`]: run a manager in-process in unit tests.
 
-#![forbid(unsafe_code)]
-
+pub mod abi;
 pub mod host;
-pub mod sdk;
-pub mod service;
+pub mod messages;
+pub mod testing;
 
-pub use sdk::{Binary, Context, Error, Event, Json, Manager, Registry, Reply, Request, Response};
-pub use service::{Dispatcher, Service};
+mod context;
+mod event;
+mod extract;
+mod registry;
+mod reply;
+mod runtime;
+
+pub use context::{Context, DEFAULT_CALL_TIMEOUT};
+pub use event::{Event, Invalid, Request, validate};
+pub use messages::LogLevel;
+pub use registry::{Config, Manager, Registry, State};
+pub use reply::{BINCODE, Binary, Error, FieldError, Format, JSON, Json, Reply, Response};
+pub use runtime::{LogSink, Runtime};
+pub use switchyard_manager_macros::{Event, Reply};
 pub use switchyard_proto::EventType;

@@ -45,6 +45,7 @@ pub(crate) struct Launch<'a> {
     pub(crate) generation: u64,
     pub(crate) role: Role,
     pub(crate) name: &'a str,
+    pub(crate) instance: u32,
     pub(crate) spec_json: &'a str,
     pub(crate) socket: Option<RawFd>,
 }
@@ -76,6 +77,8 @@ pub(crate) fn spawn(
         .arg(launch.role.as_str())
         .arg("--name")
         .arg(launch.name)
+        .arg("--instance")
+        .arg(launch.instance.to_string())
         .arg("--spec")
         .arg(launch.spec_json)
         .env(ENV_SUPERVISOR_PID, supervisor.to_string())
@@ -111,7 +114,11 @@ pub(crate) fn spawn(
     drop(socket);
     let pid = proc.id().unwrap_or(0);
 
-    let prefix = format!("{}[{pid}]", launch.name);
+    let prefix = if launch.instance > 0 {
+        format!("{}#{}[{pid}]", launch.name, launch.instance)
+    } else {
+        format!("{}[{pid}]", launch.name)
+    };
     if let Some(out) = proc.stdout.take() {
         tokio::spawn(forward_lines(out, prefix.clone()));
     }

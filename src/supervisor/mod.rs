@@ -54,6 +54,8 @@ pub(crate) enum Event {
 pub(crate) struct ProcessInfo {
     pub(crate) role: String,
     pub(crate) name: String,
+    #[serde(default)]
+    pub(crate) instance: u32,
     pub(crate) pid: Option<u32>,
     pub(crate) state: String,
     pub(crate) restarts: u32,
@@ -73,6 +75,8 @@ enum State {
 struct Child {
     role: Role,
     name: String,
+    /// Instance number among the children of the same name.
+    instance: u32,
     /// The supervisor-owned listening socket this child serves, if any.
     socket: Option<OwnedFd>,
     generation: u64,
@@ -150,7 +154,11 @@ async fn up(config: Config, runtime_dir: Option<PathBuf>) -> anyhow::Result<Exit
         Child::new(Role::Router, "router", Some(OwnedFd::from(router_sock))),
     ];
     for m in &config.managers {
-        children.push(Child::new(Role::Manager, &m.name, None));
+        for instance in 0..m.instances {
+            let mut child = Child::new(Role::Manager, &m.name, None);
+            child.instance = instance;
+            children.push(child);
+        }
     }
     children.push(Child::new(Role::Listener, "listener", Some(OwnedFd::from(tcp))));
     let mut sup = Supervisor {
@@ -215,6 +223,7 @@ impl Child {
         Child {
             role,
             name: name.to_owned(),
+            instance: 0,
             socket,
             generation: 0,
             state: State::Stopped,
@@ -230,6 +239,7 @@ impl Child {
         ProcessInfo {
             role: self.role.as_str().to_owned(),
             name: self.name.clone(),
+            instance: self.instance,
             pid: self.handle.as_ref().map(|h| h.pid),
             state: format!("{:?}", self.state).to_lowercase(),
             restarts: self.restarts,
@@ -254,6 +264,7 @@ impl Supervisor {
                 generation: child.generation,
                 role: child.role,
                 name: &child.name,
+                instance: child.instance,
                 spec_json: &self.spec_json,
                 socket: child.socket.as_ref().map(|s| s.as_raw_fd()),
             },
@@ -305,6 +316,7 @@ impl Supervisor {
         let mut out = vec![ProcessInfo {
             role: "supervisor".into(),
             name: "supervisor".into(),
+            instance: 0,
             pid: Some(std::process::id()),
             state: "running".into(),
             restarts: 0,

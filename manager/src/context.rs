@@ -1,0 +1,207 @@
+//! The context a handler gets: who is asking, and how to reach the rest of
+//! the group (notifications, calls to other managers, config, logs).
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Poll, Waker};
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde::de::DeserializeOwned;
+use switchyard_proto::{EventType, Meta, codec};
+
+use crate::event::Event;
+use crate::messages::{FromPlugin, LogLevel};
+use crate::reply::{BINCODE, Error, Format};
+
+/// Default deadline of a call to another manager.
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub(crate) struct CallSlot {
+    pub(crate) result: Option<(u16, Meta, Bytes)>,
+    pub(crate) waker: Option<Waker>,
+}
+
+/// What every context of one manager instance shares.
+pub(crate) struct Shared {
+    pub(crate) outbox: RefCell<Vec<FromPlugin>>,
+    pub(crate) calls: RefCell<HashMap<u64, CallSlot>>,
+    pub(crate) next_call: Cell<u64>,
+    pub(crate) config: serde_json::Value,
+    pub(crate) name: String,
+    pub(crate) instance: u32,
+    /// Where log lines go at once; without one they are queued as
+    /// [`FromPlugin::Log`] outputs (in-process tests).
+    pub(crate) log: Option<crate::runtime::LogSink>,
+}
+
+impl Shared {
+    pub(crate) fn log(&self, level: LogLevel, correlation: u64, message: &str) {
+        match &self.log {
+            Some(sink) => sink(level, correlation, message),
+            None => self.outbox.borrow_mut().push(FromPlugin::Log {
+                level,
+                correlation,
+                message: message.to_owned(),
+            }),
+        }
+    }
+}
+
+/// Per-request context handed to handlers. Cheap to clone.
+#[derive(Clone)]
+pub struct Context {
+    pub(crate) shared: Rc<Shared>,
+    pub(crate) correlation: u64,
+    pub(crate) format: Format,
+}
+
+impl Context {
+    /// The request's correlation id (0 outside a request).
+    pub fn correlation(&self) -> u64 {
+        self.correlation
+    }
+
+    /// The configured name of this manager.
+    pub fn manager_name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// Which instance of the manager this is (0-based).
+    pub fn instance(&self) -> u32 {
+        self.shared.instance
+    }
+
+    /// The manager's `config` table from `switchyard.toml`, as `T`.
+    pub fn config<T: DeserializeOwned>(&self) -> Result<T, Error> {
+        serde_json::from_value(self.shared.config.clone())
+            .map_err(|e| Error::internal(format!("manager config does not fit: {e}")))
+    }
+
+    /// The raw config table.
+    pub fn config_value(&self) -> &serde_json::Value {
+        &self.shared.config
+    }
+
+    /// Emits a notification to every manager (and client) subscribed to `E`.
+    pub fn notify<E: Event>(&self, event: &E) -> Result<(), Error> {
+        let body =
+            codec::encode(event).map_err(|e| Error::internal(format!("cannot encode {}: {e}", E::NAME)))?;
+        let mut meta = Meta::default();
+        meta.push("content-type", BINCODE);
+        self.shared.outbox.borrow_mut().push(FromPlugin::Notify {
+            event_type: EventType::of(E::NAME),
+            meta,
+            body: Bytes::from(body),
+        });
+        Ok(())
+    }
+
+    /// Sends `event` to whichever manager serves it, through the router, and
+    /// awaits its reply as `R`. Fails fast (404/503) when nobody serves it,
+    /// and with 504 after [`DEFAULT_CALL_TIMEOUT`].
+    pub fn call<E: Event, R: DeserializeOwned>(
+        &self,
+        event: &E,
+    ) -> impl Future<Output = Result<R, Error>> + use<E, R> {
+        self.call_with_timeout(event, DEFAULT_CALL_TIMEOUT)
+    }
+
+    /// [`call`](Self::call) with an explicit deadline.
+    pub fn call_with_timeout<E: Event, R: DeserializeOwned>(
+        &self,
+        event: &E,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<R, Error>> + use<E, R> {
+        let shared = self.shared.clone();
+        let encoded = codec::encode(event);
+        let call = shared.next_call.get();
+        shared.next_call.set(call + 1);
+        if let Ok(body) = &encoded {
+            let mut meta = Meta::default();
+            meta.push("content-type", BINCODE);
+            meta.push("accept", BINCODE);
+            shared.calls.borrow_mut().insert(
+                call,
+                CallSlot {
+                    result: None,
+                    waker: None,
+                },
+            );
+            shared.outbox.borrow_mut().push(FromPlugin::Call {
+                call,
+                event_type: EventType::of(E::NAME),
+                meta,
+                body: Bytes::from(body.clone()),
+                timeout_ms: timeout.as_millis() as u64,
+            });
+        }
+        CallFuture {
+            shared,
+            call,
+            encode_error: encoded.err().map(|e| e.to_string()),
+            _reply: std::marker::PhantomData,
+        }
+    }
+
+    /// Logs at info level, tagged with the request's correlation id.
+    pub fn log(&self, message: &str) {
+        self.log_at(LogLevel::Info, message);
+    }
+
+    /// Logs at a level, tagged with the request's correlation id.
+    pub fn log_at(&self, level: LogLevel, message: &str) {
+        self.shared.log(level, self.correlation, message);
+    }
+}
+
+struct CallFuture<R> {
+    shared: Rc<Shared>,
+    call: u64,
+    encode_error: Option<String>,
+    _reply: std::marker::PhantomData<fn() -> R>,
+}
+
+impl<R: DeserializeOwned> Future for CallFuture<R> {
+    type Output = Result<R, Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Self::Output> {
+        if let Some(err) = &self.encode_error {
+            return Poll::Ready(Err(Error::internal(format!("cannot encode the call: {err}"))));
+        }
+        let mut calls = self.shared.calls.borrow_mut();
+        let Some(slot) = calls.get_mut(&self.call) else {
+            return Poll::Ready(Err(Error::internal("call polled after completion")));
+        };
+        match slot.result.take() {
+            None => {
+                slot.waker = Some(cx.waker().clone());
+                Poll::Pending
+            }
+            Some((status, meta, body)) => {
+                calls.remove(&self.call);
+                Poll::Ready(if (200..300).contains(&status) {
+                    if meta.get("content-type") == Some(BINCODE) {
+                        codec::decode(&body)
+                            .map_err(|e| Error::internal(format!("bad reply from the callee: {e}")))
+                    } else {
+                        serde_json::from_slice(&body)
+                            .map_err(|e| Error::internal(format!("bad reply from the callee: {e}")))
+                    }
+                } else {
+                    Err(Error::from_response(status, &body))
+                })
+            }
+        }
+    }
+}
+
+impl<R> Drop for CallFuture<R> {
+    fn drop(&mut self) {
+        // A dropped call no longer needs its answer.
+        self.shared.calls.borrow_mut().remove(&self.call);
+    }
+}

@@ -1,0 +1,249 @@
+//! Building a typed event from a request: path parameters, query string and
+//! JSON body merged into one object, then deserialized with string → number
+//! and string → bool coercion (path and query values are always text), with
+//! the failing field's path reported (`serde_path_to_error`).
+
+use serde::de::{self, DeserializeOwned, Deserializer, IntoDeserializer, Visitor};
+use serde_json::{Map, Value};
+
+use crate::reply::{Error, FieldError};
+
+/// Deserializes `T` from `value`, coercing text where `T` wants a number or
+/// a bool. A mismatch is a 422 that names the field.
+pub(crate) fn from_value<T: DeserializeOwned>(value: &Value) -> Result<T, Error> {
+    serde_path_to_error::deserialize(Coerce(value)).map_err(|err| {
+        let field = err.path().to_string();
+        let message = err.into_inner().to_string();
+        let field = if field == "." { String::new() } else { field };
+        Error::invalid(vec![FieldError { field, message }])
+    })
+}
+
+/// Merges query pairs, a JSON-object body and path parameters, later ones
+/// winning: the route, not the client, decides a path parameter.
+pub(crate) fn merge<'a>(
+    query: impl Iterator<Item = (&'a str, &'a str)>,
+    body: Option<Map<String, Value>>,
+    path: impl Iterator<Item = (&'a str, &'a str)>,
+) -> Value {
+    let mut object = Map::new();
+    for (k, v) in query {
+        object.insert(k.to_owned(), Value::String(v.to_owned()));
+    }
+    if let Some(body) = body {
+        object.extend(body);
+    }
+    for (k, v) in path {
+        object.insert(k.to_owned(), Value::String(v.to_owned()));
+    }
+    Value::Object(object)
+}
+
+struct Coerce<'a>(&'a Value);
+
+type E = serde_json::Error;
+
+macro_rules! coerce_number {
+    ($($method:ident => $visit:ident : $ty:ty),* $(,)?) => {$(
+        fn $method<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, E> {
+            match self.0 {
+                Value::String(s) => match s.trim().parse::<$ty>() {
+                    Ok(n) => visitor.$visit(n),
+                    Err(_) => Err(de::Error::invalid_value(de::Unexpected::Str(s), &visitor)),
+                },
+                other => other.$method(visitor),
+            }
+        }
+    )*};
+}
+
+macro_rules! delegate {
+    ($($method:ident),* $(,)?) => {$(
+        fn $method<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, E> {
+            self.0.$method(visitor)
+        }
+    )*};
+}
+
+impl<'de> Deserializer<'de> for Coerce<'de> {
+    type Error = E;
+
+    fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, E> {
+        match self.0 {
+            Value::Array(items) => visitor.visit_seq(Seq(items.iter())),
+            Value::Object(map) => visitor.visit_map(MapAccess {
+                iter: map.iter(),
+                value: None,
+            }),
+            other => other.deserialize_any(visitor),
+        }
+    }
+
+    coerce_number! {
+        deserialize_u8 => visit_u8: u8, deserialize_u16 => visit_u16: u16,
+        deserialize_u32 => visit_u32: u32, deserialize_u64 => visit_u64: u64,
+        deserialize_i8 => visit_i8: i8, deserialize_i16 => visit_i16: i16,
+        deserialize_i32 => visit_i32: i32, deserialize_i64 => visit_i64: i64,
+        deserialize_f32 => visit_f32: f32, deserialize_f64 => visit_f64: f64,
+        deserialize_u128 => visit_u128: u128, deserialize_i128 => visit_i128: i128,
+    }
+
+    fn deserialize_bool<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, E> {
+        match self.0 {
+            Value::String(s) => match s.as_str() {
+                "true" | "1" | "yes" | "on" => visitor.visit_bool(true),
+                "false" | "0" | "no" | "off" => visitor.visit_bool(false),
+                _ => Err(de::Error::invalid_value(de::Unexpected::Str(s), &visitor)),
+            },
+            other => other.deserialize_bool(visitor),
+        }
+    }
+
+    fn deserialize_option<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, E> {
+        match self.0 {
+            Value::Null => visitor.visit_none(),
+            _ => visitor.visit_some(self),
+        }
+    }
+
+    fn deserialize_newtype_struct<V: Visitor<'de>>(self, _: &'static str, visitor: V) -> Result<V::Value, E> {
+        visitor.visit_newtype_struct(self)
+    }
+
+    fn deserialize_seq<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, E> {
+        match self.0 {
+            Value::Array(items) => visitor.visit_seq(Seq(items.iter())),
+            other => other.deserialize_seq(visitor),
+        }
+    }
+
+    fn deserialize_tuple<V: Visitor<'de>>(self, _: usize, visitor: V) -> Result<V::Value, E> {
+        self.deserialize_seq(visitor)
+    }
+
+    fn deserialize_tuple_struct<V: Visitor<'de>>(
+        self,
+        _: &'static str,
+        _: usize,
+        visitor: V,
+    ) -> Result<V::Value, E> {
+        self.deserialize_seq(visitor)
+    }
+
+    fn deserialize_map<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, E> {
+        match self.0 {
+            Value::Object(map) => visitor.visit_map(MapAccess {
+                iter: map.iter(),
+                value: None,
+            }),
+            other => other.deserialize_map(visitor),
+        }
+    }
+
+    fn deserialize_struct<V: Visitor<'de>>(
+        self,
+        _: &'static str,
+        _: &'static [&'static str],
+        visitor: V,
+    ) -> Result<V::Value, E> {
+        self.deserialize_map(visitor)
+    }
+
+    fn deserialize_enum<V: Visitor<'de>>(
+        self,
+        name: &'static str,
+        variants: &'static [&'static str],
+        visitor: V,
+    ) -> Result<V::Value, E> {
+        self.0.clone().deserialize_enum(name, variants, visitor)
+    }
+
+    delegate! {
+        deserialize_char, deserialize_str, deserialize_string, deserialize_bytes,
+        deserialize_byte_buf, deserialize_unit, deserialize_identifier, deserialize_ignored_any,
+    }
+
+    fn deserialize_unit_struct<V: Visitor<'de>>(self, name: &'static str, visitor: V) -> Result<V::Value, E> {
+        self.0.deserialize_unit_struct(name, visitor)
+    }
+}
+
+struct Seq<'a>(std::slice::Iter<'a, Value>);
+
+impl<'de> de::SeqAccess<'de> for Seq<'de> {
+    type Error = E;
+    fn next_element_seed<T: de::DeserializeSeed<'de>>(&mut self, seed: T) -> Result<Option<T::Value>, E> {
+        self.0.next().map(|v| seed.deserialize(Coerce(v))).transpose()
+    }
+}
+
+struct MapAccess<'a> {
+    iter: serde_json::map::Iter<'a>,
+    value: Option<&'a Value>,
+}
+
+impl<'de> de::MapAccess<'de> for MapAccess<'de> {
+    type Error = E;
+    fn next_key_seed<K: de::DeserializeSeed<'de>>(&mut self, seed: K) -> Result<Option<K::Value>, E> {
+        match self.iter.next() {
+            Some((k, v)) => {
+                self.value = Some(v);
+                seed.deserialize(k.as_str().into_deserializer()).map(Some)
+            }
+            None => Ok(None),
+        }
+    }
+    fn next_value_seed<V: de::DeserializeSeed<'de>>(&mut self, seed: V) -> Result<V::Value, E> {
+        let value = self
+            .value
+            .take()
+            .ok_or_else(|| de::Error::custom("value without a key"))?;
+        seed.deserialize(Coerce(value))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde::Deserialize;
+
+    #[derive(Debug, Deserialize, PartialEq)]
+    struct Item {
+        id: u64,
+        name: String,
+        flag: bool,
+        ratio: Option<f64>,
+        tags: Vec<String>,
+    }
+
+    #[test]
+    fn strings_become_numbers_and_bools_where_wanted() {
+        let v = merge(
+            [("flag", "true"), ("ratio", "0.5"), ("id", "999")].into_iter(),
+            Some(serde_json::from_str(r#"{"name": "123", "tags": ["a"]}"#).unwrap()),
+            [("id", "42")].into_iter(),
+        );
+        let item: Item = from_value(&v).unwrap();
+        assert_eq!(
+            item,
+            Item {
+                id: 42,
+                name: "123".into(),
+                flag: true,
+                ratio: Some(0.5),
+                tags: vec!["a".into()]
+            }
+        );
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let v = merge([("id", "x")].into_iter(), None, std::iter::empty());
+        let err = from_value::<Item>(&v).unwrap_err();
+        assert_eq!(err.status, 422);
+        assert_eq!(err.errors[0].field, "id", "{err:?}");
+        let v = merge([("id", "1"), ("flag", "1")].into_iter(), None, std::iter::empty());
+        let err = from_value::<Item>(&v).unwrap_err();
+        assert!(err.errors[0].message.contains("missing field `name`"), "{err:?}");
+    }
+}

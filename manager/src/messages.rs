@@ -1,0 +1,127 @@
+//! What crosses the plugin boundary, encoded with the wire codec (bincode).
+//! The host and the plugin may be built by different compilers; these types
+//! and [`ABI_VERSION`](crate::abi::ABI_VERSION) are the whole contract.
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use switchyard_proto::control::{HandledType, ManagerDescription};
+use switchyard_proto::{EventType, Meta};
+
+/// Given to the plugin when an instance is created.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct CreateArgs {
+    /// The manager's configured name.
+    pub name: String,
+    /// Instance number among the manager's instances (0-based).
+    pub instance: u32,
+    /// The manager's `config` table from `switchyard.toml`, as JSON text.
+    pub config_json: String,
+    /// Whether 5xx error messages may reach clients.
+    pub expose_errors: bool,
+}
+
+/// What the plugin declares once created.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Description {
+    /// The manager type's own name (`Manager::NAME`).
+    pub kind: String,
+    pub handles: Vec<HandledType>,
+    pub subscribes: Vec<EventType>,
+}
+
+impl Description {
+    /// The declaration the router receives for the configured `name`.
+    pub fn for_router(&self, name: &str) -> ManagerDescription {
+        ManagerDescription {
+            name: name.to_owned(),
+            pid: std::process::id(),
+            handles: self.handles.clone(),
+            subscribes: self.subscribes.clone(),
+        }
+    }
+}
+
+/// Host → plugin.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum ToPlugin {
+    /// A request to answer with exactly one [`FromPlugin::Response`].
+    Request {
+        correlation: u64,
+        event_type: EventType,
+        meta: Meta,
+        body: Bytes,
+    },
+    /// A notification the manager subscribed to.
+    Notification {
+        event_type: EventType,
+        meta: Meta,
+        body: Bytes,
+    },
+    /// The answer to a [`FromPlugin::Call`].
+    CallResult {
+        call: u64,
+        status: u16,
+        meta: Meta,
+        body: Bytes,
+    },
+}
+
+/// Plugin → host.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum FromPlugin {
+    Response {
+        correlation: u64,
+        status: u16,
+        meta: Meta,
+        body: Bytes,
+    },
+    /// A request to another manager; its answer comes back as a CallResult.
+    Call {
+        call: u64,
+        event_type: EventType,
+        meta: Meta,
+        body: Bytes,
+        timeout_ms: u64,
+    },
+    Notify {
+        event_type: EventType,
+        meta: Meta,
+        body: Bytes,
+    },
+    Log {
+        level: LogLevel,
+        correlation: u64,
+        message: String,
+    },
+}
+
+/// Log levels a plugin can log at through the host.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LogLevel {
+    Error,
+    Warn,
+    Info,
+    Debug,
+}
+
+impl LogLevel {
+    /// The level's number in the C ABI.
+    pub fn code(self) -> u32 {
+        match self {
+            LogLevel::Error => 0,
+            LogLevel::Warn => 1,
+            LogLevel::Info => 2,
+            LogLevel::Debug => 3,
+        }
+    }
+
+    /// The level of an ABI number (unknown numbers log at debug).
+    pub fn from_code(code: u32) -> LogLevel {
+        match code {
+            0 => LogLevel::Error,
+            1 => LogLevel::Warn,
+            2 => LogLevel::Info,
+            _ => LogLevel::Debug,
+        }
+    }
+}

@@ -1,0 +1,195 @@
+//! The handlers a manager declares, keyed by event type.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+
+use switchyard_proto::EventType;
+use switchyard_proto::control::{HandledType, HttpRoute};
+
+use crate::context::Context;
+use crate::event::{Event, Request};
+use crate::reply::{Error, Reply, Response};
+
+/// A manager: a type with state that answers events. Instances are created
+/// once per process with the manager's config; handlers then run one at a
+/// time on the manager's thread, so state needs no locks.
+///
+/// ```
+/// use serde::{Deserialize, Serialize};
+/// use switchyard_manager::{Config, Context, Error, Event, Manager, Registry, Reply};
+///
+/// #[derive(Serialize, Deserialize, Event)]
+/// #[event(name = "demo.Hello", http = "GET /hello/{name}")]
+/// struct Hello { #[validate(length(min = 1, max = 64))] name: String }
+///
+/// #[derive(Serialize, Reply)]
+/// struct Greeting { message: String }
+///
+/// #[derive(Default)]
+/// struct Greeter { greeted: u64 }
+///
+/// impl Manager for Greeter {
+///     const NAME: &'static str = "greeter";
+///     fn create(_: &Config) -> Result<Self, Error> { Ok(Greeter::default()) }
+///     fn register(r: &mut Registry<Self>) { r.request(Self::greet); }
+/// }
+///
+/// impl Greeter {
+///     fn greet(&mut self, ev: Hello, _cx: &mut Context) -> Result<Greeting, Error> {
+///         self.greeted += 1;
+///         Ok(Greeting { message: format!("Hello, {}!", ev.name) })
+///     }
+/// }
+/// ```
+pub trait Manager: Sized + 'static {
+    /// The manager type's name; `switchyard.toml` selects it by this name.
+    const NAME: &'static str;
+    /// Creates the instance; runs once per process, before any event.
+    fn create(config: &Config) -> Result<Self, Error>;
+    /// Declares the handlers; runs once, right after `create`.
+    fn register(registry: &mut Registry<Self>);
+}
+
+/// What `Manager::create` is given.
+pub struct Config {
+    /// The configured manager name (instances share it).
+    pub name: String,
+    /// This instance's number (0-based).
+    pub instance: u32,
+    /// The `config` table of the manager in `switchyard.toml`.
+    pub value: serde_json::Value,
+}
+
+impl Config {
+    /// The config table as `T`.
+    pub fn get<T: serde::de::DeserializeOwned>(&self) -> Result<T, Error> {
+        serde_json::from_value(self.value.clone())
+            .map_err(|e| Error::internal(format!("config of manager `{}` does not fit: {e}", self.name)))
+    }
+}
+
+/// Shared access to the manager's state from async handlers. Borrow it for
+/// a moment with [`State::with`]; never across an `.await`.
+pub struct State<M>(pub(crate) Rc<RefCell<M>>);
+
+impl<M> Clone for State<M> {
+    fn clone(&self) -> Self {
+        State(self.0.clone())
+    }
+}
+
+impl<M> State<M> {
+    pub fn with<T>(&self, f: impl FnOnce(&mut M) -> T) -> T {
+        f(&mut self.0.borrow_mut())
+    }
+}
+
+pub(crate) type LocalFuture<T> = Pin<Box<dyn Future<Output = T>>>;
+
+type SyncHandler<M> = Box<dyn Fn(&mut M, &Request<'_>, &mut Context) -> Result<Response, Error>>;
+type ReplyFuture = LocalFuture<Result<Response, Error>>;
+type AsyncHandler<M> = Box<dyn Fn(State<M>, &Request<'_>, Context) -> Result<ReplyFuture, Error>>;
+
+pub(crate) enum RequestHandler<M> {
+    Sync(SyncHandler<M>),
+    Async(AsyncHandler<M>),
+}
+
+pub(crate) type NotificationHandler<M> = Box<dyn Fn(&mut M, &Request<'_>, &mut Context) -> Result<(), Error>>;
+
+/// The handlers of a manager.
+pub struct Registry<M> {
+    pub(crate) requests: HashMap<EventType, RequestHandler<M>>,
+    pub(crate) notifications: HashMap<EventType, NotificationHandler<M>>,
+    pub(crate) handles: Vec<HandledType>,
+    pub(crate) subscribes: Vec<EventType>,
+}
+
+fn decode<E: Event>(request: &Request<'_>) -> Result<E, Error> {
+    let event = E::from_request(request)?;
+    event.validate()?;
+    Ok(event)
+}
+
+impl<M: Manager> Registry<M> {
+    pub(crate) fn new() -> Self {
+        Registry {
+            requests: HashMap::new(),
+            notifications: HashMap::new(),
+            handles: Vec::new(),
+            subscribes: Vec::new(),
+        }
+    }
+
+    fn declare<E: Event>(&mut self) -> EventType {
+        let event_type = EventType::of(E::NAME);
+        self.handles.retain(|h| h.event_type != event_type);
+        self.handles.push(HandledType {
+            name: E::NAME.to_owned(),
+            event_type,
+            route: E::ROUTE.map(|(method, path)| HttpRoute {
+                method: method.to_owned(),
+                path: path.to_owned(),
+            }),
+        });
+        event_type
+    }
+
+    /// A synchronous request handler for `E`: it has the manager's state
+    /// to itself for the duration of the call.
+    pub fn request<E: Event, R: Reply + 'static>(
+        &mut self,
+        handler: fn(&mut M, E, &mut Context) -> Result<R, Error>,
+    ) -> &mut Self {
+        let event_type = self.declare::<E>();
+        self.requests.insert(
+            event_type,
+            RequestHandler::Sync(Box::new(move |manager, request, cx| {
+                let event = decode::<E>(request)?;
+                handler(manager, event, cx)?.into_response(cx.format)
+            })),
+        );
+        self
+    }
+
+    /// An asynchronous request handler for `E`: it may await calls to other
+    /// managers; other requests are served meanwhile.
+    pub fn request_async<E, R, F, Fut>(&mut self, handler: F) -> &mut Self
+    where
+        E: Event,
+        R: Reply + 'static,
+        F: Fn(State<M>, E, Context) -> Fut + 'static,
+        Fut: Future<Output = Result<R, Error>> + 'static,
+    {
+        let event_type = self.declare::<E>();
+        self.requests.insert(
+            event_type,
+            RequestHandler::Async(Box::new(move |state, request, cx| {
+                let event = decode::<E>(request)?;
+                let format = cx.format;
+                let fut = handler(state, event, cx);
+                Ok(Box::pin(async move { fut.await?.into_response(format) }))
+            })),
+        );
+        self
+    }
+
+    /// A handler for notifications of type `E` (subscribes the manager to them).
+    pub fn on<E: Event>(&mut self, handler: fn(&mut M, E, &mut Context) -> Result<(), Error>) -> &mut Self {
+        let event_type = EventType::of(E::NAME);
+        if !self.subscribes.contains(&event_type) {
+            self.subscribes.push(event_type);
+        }
+        self.notifications.insert(
+            event_type,
+            Box::new(move |manager, request, cx| {
+                let event = decode::<E>(request)?;
+                handler(manager, event, cx)
+            }),
+        );
+        self
+    }
+}

@@ -1,0 +1,208 @@
+//! What handlers return: replies, responses and errors.
+
+use bytes::Bytes;
+use serde::Serialize;
+use switchyard_proto::{Meta, codec, problem};
+
+/// Content type of bincode bodies (manager-to-manager calls, or HTTP clients
+/// that ask for it with `Accept`).
+pub const BINCODE: &str = "application/x-bincode";
+/// Content type of JSON bodies.
+pub const JSON: &str = "application/json";
+
+/// How a reply's body is encoded, chosen by the caller.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    Json,
+    Bincode,
+}
+
+impl Format {
+    /// The format a request's `accept` meta asks for (JSON unless bincode).
+    pub fn from_meta(meta: &Meta) -> Format {
+        match meta.get("accept") {
+            Some(accept) if accept.contains(BINCODE) => Format::Bincode,
+            _ => Format::Json,
+        }
+    }
+}
+
+/// A response as it leaves the manager: status, meta (headers), body.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Response {
+    pub status: u16,
+    pub meta: Meta,
+    pub body: Bytes,
+}
+
+impl Response {
+    /// A response with a content type.
+    pub fn new(status: u16, content_type: &str, body: impl Into<Bytes>) -> Response {
+        let mut meta = Meta::default();
+        meta.push("content-type", content_type);
+        Response {
+            status,
+            meta,
+            body: body.into(),
+        }
+    }
+
+    /// `value` encoded in `format` with `status`.
+    pub fn encode<T: Serialize + ?Sized>(status: u16, value: &T, format: Format) -> Result<Response, Error> {
+        match format {
+            Format::Json => serde_json::to_vec(value)
+                .map(|b| Response::new(status, JSON, b))
+                .map_err(|e| Error::internal(format!("cannot encode reply as JSON: {e}"))),
+            Format::Bincode => codec::encode(value)
+                .map(|b| Response::new(status, BINCODE, b))
+                .map_err(|e| Error::internal(format!("cannot encode reply as bincode: {e}"))),
+        }
+    }
+
+    /// Adds a header.
+    pub fn with_header(mut self, name: &str, value: &str) -> Response {
+        self.meta.push(name, value);
+        self
+    }
+}
+
+/// A handler's return value. Derive it (`#[derive(Serialize, Reply)]`) for a
+/// struct that is the response body, or use [`Json`], [`Binary`], [`Response`].
+pub trait Reply {
+    fn into_response(self, format: Format) -> Result<Response, Error>;
+}
+
+/// A serializable body, 200.
+pub struct Json<T>(pub T);
+
+impl<T: Serialize> Reply for Json<T> {
+    fn into_response(self, format: Format) -> Result<Response, Error> {
+        Response::encode(200, &self.0, format)
+    }
+}
+
+/// Raw bytes, 200, `application/octet-stream`.
+pub struct Binary(pub Bytes);
+
+impl Reply for Binary {
+    fn into_response(self, _: Format) -> Result<Response, Error> {
+        Ok(Response::new(200, "application/octet-stream", self.0))
+    }
+}
+
+impl Reply for Response {
+    fn into_response(self, _: Format) -> Result<Response, Error> {
+        Ok(self)
+    }
+}
+
+impl Reply for () {
+    fn into_response(self, _: Format) -> Result<Response, Error> {
+        Ok(Response {
+            status: 204,
+            meta: Meta::default(),
+            body: Bytes::new(),
+        })
+    }
+}
+
+/// One invalid input field.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct FieldError {
+    /// The field's path (`name`, `items[2].qty`); empty for the whole input.
+    pub field: String,
+    pub message: String,
+}
+
+/// A handler's (or the SDK's) error: an HTTP-like status, a message for the
+/// client, and for 422 the invalid fields.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{status}: {message}")]
+pub struct Error {
+    pub status: u16,
+    pub message: String,
+    pub errors: Vec<FieldError>,
+}
+
+impl Error {
+    pub fn new(status: u16, message: impl Into<String>) -> Self {
+        Error {
+            status,
+            message: message.into(),
+            errors: Vec::new(),
+        }
+    }
+    /// 400: the request is malformed.
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Error::new(400, message)
+    }
+    /// 404: the thing asked for does not exist.
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Error::new(404, message)
+    }
+    /// 409: conflicts with the current state.
+    pub fn conflict(message: impl Into<String>) -> Self {
+        Error::new(409, message)
+    }
+    /// 422: well-formed, but these fields are not acceptable.
+    pub fn invalid(errors: Vec<FieldError>) -> Self {
+        let message = match errors.as_slice() {
+            [one] if one.field.is_empty() => one.message.clone(),
+            [one] => format!("invalid field `{}`: {}", one.field, one.message),
+            many => format!("{} invalid fields", many.len()),
+        };
+        Error {
+            status: 422,
+            message,
+            errors,
+        }
+    }
+    /// 422 with a message only.
+    pub fn unprocessable(message: impl Into<String>) -> Self {
+        Error::new(422, message)
+    }
+    /// 500: our fault. The message reaches the client only when the group is
+    /// configured to expose error details.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Error::new(500, message)
+    }
+    /// 503: try again later.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Error::new(503, message)
+    }
+
+    /// The problem+json response for this error. 5xx messages are replaced
+    /// by a generic one unless `expose` is set.
+    pub fn to_response(&self, expose: bool) -> Response {
+        let detail = if self.status >= 500 && !expose {
+            "internal error"
+        } else {
+            &self.message
+        };
+        let extra = (!self.errors.is_empty())
+            .then(|| ("errors", serde_json::to_value(&self.errors).unwrap_or_default()));
+        let (meta, body) = problem::problem_with(self.status, detail, extra);
+        Response {
+            status: self.status,
+            meta,
+            body,
+        }
+    }
+
+    /// Reads an error back from a problem+json (or any) response body.
+    pub fn from_response(status: u16, body: &[u8]) -> Error {
+        let parsed: Option<serde_json::Value> = serde_json::from_slice(body).ok();
+        let message = parsed
+            .as_ref()
+            .and_then(|v| v["detail"].as_str().map(str::to_owned))
+            .unwrap_or_else(|| problem::reason(status).to_owned());
+        let errors = parsed
+            .and_then(|v| serde_json::from_value(v["errors"].clone()).ok())
+            .unwrap_or_default();
+        Error {
+            status,
+            message,
+            errors,
+        }
+    }
+}

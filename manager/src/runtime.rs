@@ -1,0 +1,280 @@
+//! The plugin side of the boundary: one manager instance, its handlers, and
+//! a small single-threaded executor for async handlers.
+//!
+//! The host drives it with [`Runtime::step`]: a batch of inputs in, then
+//! every task that can make progress runs, then the outputs (responses,
+//! calls, notifications, logs) come back out. Nothing here blocks or spawns
+//! threads; a panic in a handler becomes that request's 500.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::rc::Rc;
+use std::sync::{Arc, Mutex};
+use std::task::{Context as TaskContext, Poll, Wake, Waker};
+
+use switchyard_proto::{EventType, Meta};
+
+use crate::context::{Context, Shared};
+use crate::event::Request;
+use crate::messages::{CreateArgs, Description, FromPlugin, LogLevel, ToPlugin};
+use crate::registry::{Config, LocalFuture, Manager, Registry, RequestHandler, State};
+use crate::reply::{Error, Format, Response};
+
+/// Where a plugin's log lines go (the host's logger, across the ABI).
+pub type LogSink = Box<dyn Fn(LogLevel, u64, &str)>;
+
+struct Task {
+    future: LocalFuture<()>,
+    correlation: u64,
+}
+
+/// Task ids whose futures were woken.
+#[derive(Default)]
+struct ReadyQueue(Mutex<Vec<u64>>);
+
+struct TaskWaker {
+    id: u64,
+    queue: Arc<ReadyQueue>,
+}
+
+impl Wake for TaskWaker {
+    fn wake(self: Arc<Self>) {
+        self.queue
+            .0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(self.id);
+    }
+}
+
+/// One manager instance and its executor.
+pub struct Runtime<M: Manager> {
+    state: Rc<RefCell<M>>,
+    registry: Registry<M>,
+    shared: Rc<Shared>,
+    expose_errors: bool,
+    tasks: HashMap<u64, Task>,
+    next_task: u64,
+    ready: Arc<ReadyQueue>,
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic payload".into())
+}
+
+impl<M: Manager> Runtime<M> {
+    /// Creates the manager with its config. An error is the reason the
+    /// manager cannot start.
+    pub fn create(args: CreateArgs, log: Option<LogSink>) -> Result<(Self, Description), Error> {
+        let value: serde_json::Value = if args.config_json.is_empty() {
+            serde_json::Value::Null
+        } else {
+            serde_json::from_str(&args.config_json)
+                .map_err(|e| Error::internal(format!("manager config is not JSON: {e}")))?
+        };
+        let config = Config {
+            name: args.name.clone(),
+            instance: args.instance,
+            value: value.clone(),
+        };
+        let manager = M::create(&config)?;
+        let mut registry = Registry::new();
+        M::register(&mut registry);
+        let description = Description {
+            kind: M::NAME.to_owned(),
+            handles: registry.handles.clone(),
+            subscribes: registry.subscribes.clone(),
+        };
+        let shared = Rc::new(Shared {
+            outbox: RefCell::new(Vec::new()),
+            calls: RefCell::new(HashMap::new()),
+            next_call: Cell::new(1),
+            config: value,
+            name: args.name,
+            instance: args.instance,
+            log,
+        });
+        let runtime = Runtime {
+            state: Rc::new(RefCell::new(manager)),
+            registry,
+            shared,
+            expose_errors: args.expose_errors,
+            tasks: HashMap::new(),
+            next_task: 0,
+            ready: Arc::default(),
+        };
+        Ok((runtime, description))
+    }
+
+    /// Feeds `inputs`, runs every task that can progress, returns the outputs.
+    pub fn step(&mut self, inputs: Vec<ToPlugin>) -> Vec<FromPlugin> {
+        for input in inputs {
+            match input {
+                ToPlugin::Request {
+                    correlation,
+                    event_type,
+                    meta,
+                    body,
+                } => self.on_request(correlation, event_type, &meta, &body),
+                ToPlugin::Notification {
+                    event_type,
+                    meta,
+                    body,
+                } => self.on_notification(event_type, &meta, &body),
+                ToPlugin::CallResult {
+                    call,
+                    status,
+                    meta,
+                    body,
+                } => {
+                    if let Some(slot) = self.shared.calls.borrow_mut().get_mut(&call) {
+                        slot.result = Some((status, meta, body));
+                        if let Some(waker) = slot.waker.take() {
+                            waker.wake();
+                        }
+                    }
+                }
+            }
+        }
+        self.run_ready();
+        std::mem::take(&mut *self.shared.outbox.borrow_mut())
+    }
+
+    fn context(&self, correlation: u64, format: Format) -> Context {
+        Context {
+            shared: self.shared.clone(),
+            correlation,
+            format,
+        }
+    }
+
+    fn respond(&self, correlation: u64, result: Result<Response, Error>) {
+        respond(&self.shared, self.expose_errors, correlation, result);
+    }
+
+    fn on_request(&mut self, correlation: u64, event_type: EventType, meta: &Meta, body: &[u8]) {
+        let Some(handler) = self.registry.requests.get(&event_type) else {
+            return self.respond(
+                correlation,
+                Err(Error::not_found("this manager has no handler for the event type")),
+            );
+        };
+        let request = Request::new(meta, body);
+        let mut cx = self.context(correlation, Format::from_meta(meta));
+        match handler {
+            RequestHandler::Sync(handler) => {
+                let state = &self.state;
+                let result = catch_unwind(AssertUnwindSafe(|| {
+                    handler(&mut state.borrow_mut(), &request, &mut cx)
+                }));
+                let result = result.unwrap_or_else(|panic| Err(self.panicked(correlation, &*panic)));
+                self.respond(correlation, result);
+            }
+            RequestHandler::Async(handler) => {
+                let state = State(self.state.clone());
+                match catch_unwind(AssertUnwindSafe(|| handler(state, &request, cx))) {
+                    Ok(Ok(future)) => {
+                        let (shared, expose) = (self.shared.clone(), self.expose_errors);
+                        self.spawn(
+                            correlation,
+                            Box::pin(async move {
+                                let result = future.await;
+                                respond(&shared, expose, correlation, result);
+                            }),
+                        );
+                    }
+                    Ok(Err(err)) => self.respond(correlation, Err(err)),
+                    Err(panic) => {
+                        let err = self.panicked(correlation, &*panic);
+                        self.respond(correlation, Err(err));
+                    }
+                }
+            }
+        }
+    }
+
+    fn on_notification(&mut self, event_type: EventType, meta: &Meta, body: &[u8]) {
+        let Some(handler) = self.registry.notifications.get(&event_type) else {
+            return;
+        };
+        let request = Request::new(meta, body);
+        let mut cx = self.context(0, Format::Bincode);
+        let state = &self.state;
+        match catch_unwind(AssertUnwindSafe(|| {
+            handler(&mut state.borrow_mut(), &request, &mut cx)
+        })) {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => cx.log_at(LogLevel::Warn, &format!("notification handler failed: {err}")),
+            Err(panic) => {
+                let _ = self.panicked(0, &*panic);
+            }
+        }
+    }
+
+    fn panicked(&self, correlation: u64, panic: &(dyn std::any::Any + Send)) -> Error {
+        self.shared.log(
+            LogLevel::Error,
+            correlation,
+            &format!("handler panicked: {}", panic_message(panic)),
+        );
+        Error::internal("the handler panicked")
+    }
+
+    fn spawn(&mut self, correlation: u64, future: LocalFuture<()>) {
+        let id = self.next_task;
+        self.next_task += 1;
+        self.tasks.insert(id, Task { future, correlation });
+        self.ready.0.lock().unwrap_or_else(|p| p.into_inner()).push(id);
+    }
+
+    fn run_ready(&mut self) {
+        loop {
+            let ready = std::mem::take(&mut *self.ready.0.lock().unwrap_or_else(|p| p.into_inner()));
+            if ready.is_empty() {
+                return;
+            }
+            for id in ready {
+                let Some(task) = self.tasks.get_mut(&id) else {
+                    continue;
+                };
+                let waker = Waker::from(Arc::new(TaskWaker {
+                    id,
+                    queue: self.ready.clone(),
+                }));
+                let mut cx = TaskContext::from_waker(&waker);
+                match catch_unwind(AssertUnwindSafe(|| task.future.as_mut().poll(&mut cx))) {
+                    Ok(Poll::Pending) => {}
+                    Ok(Poll::Ready(())) => {
+                        self.tasks.remove(&id);
+                    }
+                    Err(panic) => {
+                        let correlation = task.correlation;
+                        self.tasks.remove(&id);
+                        let err = self.panicked(correlation, &*panic);
+                        self.respond(correlation, Err(err));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Tasks still waiting (for tests and status).
+    pub fn pending_tasks(&self) -> usize {
+        self.tasks.len()
+    }
+}
+
+fn respond(shared: &Shared, expose_errors: bool, correlation: u64, result: Result<Response, Error>) {
+    let response = result.unwrap_or_else(|err| err.to_response(expose_errors));
+    shared.outbox.borrow_mut().push(FromPlugin::Response {
+        correlation,
+        status: response.status,
+        meta: response.meta,
+        body: response.body,
+    });
+}
