@@ -162,7 +162,7 @@ impl Error {
         Error::new(422, message)
     }
     /// 500: our fault. The message reaches the client only when the group is
-    /// configured to expose error details.
+    /// configured to expose error details (`group.expose_errors`).
     pub fn internal(message: impl Into<String>) -> Self {
         Error::new(500, message)
     }
@@ -171,10 +171,12 @@ impl Error {
         Error::new(503, message)
     }
 
-    /// The problem+json response for this error. 5xx messages are replaced
-    /// by a generic one unless `expose` is set.
+    /// The problem+json response for this error. A 500's message (a bug's
+    /// description, possibly with internals) is replaced by a generic one
+    /// unless `expose` is set; other statuses say what the caller can act on
+    /// (503 "manager `inventory` is not running").
     pub fn to_response(&self, expose: bool) -> Response {
-        let detail = if self.status >= 500 && !expose {
+        let detail = if self.status == 500 && !expose {
             "internal error"
         } else {
             &self.message

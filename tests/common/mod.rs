@@ -20,6 +20,27 @@ pub const PATIENCE: Duration = Duration::from_secs(30);
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
+/// Builds the plugin crate `package` (same profile as the binary under test)
+/// and returns its shared library. Cheap when it is up to date.
+pub fn plugin(package: &str) -> PathBuf {
+    static BUILD: Mutex<()> = Mutex::new(());
+    let _one_at_a_time = BUILD.lock().unwrap_or_else(|p| p.into_inner());
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_switchyard"));
+    let profile_dir = bin.parent().unwrap().to_path_buf();
+    let release = profile_dir.file_name().is_some_and(|n| n == "release");
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.args(["build", "--quiet", "-p", package])
+        .current_dir(env!("CARGO_MANIFEST_DIR"));
+    if release {
+        cmd.arg("--release");
+    }
+    let status = cmd.status().expect("run cargo build");
+    assert!(status.success(), "building {package} failed");
+    let path = profile_dir.join(format!("lib{}.so", package.replace('-', "_")));
+    assert!(path.exists(), "{} was not built", path.display());
+    path
+}
+
 /// A fresh, not-yet-existing path for a runtime dir.
 pub fn fresh_dir(tag: &str) -> PathBuf {
     let base = std::env::temp_dir().join(format!("switchyard-tests-{}", std::process::id()));
@@ -48,6 +69,12 @@ impl GroupBuilder {
     }
 
     pub fn start(self) -> Group {
+        self.try_start()
+            .unwrap_or_else(|out| panic!("the group did not start:\n{out}"))
+    }
+
+    /// Starts the group, or returns everything it printed if it exits first.
+    pub fn try_start(self) -> Result<Group, String> {
         let runtime_dir = fresh_dir(self.tag);
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_switchyard"));
         cmd.arg("up")
@@ -64,13 +91,21 @@ impl GroupBuilder {
             .env("SWITCHYARD_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::piped())
             .spawn()
             .expect("spawn switchyard");
         let stdout = child.stdout.take().unwrap();
+        let stderr = child.stderr.take().unwrap();
         let lines = Arc::new(Mutex::new(Vec::new()));
         let (tx, line_events) = mpsc::channel();
         let store = lines.clone();
+        let err_store = lines.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                eprintln!("group! {line}");
+                err_store.lock().unwrap().push(line);
+            }
+        });
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
                 eprintln!("group| {line}");
@@ -87,16 +122,34 @@ impl GroupBuilder {
             lines,
             line_events,
         };
-        let line = group.wait_line("listening on http://");
-        let addr = line
-            .split("http://")
-            .nth(1)
-            .unwrap()
-            .split_whitespace()
-            .next()
-            .unwrap();
-        group.addr = addr.parse().unwrap();
-        group
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match group.line_events.recv_timeout(left) {
+                Ok(line) if line.contains("listening on http://") => {
+                    let addr = line
+                        .split("http://")
+                        .nth(1)
+                        .unwrap()
+                        .split_whitespace()
+                        .next()
+                        .unwrap();
+                    group.addr = addr.parse().unwrap();
+                    return Ok(group);
+                }
+                Ok(_) => {}
+                // The output closed: the supervisor exited.
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    let status = group.child.as_mut().unwrap().wait().unwrap();
+                    group.child = None;
+                    // stderr may still be draining into the log.
+                    std::thread::sleep(Duration::from_millis(50));
+                    let out = group.lines.lock().unwrap().join("\n");
+                    return Err(format!("{status}\n{out}"));
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => panic!("not ready within {PATIENCE:?}"),
+            }
+        }
     }
 }
 

@@ -1,0 +1,187 @@
+//! Managers loaded as plugin libraries: typed routes, validation, calls
+//! between managers through the router, notification fan-out, and the ABI
+//! check that refuses a plugin before anything starts.
+
+mod common;
+
+use common::*;
+
+fn shop_config(plugin: &std::path::Path) -> String {
+    let p = plugin.display();
+    format!(
+        r#"
+[[managers]]
+name = "orders"
+plugin = "{p}"
+
+[[managers]]
+name = "inventory"
+plugin = "{p}"
+[managers.config]
+stock = {{ apple = 10, pear = 3 }}
+"#
+    )
+}
+
+#[test]
+fn a_plugin_serves_typed_routes_calls_and_notifications_across_processes() {
+    let plugin = plugin("switchyard-example-shop");
+    let g = Group::builder("shop").config(&shop_config(&plugin)).start();
+    assert_ne!(g.pid_of("orders"), g.pid_of("inventory"));
+
+    let r = get(g.addr, "/inventory/apple").unwrap();
+    assert_eq!(
+        (r.status, r.text().as_str()),
+        (200, r#"{"sku":"apple","available":10}"#)
+    );
+
+    // orders → (router) → inventory, then order.created → (router) → inventory.
+    let r = request(
+        g.addr,
+        "POST",
+        "/orders",
+        br#"{"sku":"apple","qty":4,"customer_id":42}"#,
+    )
+    .unwrap();
+    assert_eq!(r.status, 201, "{}", r.text());
+    let created: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(created["stock_left"], 6);
+    assert_eq!(created["order"]["id"], 1);
+    let r = get(g.addr, "/orders/1").unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        get(g.addr, "/inventory/apple").unwrap().text(),
+        r#"{"sku":"apple","available":6}"#
+    );
+    // The notification reached the other process (delivery is asynchronous:
+    // poll the manager's own view of it).
+    let deadline = std::time::Instant::now() + PATIENCE;
+    loop {
+        let stats: serde_json::Value =
+            serde_json::from_slice(&get(g.addr, "/inventory-stats").unwrap().body).unwrap();
+        if stats["orders_seen"] == 1 {
+            assert_eq!(stats["units_ordered"], 4);
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "order.created never reached inventory"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+
+    // The callee's refusal comes back through the caller.
+    let r = request(
+        g.addr,
+        "POST",
+        "/orders",
+        br#"{"sku":"pear","qty":5,"customer_id":1}"#,
+    )
+    .unwrap();
+    assert_eq!(r.status, 409, "{}", r.text());
+    assert!(r.text().contains("only 3 of `pear` left"), "{}", r.text());
+    // Validation: 422 naming the field, as problem+json.
+    let r = request(
+        g.addr,
+        "POST",
+        "/orders",
+        br#"{"sku":"pear","qty":0,"customer_id":1}"#,
+    )
+    .unwrap();
+    assert_eq!(r.status, 422);
+    assert_eq!(r.header("content-type"), Some("application/problem+json"));
+    let problem: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(problem["errors"][0]["field"], "qty", "{problem}");
+    let r = request(
+        g.addr,
+        "POST",
+        "/orders",
+        br#"{"sku":"pear","qty":"many","customer_id":1}"#,
+    )
+    .unwrap();
+    assert_eq!(r.status, 422);
+    assert!(r.text().contains(r#""field":"qty""#), "{}", r.text());
+}
+
+#[test]
+fn a_call_to_a_manager_that_is_down_fails_fast() {
+    let plugin = plugin("switchyard-example-shop");
+    // Keep inventory down long enough to look.
+    let config = format!("{}\n[restart]\ninitial_backoff_ms = 5000\n", shop_config(&plugin));
+    let g = Group::builder("shop-down").config(&config).start();
+    g.kill9("inventory");
+    g.eventually_status("/inventory/apple", 503);
+    let r = request(
+        g.addr,
+        "POST",
+        "/orders",
+        br#"{"sku":"apple","qty":1,"customer_id":1}"#,
+    )
+    .unwrap();
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert!(
+        r.text().contains("inventory"),
+        "the error names the missing manager: {}",
+        r.text()
+    );
+}
+
+#[test]
+fn the_demo_loads_from_its_cdylib_like_any_plugin() {
+    let plugin = plugin("switchyard-demo");
+    let config = format!(
+        "[[managers]]\nname = \"basics\"\nplugin = \"{p}\"\n[[managers]]\nname = \"payload\"\nplugin = \"{p}\"\n",
+        p = plugin.display()
+    );
+    let g = Group::builder("demo-so").config(&config).start();
+    assert_eq!(
+        get(g.addr, "/hello/Ada").unwrap().text(),
+        r#"{"message":"Hello, Ada!"}"#
+    );
+    // A panic is a 500; the same process serves the next request.
+    let pid = g.pid_of("basics");
+    assert_eq!(get(g.addr, "/panic").unwrap().status, 500);
+    assert_eq!(get(g.addr, "/noop").unwrap().status, 200);
+    assert_eq!(g.pid_of("basics"), pid);
+}
+
+#[test]
+fn a_plugin_with_another_abi_version_is_refused_before_anything_starts() {
+    let plugin = plugin("switchyard-example-wrong-abi");
+    let config = format!(
+        "[[managers]]\nname = \"basics\"\n[[managers]]\nname = \"future\"\nplugin = \"{}\"\n",
+        plugin.display()
+    );
+    let out = match Group::builder("wrong-abi").config(&config).try_start() {
+        Ok(_) => panic!("a group with a wrong-ABI plugin started"),
+        Err(out) => out,
+    };
+    assert!(
+        out.contains("exit status: 64"),
+        "exit code 64 (configuration error): {out}"
+    );
+    assert!(out.contains("managers[1].plugin"), "names the key: {out}");
+    assert!(
+        out.contains("ABI v999") && out.contains("ABI v1"),
+        "names both versions: {out}"
+    );
+    assert!(!out.contains("started role"), "no process was started: {out}");
+}
+
+#[test]
+fn unknown_manager_in_a_plugin_is_a_configuration_error() {
+    let plugin = plugin("switchyard-example-shop");
+    let config = format!(
+        "[[managers]]\nname = \"billing\"\nplugin = \"{}\"\n",
+        plugin.display()
+    );
+    let out = Group::builder("no-such")
+        .config(&config)
+        .try_start()
+        .err()
+        .expect("refused");
+    assert!(
+        out.contains("managers[0].name: the plugin has no manager `billing` (it has: orders, inventory)"),
+        "{out}"
+    );
+}
