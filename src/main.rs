@@ -13,6 +13,7 @@
 mod config;
 mod inherit;
 mod roles;
+mod scaffold;
 mod status;
 mod supervisor;
 
@@ -57,6 +58,14 @@ enum Command {
         /// The group's runtime directory (default: the only running group).
         #[arg(long)]
         runtime_dir: Option<PathBuf>,
+    },
+    /// Create a manager plugin crate that builds and serves.
+    New {
+        /// Directory to create; its name is the crate's and the manager's.
+        path: PathBuf,
+        /// Path of the `switchyard-manager` SDK crate (default: this build's).
+        #[arg(long)]
+        sdk: Option<PathBuf>,
     },
     /// Validate a configuration file and exit.
     Check {
@@ -105,6 +114,7 @@ fn main() -> ExitCode {
             supervisor::main(config, runtime_dir)
         }
         Command::Status { json, runtime_dir } => status::main(json, runtime_dir),
+        Command::New { path, sdk } => scaffold::main(&path, sdk),
         Command::Check { config } => match load_config(Some(&config)) {
             Ok(_) => {
                 println!("{}: ok", config.display());

@@ -58,6 +58,7 @@ pub struct Group {
 
 pub struct GroupBuilder {
     config: Option<String>,
+    config_file: Option<PathBuf>,
     tag: &'static str,
 }
 
@@ -65,6 +66,13 @@ impl GroupBuilder {
     /// Uses this `switchyard.toml` text.
     pub fn config(mut self, toml: &str) -> Self {
         self.config = Some(toml.to_owned());
+        self
+    }
+
+    /// Uses this configuration file where it is (relative paths in it stay
+    /// relative to it).
+    pub fn config_file(mut self, path: &Path) -> Self {
+        self.config_file = Some(path.to_owned());
         self
     }
 
@@ -85,6 +93,9 @@ impl GroupBuilder {
         if let Some(config) = &self.config {
             let path = runtime_dir.with_extension("toml");
             std::fs::write(&path, config).unwrap();
+            cmd.arg("-c").arg(path);
+        }
+        if let Some(path) = &self.config_file {
             cmd.arg("-c").arg(path);
         }
         let mut child = cmd
@@ -155,7 +166,11 @@ impl GroupBuilder {
 
 impl Group {
     pub fn builder(tag: &'static str) -> GroupBuilder {
-        GroupBuilder { config: None, tag }
+        GroupBuilder {
+            config: None,
+            config_file: None,
+            tag,
+        }
     }
 
     /// Starts the zero-config group.

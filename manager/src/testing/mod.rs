@@ -1,7 +1,12 @@
 //! Helpers for testing managers.
 //!
 //! [`TestManager`] runs a manager in-process, without a group: send it
-//! events, stub the managers it calls, look at what it notified.
+//! events, stub the managers it calls, look at what it notified. [`Group`]
+//! starts a real group (the `switchyard` binary) for integration tests.
+
+mod group;
+
+pub use group::Group;
 
 use std::collections::HashMap;
 

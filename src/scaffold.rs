@@ -1,0 +1,204 @@
+//! `switchyard new NAME`: a plugin crate that builds and serves.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+/// The SDK crate the scaffold depends on, by path (the SDK is not on
+/// crates.io yet): this checkout's `manager/`.
+const SDK_PATH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/manager");
+
+fn valid_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars.next().is_some_and(|c| c.is_ascii_lowercase())
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_')
+        && name.len() <= 64
+}
+
+pub(crate) fn main(target: &Path, sdk: Option<PathBuf>) -> ExitCode {
+    let Some(name) = target.file_name().and_then(|n| n.to_str()).map(str::to_owned) else {
+        eprintln!("switchyard new: give a directory name, e.g. `switchyard new my-manager`");
+        return ExitCode::from(crate::EXIT_CONFIG);
+    };
+    if !valid_name(&name) {
+        eprintln!(
+            "switchyard new: `{name}` is not a valid crate name (lowercase letters, digits, `-`, `_`; starting with a letter)"
+        );
+        return ExitCode::from(crate::EXIT_CONFIG);
+    }
+    if target.exists() {
+        eprintln!(
+            "switchyard new: {} already exists; nothing was written",
+            target.display()
+        );
+        return ExitCode::FAILURE;
+    }
+    let sdk = sdk.unwrap_or_else(|| PathBuf::from(SDK_PATH));
+    match write(target, &name, &sdk) {
+        Ok(()) => {
+            println!("Created plugin crate `{name}` in {}", target.display());
+            println!();
+            println!("  cd {} && cargo test && cargo build --release", target.display());
+            println!("  switchyard up -c {}/switchyard.toml", target.display());
+            println!("  curl http://127.0.0.1:8080/{name}/hello/world");
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            eprintln!("switchyard new: {err}");
+            let _ = std::fs::remove_dir_all(target);
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn write(dir: &Path, name: &str, sdk: &Path) -> std::io::Result<()> {
+    let lib = name.replace('-', "_");
+    std::fs::create_dir_all(dir.join("src"))?;
+    std::fs::write(
+        dir.join("Cargo.toml"),
+        format!(
+            r#"[package]
+name = "{name}"
+version = "0.1.0"
+edition = "2024"
+publish = false
+
+[lib]
+# cdylib: the plugin `switchyard up` loads; rlib: lets tests link it.
+crate-type = ["cdylib", "rlib"]
+
+[dependencies]
+switchyard-manager = {{ path = "{sdk}" }}
+serde = {{ version = "1", features = ["derive"] }}
+serde_json = "1"
+
+# A workspace of its own, even when created inside another one.
+[workspace]
+"#,
+            sdk = sdk.display()
+        ),
+    )?;
+    std::fs::write(dir.join(".gitignore"), "/target\n")?;
+    std::fs::write(
+        dir.join("switchyard.toml"),
+        format!(
+            r#"# `cargo build --release`, then `switchyard up -c switchyard.toml`.
+[listener]
+bind = "127.0.0.1:8080"
+
+[[managers]]
+name = "{name}"
+plugin = "target/release/lib{lib}.so"
+# instances = 1
+[managers.config]
+greeting = "Hello"
+"#
+        ),
+    )?;
+    std::fs::write(
+        dir.join("src/lib.rs"),
+        format!(
+            r#"//! The `{name}` manager: a Switchyard plugin.
+
+use serde::{{Deserialize, Serialize}};
+use switchyard_manager::{{Config, Context, Error, Event, Manager, Registry, Reply}};
+
+/// `GET /{name}/hello/{{who}}`: the event the listener builds from the request.
+#[derive(Debug, Serialize, Deserialize, Event)]
+#[event(name = "{name}.Hello", http = "GET /{name}/hello/{{who}}")]
+pub struct Hello {{
+    #[validate(length(min = 1, max = 64))]
+    pub who: String,
+}}
+
+/// The reply, as JSON to HTTP clients.
+#[derive(Debug, Serialize, Deserialize, Reply)]
+pub struct Greeting {{
+    pub message: String,
+    pub count: u64,
+}}
+
+/// `[managers.config]` in switchyard.toml.
+#[derive(Debug, Deserialize)]
+pub struct Settings {{
+    pub greeting: String,
+}}
+
+/// State lives across requests; handlers run one at a time.
+pub struct {type_name} {{
+    greeting: String,
+    count: u64,
+}}
+
+impl Manager for {type_name} {{
+    const NAME: &'static str = "{name}";
+
+    fn create(config: &Config) -> Result<Self, Error> {{
+        let greeting = if config.value.is_null() {{ "Hello".to_owned() }} else {{ config.get::<Settings>()?.greeting }};
+        Ok({type_name} {{ greeting, count: 0 }})
+    }}
+
+    fn register(r: &mut Registry<Self>) {{
+        r.request(Self::hello);
+    }}
+}}
+
+impl {type_name} {{
+    fn hello(&mut self, ev: Hello, cx: &mut Context) -> Result<Greeting, Error> {{
+        self.count += 1;
+        cx.log(&format!("greeting {{}}", ev.who));
+        Ok(Greeting {{ message: format!("{{}}, {{}}!", self.greeting, ev.who), count: self.count }})
+    }}
+}}
+
+switchyard_manager::export_manager!({type_name});
+
+#[cfg(test)]
+mod tests {{
+    use super::*;
+    use switchyard_manager::testing::TestManager;
+
+    #[test]
+    fn greets_and_counts() {{
+        let mut m = TestManager::<{type_name}>::with_config(serde_json::json!({{"greeting": "Hi"}}));
+        let r = m.http::<Hello>(&[("who", "Ada")], "", b"");
+        assert_eq!(r.status, 200);
+        let greeting: Greeting = r.json();
+        assert_eq!((greeting.message.as_str(), greeting.count), ("Hi, Ada!", 1));
+        // Invalid input: 422 naming the field.
+        let r = m.http::<Hello>(&[("who", "")], "", b"");
+        assert_eq!(r.status, 422);
+        assert!(r.text().contains("\"field\":\"who\""));
+    }}
+}}
+"#,
+            type_name = type_name(name),
+        ),
+    )?;
+    Ok(())
+}
+
+/// `my-manager` → `MyManager`.
+fn type_name(name: &str) -> String {
+    name.split(['-', '_'])
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let mut c = p.chars();
+            c.next()
+                .map(|f| f.to_ascii_uppercase().to_string() + c.as_str())
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        assert!(valid_name("my-manager") && valid_name("a1_b"));
+        assert!(!valid_name("My") && !valid_name("1a") && !valid_name("") && !valid_name("a/b"));
+        assert_eq!(type_name("my-manager"), "MyManager");
+        assert_eq!(type_name("orders"), "Orders");
+    }
+}

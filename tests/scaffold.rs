@@ -1,0 +1,49 @@
+//! `switchyard new`: the generated crate builds, its test passes, and the
+//! group serves it. Ignored by default (it compiles a crate from scratch,
+//! about a minute); CI runs it with `--run-ignored`.
+
+mod common;
+
+use common::*;
+use std::process::Command;
+
+#[test]
+#[ignore = "builds a fresh crate in release mode (~1 min); run by .ci/run"]
+fn a_new_plugin_builds_tests_and_serves() {
+    let base = fresh_dir("scaffold");
+    std::fs::create_dir_all(&base).unwrap();
+    let crate_dir = base.join("my-plugin");
+    let out = Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .arg("new")
+        .arg(&crate_dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // Refuses to overwrite.
+    let again = Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .arg("new")
+        .arg(&crate_dir)
+        .output()
+        .unwrap();
+    assert!(!again.status.success());
+
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    for args in [&["test", "--quiet"][..], &["build", "--release", "--quiet"]] {
+        let status = Command::new(&cargo)
+            .args(args)
+            .current_dir(&crate_dir)
+            .env_remove("CARGO_TARGET_DIR")
+            .status()
+            .unwrap();
+        assert!(status.success(), "cargo {args:?} failed in the generated crate");
+    }
+
+    let g = Group::builder("scaffold-up")
+        .config_file(&crate_dir.join("switchyard.toml"))
+        .start();
+    let r = get(g.addr, "/my-plugin/hello/world").unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.text(), r#"{"message":"Hello, world!","count":1}"#);
+    drop(g);
+    let _ = std::fs::remove_dir_all(base);
+}
