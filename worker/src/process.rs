@@ -1,0 +1,367 @@
+//! The process pool: worker processes that run one job at a time.
+//!
+//! The manager host binds a Unix socket ([`bind`]) and owns a
+//! [`ProcessPool`]; each worker process ([`serve`]) connects to it, is
+//! checked by its kernel-reported credentials (same uid, a child of the
+//! group's supervisor) and then receives jobs as request frames (event type
+//! = job type, correlation = job id) and answers each with a response frame.
+//!
+//! The pool hands a job to an idle worker or queues it (bounded). A worker
+//! whose connection ends while it runs a job has died: the job fails with
+//! [`WORKER_DIED`](crate::WORKER_DIED) and is not retried. A job past its
+//! deadline fails with 504 and its worker is killed with SIGKILL (pid from
+//! the peer credentials); the supervisor replaces it and the new worker
+//! connects, so the pool's size restores.
+
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use switchyard_proto::transport::{FrameReader, FrameSink, PeerPolicy, spawn_writer};
+use switchyard_proto::{Envelope, Kind, Meta, Payload};
+use tokio::net::UnixStream;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::AbortHandle;
+
+use crate::{Done, Job, Refused, Runner, WORKER_DIED, timed_out};
+
+/// Frames queued towards one worker (it runs one job at a time).
+const WORKER_QUEUE: usize = 16;
+
+/// Binds the pool's socket at `path` (replacing a stale one), readable and
+/// writable by the owner only.
+pub fn bind(path: &Path) -> std::io::Result<std::os::unix::net::UnixListener> {
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+        Err(err) => return Err(err),
+    }
+    let listener = std::os::unix::net::UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(listener)
+}
+
+struct Worker {
+    sink: FrameSink,
+    pid: u32,
+    /// The job it is running.
+    running: Option<u64>,
+    /// Killed for a deadline: it gets no more jobs.
+    doomed: bool,
+}
+
+#[derive(Default)]
+struct State {
+    queue: VecDeque<Job>,
+    workers: HashMap<u64, Worker>,
+    idle: VecDeque<u64>,
+    timers: HashMap<u64, AbortHandle>,
+    next_worker: u64,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    results: mpsc::UnboundedSender<Done>,
+    capacity: usize,
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn finish(&self, state: &mut State, done: Done) {
+        if let Some(timer) = state.timers.remove(&done.id) {
+            timer.abort();
+        }
+        let _ = self.results.send(done);
+    }
+}
+
+/// Gives `worker` the next queued job, or marks it idle.
+fn feed(state: &mut State, worker: u64) {
+    loop {
+        let Some(w) = state.workers.get_mut(&worker) else {
+            return;
+        };
+        if w.doomed || w.running.is_some() {
+            return;
+        }
+        let Some(job) = state.queue.pop_front() else {
+            state.idle.push_back(worker);
+            return;
+        };
+        match w.sink.send(job_frame(&job)) {
+            Ok(()) => {
+                w.running = Some(job.id);
+                return;
+            }
+            Err(_) => {
+                // Its connection is closing; the reader will remove it.
+                state.queue.push_front(job);
+                w.doomed = true;
+                return;
+            }
+        }
+    }
+}
+
+fn job_frame(job: &Job) -> Envelope {
+    Envelope::request(job.job_type, job.id, job.body.clone())
+}
+
+/// The manager side of a process pool.
+pub struct ProcessPool {
+    shared: Arc<Shared>,
+    accept: AbortHandle,
+}
+
+impl Drop for ProcessPool {
+    fn drop(&mut self) {
+        self.accept.abort();
+    }
+}
+
+impl ProcessPool {
+    pub(crate) fn new(
+        listener: std::os::unix::net::UnixListener,
+        capacity: usize,
+        max_frame: usize,
+        results: mpsc::UnboundedSender<Done>,
+    ) -> std::io::Result<ProcessPool> {
+        listener.set_nonblocking(true)?;
+        let listener = tokio::net::UnixListener::from_std(listener)?;
+        let shared = Arc::new(Shared {
+            state: Mutex::default(),
+            results,
+            capacity,
+        });
+        let accept = tokio::spawn(accept(listener, shared.clone(), max_frame)).abort_handle();
+        Ok(ProcessPool { shared, accept })
+    }
+
+    pub(crate) fn submit(&self, job: Job) -> Result<(), Refused> {
+        let shared = &self.shared;
+        let mut state = shared.lock();
+        let (id, timeout) = (job.id, job.timeout);
+        let mut job = Some(job);
+        while let Some(worker) = state.idle.pop_front() {
+            let Some(w) = state.workers.get_mut(&worker) else {
+                continue;
+            };
+            let Some(j) = job.take() else { break };
+            match w.sink.send(job_frame(&j)) {
+                Ok(()) => {
+                    w.running = Some(id);
+                    break;
+                }
+                Err(_) => {
+                    w.doomed = true;
+                    job = Some(j);
+                }
+            }
+        }
+        if let Some(job) = job {
+            if state.queue.len() >= shared.capacity {
+                return Err(Refused::Full);
+            }
+            state.queue.push_back(job);
+        }
+        let weak = Arc::downgrade(shared);
+        let timer = tokio::spawn(async move {
+            tokio::time::sleep(timeout).await;
+            if let Some(shared) = weak.upgrade() {
+                expire(&shared, id, timeout);
+            }
+        });
+        state.timers.insert(id, timer.abort_handle());
+        Ok(())
+    }
+
+    pub(crate) fn queued(&self) -> usize {
+        self.shared.lock().queue.len()
+    }
+}
+
+/// The deadline of job `id` passed: answer 504, and kill its worker if one
+/// is running it.
+fn expire(shared: &Shared, id: u64, timeout: Duration) {
+    let mut state = shared.lock();
+    if state.timers.remove(&id).is_none() {
+        return; // finished meanwhile
+    }
+    if let Some(at) = state.queue.iter().position(|j| j.id == id) {
+        state.queue.remove(at);
+    } else if let Some(w) = state.workers.values_mut().find(|w| w.running == Some(id)) {
+        w.running = None;
+        w.doomed = true;
+        tracing::warn!(pid = w.pid, job = id, "job past its deadline; killing its worker");
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(w.pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    let _ = shared.results.send(timed_out(id, timeout));
+}
+
+async fn accept(listener: tokio::net::UnixListener, shared: Arc<Shared>, max_frame: usize) {
+    let policy = PeerPolicy::for_group();
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(err) => {
+                tracing::warn!(%err, "worker socket accept failed");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let pid = match policy.check(&stream) {
+            Ok(pid) => pid,
+            Err(err) => {
+                tracing::warn!(%err, "refusing worker connection");
+                continue;
+            }
+        };
+        let (read, write) = stream.into_split();
+        let (sink, _writer) = spawn_writer(write, WORKER_QUEUE, max_frame);
+        let id = {
+            let mut state = shared.lock();
+            let id = state.next_worker;
+            state.next_worker += 1;
+            state.workers.insert(
+                id,
+                Worker {
+                    sink,
+                    pid,
+                    running: None,
+                    doomed: false,
+                },
+            );
+            feed(&mut state, id);
+            id
+        };
+        tracing::info!(pid, "worker connected");
+        tokio::spawn(read_worker(FrameReader::new(read, max_frame), shared.clone(), id));
+    }
+}
+
+async fn read_worker(
+    mut reader: FrameReader<tokio::net::unix::OwnedReadHalf>,
+    shared: Arc<Shared>,
+    worker: u64,
+) {
+    let mut batch = Vec::new();
+    while let Ok(true) = reader.read_batch(&mut batch).await {
+        let mut state = shared.lock();
+        for env in batch.drain(..) {
+            if env.kind != Kind::Response {
+                continue;
+            }
+            let Some(w) = state.workers.get_mut(&worker) else {
+                break;
+            };
+            if w.running != Some(env.correlation) {
+                continue; // answered already (its deadline passed)
+            }
+            w.running = None;
+            let body = env.payload.inline().cloned().unwrap_or_default();
+            shared.finish(
+                &mut state,
+                Done {
+                    id: env.correlation,
+                    status: env.status,
+                    body,
+                },
+            );
+            feed(&mut state, worker);
+        }
+    }
+    let mut state = shared.lock();
+    state.idle.retain(|&w| w != worker);
+    if let Some(w) = state.workers.remove(&worker) {
+        tracing::info!(pid = w.pid, "worker disconnected");
+        if let Some(job) = w.running {
+            let (status, message) = WORKER_DIED;
+            shared.finish(
+                &mut state,
+                Done {
+                    id: job,
+                    status,
+                    body: Bytes::from_static(message.as_bytes()),
+                },
+            );
+        }
+    }
+}
+
+/// The worker process's loop: connects to the pool's socket at `socket`
+/// (again whenever the connection ends, e.g. when the manager restarts),
+/// runs each job with `runner` and answers it. `ready` fires on the first
+/// connection. Returns when `shutdown` resolves.
+pub async fn serve(
+    socket: &Path,
+    max_frame: usize,
+    runner: Runner,
+    ready: oneshot::Sender<()>,
+    shutdown: impl Future<Output = ()>,
+) {
+    let mut ready = Some(ready);
+    tokio::pin!(shutdown);
+    let mut backoff = Duration::from_millis(5);
+    loop {
+        let connected = tokio::select! {
+            _ = &mut shutdown => return,
+            c = UnixStream::connect(socket) => c,
+        };
+        let stream = match connected {
+            Ok(s) => s,
+            Err(err) => {
+                tracing::debug!(%err, "manager's worker socket not reachable yet");
+                tokio::select! {
+                    _ = &mut shutdown => return,
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(Duration::from_millis(200));
+                continue;
+            }
+        };
+        backoff = Duration::from_millis(5);
+        if let Some(ready) = ready.take() {
+            let _ = ready.send(());
+        }
+        tracing::debug!("connected to the manager");
+        let (read, write) = stream.into_split();
+        let (sink, _writer) = spawn_writer(write, WORKER_QUEUE, max_frame);
+        let mut reader = FrameReader::new(read, max_frame);
+        let mut batch = Vec::new();
+        loop {
+            let more = tokio::select! {
+                _ = &mut shutdown => return,
+                more = reader.read_batch(&mut batch) => more,
+            };
+            if !matches!(more, Ok(true)) {
+                break;
+            }
+            for env in batch.drain(..) {
+                if env.kind != Kind::Request {
+                    continue;
+                }
+                let output = match &env.payload {
+                    Payload::Inline(body) => runner(env.event_type, body),
+                    Payload::Shm(_) => {
+                        crate::JobOutput::error(501, "shared-memory job payloads are not supported yet")
+                    }
+                };
+                let answer = Envelope::response_to(&env, output.status, Meta::default(), output.body);
+                if sink.send_wait(answer).await.is_err() {
+                    break;
+                }
+            }
+        }
+        tracing::info!("connection to the manager lost; reconnecting");
+    }
+}
