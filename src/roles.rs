@@ -142,6 +142,7 @@ async fn serve(role: Role, name: String, instance: u32, spec: Spec) -> anyhow::R
                 max_body_bytes: l.max_body_bytes,
                 header_read_timeout: Duration::from_millis(l.header_read_timeout_ms),
                 request_timeout: Duration::from_millis(l.request_timeout_ms),
+                shm_threshold: switchyard_proto::shm::DEFAULT_THRESHOLD,
             };
             let mut commands = control.commands();
             let drain = async move {

@@ -7,7 +7,7 @@ use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use switchyard_proto::{Deadline, Envelope, problem};
+use switchyard_proto::{Deadline, Envelope, Payload, problem};
 
 use crate::Config;
 use crate::pipes::{Pool, SendFailure};
@@ -88,7 +88,26 @@ async fn route(state: &State, req: Request<Incoming>) -> Reply {
         Err(_) => return error(StatusCode::BAD_REQUEST, "could not read the request body"),
     };
 
-    let mut env = Envelope::request(matched.entry.event_type, 0, body);
+    let mut env = Envelope::request(matched.entry.event_type, 0, Bytes::new());
+    // A large body is written once into shared memory; the hops after us
+    // pass its descriptor along instead of copying the bytes.
+    env.payload = match Payload::for_body(body, state.config.shm_threshold) {
+        Ok(payload) => payload,
+        Err(switchyard_proto::Error::ShmBudget { .. }) => {
+            let mut reply = error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "shared-memory budget exhausted; retry later",
+            );
+            reply
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            return reply;
+        }
+        Err(err) => {
+            tracing::error!(%err, "cannot place a request body in shared memory");
+            return error(StatusCode::INTERNAL_SERVER_ERROR, "internal error");
+        }
+    };
     env.deadline = Deadline::after(state.config.request_timeout);
     if let Some(ct) = parts
         .headers
@@ -128,13 +147,13 @@ async fn route(state: &State, req: Request<Incoming>) -> Reply {
 
 fn into_http(env: Envelope) -> Reply {
     let status = StatusCode::from_u16(env.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let body = match env.payload.inline() {
-        Some(b) => b.clone(),
-        None => {
-            return error(
-                StatusCode::NOT_IMPLEMENTED,
-                "shared-memory bodies are not supported yet",
-            );
+    // A shared-memory body is mapped, not copied: hyper writes straight
+    // from the mapping, which is released when the response is sent.
+    let body = match env.payload.bytes() {
+        Ok(b) => b,
+        Err(err) => {
+            tracing::error!(%err, "cannot map a response body");
+            return error(StatusCode::SERVICE_UNAVAILABLE, "response body unavailable");
         }
     };
     let mut reply = Response::new(Full::new(body));

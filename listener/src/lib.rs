@@ -63,6 +63,8 @@ pub struct Config {
     pub header_read_timeout: Duration,
     /// Deadline of a request from arrival to response; past it, 504.
     pub request_timeout: Duration,
+    /// Request bodies of at least this many bytes go through shared memory.
+    pub shm_threshold: usize,
 }
 
 impl Config {

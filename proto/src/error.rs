@@ -27,9 +27,9 @@ pub enum Error {
     /// The far end of a connection or queue is gone.
     #[error("connection closed")]
     Closed,
-    /// The outbound queue of a connection is full.
-    #[error("outbound queue full")]
-    QueueFull,
+    /// Creating or mapping a shared-memory body would exceed the budget.
+    #[error("shared-memory budget exhausted ({len} more bytes would pass {budget})")]
+    ShmBudget { len: u64, budget: u64 },
     #[error(transparent)]
     Io(#[from] io::Error),
 }

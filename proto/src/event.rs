@@ -9,6 +9,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
+pub use crate::shm::ShmBody;
+
 /// A routable event type: a name such as `shop.Checkout`, interned to a
 /// stable 64-bit id (FNV-1a of the UTF-8 name) so that routing compares
 /// integers. The id is the same in every process and on every machine.
@@ -122,27 +124,12 @@ impl Meta {
     }
 }
 
-/// A payload in shared memory: which segment, where, how long. Only the
-/// handle travels in the frame; the bytes stay where the producer wrote them.
-///
-/// Issue #4 (shared memory) gives this its mechanism; until then no process
-/// produces one, and a receiver that gets one answers 501.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ShmHandle {
-    /// Segment id within the group.
-    pub segment: u32,
-    /// Byte offset in the segment.
-    pub offset: u64,
-    /// Payload length in bytes.
-    pub len: u64,
-}
-
 /// An event's body: inline bytes (a zero-copy slice of the received frame),
-/// or a handle to shared memory.
+/// or a sealed shared-memory body whose descriptor travels with the frame.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Payload {
     Inline(Bytes),
-    Shm(ShmHandle),
+    Shm(ShmBody),
 }
 
 impl Default for Payload {
@@ -152,11 +139,43 @@ impl Default for Payload {
 }
 
 impl Payload {
-    /// The inline bytes, or `None` for a shared-memory handle.
+    /// The inline bytes, or `None` for a shared-memory body.
     pub fn inline(&self) -> Option<&Bytes> {
         match self {
             Payload::Inline(b) => Some(b),
             Payload::Shm(_) => None,
+        }
+    }
+
+    /// The body's bytes: the inline slice, or the shared memory mapped.
+    pub fn bytes(&self) -> crate::Result<Bytes> {
+        match self {
+            Payload::Inline(b) => Ok(b.clone()),
+            Payload::Shm(body) => body.map(),
+        }
+    }
+
+    /// The body's length in bytes.
+    pub fn len(&self) -> usize {
+        match self {
+            Payload::Inline(b) => b.len(),
+            Payload::Shm(body) => body.len() as usize,
+        }
+    }
+
+    /// Whether the body is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// `bytes` inline when below `threshold`, else in shared memory (falling
+    /// back to inline when shared memory cannot be had is the caller's call:
+    /// the error says why).
+    pub fn for_body(bytes: Bytes, threshold: usize) -> crate::Result<Payload> {
+        if bytes.len() < threshold {
+            Ok(Payload::Inline(bytes))
+        } else {
+            ShmBody::create(&bytes).map(Payload::Shm)
         }
     }
 }

@@ -17,7 +17,11 @@
 use bytes::{BufMut, Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
 
-use crate::event::{Deadline, Envelope, EventType, Kind, Meta, Origin, Payload, ShmHandle};
+use std::collections::VecDeque;
+use std::os::fd::OwnedFd;
+
+use crate::event::{Deadline, Envelope, EventType, Kind, Meta, Origin, Payload};
+use crate::shm::ShmBody;
 use crate::{Error, Result, codec};
 
 /// Default maximum frame size: bodies larger than this must go through
@@ -36,7 +40,8 @@ struct HeaderRef<'a> {
     deadline: Deadline,
     status: u16,
     meta: &'a Meta,
-    shm: Option<&'a ShmHandle>,
+    /// Length of a shared-memory body; its descriptor travels out of band.
+    shm: Option<u64>,
 }
 
 // Field order and types must match `HeaderRef`: bincode is positional.
@@ -49,15 +54,15 @@ struct HeaderOwned {
     deadline: Deadline,
     status: u16,
     meta: Meta,
-    shm: Option<ShmHandle>,
+    shm: Option<u64>,
 }
 
 /// Appends the prefix and header of `env` to `out`, and returns the inline
 /// payload that must follow them on the wire.
 pub fn encode_head<'e>(env: &'e Envelope, out: &mut BytesMut, max: usize) -> Result<&'e [u8]> {
-    let (shm, payload): (Option<&ShmHandle>, &[u8]) = match &env.payload {
+    let (shm, payload): (Option<u64>, &[u8]) = match &env.payload {
         Payload::Inline(b) => (None, b),
-        Payload::Shm(h) => (Some(h), &[]),
+        Payload::Shm(body) => (Some(body.len()), &[]),
     };
     let head = HeaderRef {
         event_type: env.event_type,
@@ -113,9 +118,10 @@ pub fn check(buf: &[u8], max: usize) -> Result<Option<usize>> {
     Ok((buf.len() >= total).then_some(total))
 }
 
-/// Parses one whole frame (as delimited by [`check`]). The payload is a
-/// zero-copy slice of `frame`.
-pub fn parse(frame: Bytes) -> Result<Envelope> {
+/// Parses one whole frame (as delimited by [`check`]). An inline payload is
+/// a zero-copy slice of `frame`; a shared-memory one takes the next
+/// descriptor from `fds` (received with the frame's bytes, in order).
+pub fn parse(frame: Bytes, fds: &mut VecDeque<OwnedFd>) -> Result<Envelope> {
     if frame.len() < PREFIX_LEN {
         return Err(Error::Malformed("frame shorter than its prefix"));
     }
@@ -126,7 +132,12 @@ pub fn parse(frame: Bytes) -> Result<Envelope> {
         .ok_or(Error::Malformed("header longer than frame"))?;
     let head: HeaderOwned = codec::decode(&frame[PREFIX_LEN..header_end])?;
     let payload = match head.shm {
-        Some(handle) if header_end == frame.len() => Payload::Shm(handle),
+        Some(len) if header_end == frame.len() => {
+            let fd = fds
+                .pop_front()
+                .ok_or(Error::Malformed("shm frame without a descriptor"))?;
+            Payload::Shm(ShmBody::adopt(fd, len)?)
+        }
         Some(_) => return Err(Error::Malformed("shm frame with inline bytes")),
         None => Payload::Inline(frame.slice(header_end..)),
     };
@@ -158,7 +169,7 @@ mod tests {
     fn one(buf: &[u8]) -> Result<Envelope> {
         let len = check(buf, DEFAULT_MAX_FRAME)?.expect("whole frame");
         assert_eq!(len, buf.len());
-        parse(Bytes::copy_from_slice(buf))
+        parse(Bytes::copy_from_slice(buf), &mut VecDeque::new())
     }
 
     #[test]
@@ -168,14 +179,17 @@ mod tests {
             assert_eq!(one(&encode(&env, DEFAULT_MAX_FRAME).unwrap()).unwrap(), env);
         }
         let mut env = sample(b"");
-        env.payload = Payload::Shm(ShmHandle {
-            segment: 1,
-            offset: 64,
-            len: 1 << 20,
-        });
+        let body = ShmBody::create(&[7u8; 100_000]).unwrap();
+        env.payload = Payload::Shm(body.clone());
         env.kind = Kind::Response;
         env.status = 200;
-        assert_eq!(one(&encode(&env, DEFAULT_MAX_FRAME).unwrap()).unwrap(), env);
+        let bytes = encode(&env, DEFAULT_MAX_FRAME).unwrap();
+        // Without its descriptor the frame is refused ...
+        assert!(one(&bytes).is_err());
+        // ... with it, the body reads back.
+        let mut fds = VecDeque::from([body.fd().try_clone_to_owned().unwrap()]);
+        let back = parse(bytes.freeze(), &mut fds).unwrap();
+        assert_eq!(back.payload.bytes().unwrap().as_ref(), &[7u8; 100_000][..]);
     }
 
     #[test]
@@ -204,7 +218,10 @@ mod tests {
     fn inconsistent_lengths_are_errors() {
         let mut bytes = encode(&sample(b"hello"), DEFAULT_MAX_FRAME).unwrap();
         bytes[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
-        assert!(matches!(parse(bytes.freeze()), Err(Error::Malformed(_))));
+        assert!(matches!(
+            parse(bytes.freeze(), &mut VecDeque::new()),
+            Err(Error::Malformed(_))
+        ));
         assert!(check(&[2, 0, 0, 0, 0, 0], DEFAULT_MAX_FRAME).is_err());
     }
 
@@ -224,7 +241,7 @@ mod tests {
             let hl = (seed as usize) % len;
             bytes[4..8].copy_from_slice(&(hl as u32).to_le_bytes());
             if let Ok(Some(n)) = check(&bytes, DEFAULT_MAX_FRAME) {
-                let _ = parse(Bytes::copy_from_slice(&bytes[..n]));
+                let _ = parse(Bytes::copy_from_slice(&bytes[..n]), &mut VecDeque::new());
             }
         }
     }
@@ -236,7 +253,7 @@ mod tests {
             for flip in [0x01u8, 0x80, 0xff] {
                 let mut bad = good.clone();
                 bad[i] ^= flip;
-                let _ = parse(bad.freeze());
+                let _ = parse(bad.freeze(), &mut VecDeque::new());
             }
         }
     }

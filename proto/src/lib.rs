@@ -17,6 +17,7 @@
 //! - [`control`]: control messages between group processes (hello, route
 //!   table, registration).
 //! - [`supervision`]: the child ↔ supervisor control channel.
+//! - [`shm`]: sealed memfd bodies whose descriptors travel with frames.
 //! - [`problem`]: `application/problem+json` bodies for synthesized errors.
 //! - [`process`]: what every child process shares: logging, runtime paths.
 
@@ -26,11 +27,14 @@ pub mod event;
 pub mod frame;
 pub mod problem;
 pub mod process;
+pub mod shm;
 pub mod supervision;
 pub mod transport;
 
 mod error;
+mod fdpass;
 
 pub use error::{Error, Result};
-pub use event::{Deadline, Envelope, EventType, Kind, Meta, Origin, Payload, ShmHandle};
+pub use event::{Deadline, Envelope, EventType, Kind, Meta, Origin, Payload};
 pub use frame::DEFAULT_MAX_FRAME;
+pub use shm::ShmBody;

@@ -5,16 +5,19 @@
 //! everything queued into one vectored write, and the reader decodes every
 //! whole frame a single read brought in.
 
+use std::collections::VecDeque;
 use std::io::{self, IoSlice};
 use std::ops::Range;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncWrite, AsyncWriteExt, Interest};
 use tokio::net::UnixStream;
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use crate::{Envelope, Error, Result, frame};
+use crate::{Envelope, Error, Payload, Result, ShmBody, fdpass, frame};
 
 /// Most frames one writer batch takes from its queue.
 const MAX_BATCH: usize = 512;
@@ -94,11 +97,34 @@ impl std::fmt::Display for Refused {
 /// producers check sizes before queueing).
 pub fn spawn_writer<W>(io: W, capacity: usize, max_frame: usize) -> (FrameSink, JoinHandle<Result<()>>)
 where
-    W: AsyncWrite + Unpin + Send + 'static,
+    W: AsyncWrite + FdSocket + Unpin + Send + 'static,
 {
     let (tx, rx) = mpsc::channel(capacity);
     let task = tokio::spawn(write_loop(io, rx, max_frame));
     (FrameSink { tx }, task)
+}
+
+/// A stream socket (or half of one) that can carry descriptors.
+pub trait FdSocket {
+    fn socket(&self) -> &UnixStream;
+}
+
+impl FdSocket for UnixStream {
+    fn socket(&self) -> &UnixStream {
+        self
+    }
+}
+
+impl FdSocket for OwnedReadHalf {
+    fn socket(&self) -> &UnixStream {
+        self.as_ref()
+    }
+}
+
+impl FdSocket for OwnedWriteHalf {
+    fn socket(&self) -> &UnixStream {
+        self.as_ref()
+    }
 }
 
 enum Segment {
@@ -106,55 +132,106 @@ enum Segment {
     Payload(Bytes),
 }
 
-async fn write_loop<W: AsyncWrite + Unpin>(
-    mut io: W,
-    mut rx: mpsc::Receiver<Envelope>,
-    max_frame: usize,
-) -> Result<()> {
-    let mut batch = Vec::with_capacity(MAX_BATCH);
-    let mut scratch = BytesMut::with_capacity(64 * 1024);
-    let mut segments: Vec<Segment> = Vec::new();
-    loop {
-        if rx.recv_many(&mut batch, MAX_BATCH).await == 0 {
-            // Every sender is gone: flush and end cleanly.
-            let _ = io.shutdown().await;
-            return Ok(());
-        }
-        scratch.clear();
-        segments.clear();
-        let mut run_start = 0;
-        for env in batch.drain(..) {
-            let payload = match frame::encode_head(&env, &mut scratch, max_frame) {
-                Ok(payload) => payload,
-                Err(err) => {
-                    tracing::error!(%err, event_type = ?env.event_type, "dropping unsendable frame");
-                    continue;
-                }
-            };
-            if payload.len() < COPY_BELOW {
-                scratch.extend_from_slice(payload);
-            } else {
-                segments.push(Segment::Scratch(run_start..scratch.len()));
-                run_start = scratch.len();
-                if let crate::Payload::Inline(bytes) = &env.payload {
-                    segments.push(Segment::Payload(bytes.clone()));
-                }
+/// One write's worth of frames: headers and small bodies packed in
+/// `scratch`, large bodies as their own slices, shared-memory bodies'
+/// descriptors alongside.
+struct Batch {
+    scratch: BytesMut,
+    segments: Vec<Segment>,
+    run_start: usize,
+    /// Kept alive (and their descriptors open) until sent.
+    shm: Vec<ShmBody>,
+}
+
+impl Batch {
+    fn push(&mut self, env: &Envelope, max_frame: usize) {
+        let payload = match frame::encode_head(env, &mut self.scratch, max_frame) {
+            Ok(payload) => payload,
+            Err(err) => {
+                return tracing::error!(%err, event_type = ?env.event_type, "dropping unsendable frame");
+            }
+        };
+        match &env.payload {
+            Payload::Shm(body) => self.shm.push(body.clone()),
+            Payload::Inline(_) if payload.len() < COPY_BELOW => self.scratch.extend_from_slice(payload),
+            Payload::Inline(bytes) => {
+                self.segments
+                    .push(Segment::Scratch(self.run_start..self.scratch.len()));
+                self.run_start = self.scratch.len();
+                self.segments.push(Segment::Payload(bytes.clone()));
             }
         }
-        if run_start < scratch.len() {
-            segments.push(Segment::Scratch(run_start..scratch.len()));
+    }
+
+    async fn flush<W: AsyncWrite + FdSocket + Unpin>(&mut self, io: &mut W) -> io::Result<()> {
+        if self.run_start < self.scratch.len() {
+            self.segments
+                .push(Segment::Scratch(self.run_start..self.scratch.len()));
         }
-        for chunk in segments.chunks(MAX_IOVECS) {
+        let mut first = true;
+        for chunk in self.segments.chunks(MAX_IOVECS) {
             let mut slices: Vec<IoSlice<'_>> = chunk
                 .iter()
                 .map(|s| match s {
-                    Segment::Scratch(r) => IoSlice::new(&scratch[r.clone()]),
+                    Segment::Scratch(r) => IoSlice::new(&self.scratch[r.clone()]),
                     Segment::Payload(b) => IoSlice::new(b),
                 })
                 .filter(|s| !s.is_empty())
                 .collect();
-            write_all_vectored(&mut io, &mut slices).await?;
+            let mut slices = &mut slices[..];
+            if first && !self.shm.is_empty() {
+                // The descriptors ride on the first bytes of the batch, so
+                // they reach the reader no later than their frames.
+                let fds: Vec<RawFd> = self.shm.iter().map(|b| b.fd().as_raw_fd()).collect();
+                let socket = io.socket();
+                let n = loop {
+                    socket.writable().await?;
+                    match socket.try_io(Interest::WRITABLE, || {
+                        fdpass::send(socket.as_raw_fd(), slices, &fds)
+                    }) {
+                        Ok(n) => break n,
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                        Err(e) => return Err(e),
+                    }
+                };
+                IoSlice::advance_slices(&mut slices, n);
+            }
+            first = false;
+            write_all_vectored(io, slices).await?;
         }
+        self.scratch.clear();
+        self.segments.clear();
+        self.run_start = 0;
+        self.shm.clear();
+        Ok(())
+    }
+}
+
+async fn write_loop<W: AsyncWrite + FdSocket + Unpin>(
+    mut io: W,
+    mut rx: mpsc::Receiver<Envelope>,
+    max_frame: usize,
+) -> Result<()> {
+    let mut queued = Vec::with_capacity(MAX_BATCH);
+    let mut batch = Batch {
+        scratch: BytesMut::with_capacity(64 * 1024),
+        segments: Vec::new(),
+        run_start: 0,
+        shm: Vec::new(),
+    };
+    loop {
+        if rx.recv_many(&mut queued, MAX_BATCH).await == 0 {
+            // Every sender is gone: flush and end cleanly.
+            let _ = io.shutdown().await;
+            return Ok(());
+        }
+        for env in queued.drain(..) {
+            if matches!(env.payload, Payload::Shm(_)) && batch.shm.len() == fdpass::MAX_FDS {
+                batch.flush(&mut io).await?;
+            }
+            batch.push(&env, max_frame);
+        }
+        batch.flush(&mut io).await?;
     }
 }
 
@@ -176,15 +253,18 @@ async fn write_all_vectored<W: AsyncWrite + Unpin>(
 pub struct FrameReader<R> {
     io: R,
     buf: BytesMut,
+    /// Descriptors received and not yet claimed by a frame, in order.
+    fds: VecDeque<OwnedFd>,
     max_frame: usize,
 }
 
-impl<R: AsyncRead + Unpin> FrameReader<R> {
+impl<R: FdSocket> FrameReader<R> {
     /// Wraps a read half; frames over `max_frame` are refused.
     pub fn new(io: R, max_frame: usize) -> Self {
         FrameReader {
             io,
             buf: BytesMut::with_capacity(64 * 1024),
+            fds: VecDeque::new(),
             max_frame,
         }
     }
@@ -208,7 +288,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     pub async fn next(&mut self) -> Result<Option<Envelope>> {
         loop {
             if let Some(len) = frame::check(&self.buf, self.max_frame)? {
-                return frame::parse(self.buf.split_to(len).freeze()).map(Some);
+                return frame::parse(self.buf.split_to(len).freeze(), &mut self.fds).map(Some);
             }
             if !self.fill().await? {
                 return Ok(None);
@@ -221,7 +301,17 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         if self.buf.capacity() - self.buf.len() < 16 * 1024 {
             self.buf.reserve(64 * 1024);
         }
-        if self.io.read_buf(&mut self.buf).await? == 0 {
+        let FrameReader { io, buf, fds, .. } = self;
+        let socket = io.socket();
+        let n = loop {
+            socket.readable().await?;
+            match socket.try_io(Interest::READABLE, || fdpass::recv(socket.as_raw_fd(), buf, fds)) {
+                Ok(n) => break n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Err(e.into()),
+            }
+        };
+        if n == 0 {
             return if self.buf.is_empty() {
                 Ok(false)
             } else {
@@ -233,7 +323,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
 
     fn drain_whole(&mut self, out: &mut Vec<Envelope>) -> Result<()> {
         while let Some(len) = frame::check(&self.buf, self.max_frame)? {
-            out.push(frame::parse(self.buf.split_to(len).freeze())?);
+            out.push(frame::parse(self.buf.split_to(len).freeze(), &mut self.fds)?);
         }
         Ok(())
     }
@@ -318,6 +408,39 @@ mod tests {
             assert_eq!(body.len(), sizes[i % sizes.len()]);
             assert!(body.iter().all(|&b| b == (i % 251) as u8));
         }
+        writer.await.unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn shared_memory_bodies_travel_as_descriptors() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let (_, write) = a.into_split();
+        let (sink, writer) = spawn_writer(write, 1024, DEFAULT_MAX_FRAME);
+        let mut reader = FrameReader::new(b, DEFAULT_MAX_FRAME);
+        // More bodies than one sendmsg carries, interleaved with inline frames.
+        for i in 0..100u64 {
+            let payload = if i % 3 == 0 {
+                Payload::Inline(Bytes::from(vec![i as u8; 10]))
+            } else {
+                Payload::Shm(ShmBody::create(&vec![i as u8; 70_000 + i as usize]).unwrap())
+            };
+            let mut env = Envelope::request(EventType::of("t"), i, Bytes::new());
+            env.payload = payload;
+            sink.send_wait(env).await.unwrap();
+        }
+        drop(sink);
+        let mut got = Vec::new();
+        while reader.read_batch(&mut got).await.unwrap() {}
+        assert_eq!(got.len(), 100);
+        for env in &got {
+            let i = env.correlation;
+            let bytes = env.payload.bytes().unwrap();
+            let want = if i % 3 == 0 { 10 } else { 70_000 + i as usize };
+            assert_eq!(bytes.len(), want, "frame {i}");
+            assert!(bytes.iter().all(|&b| b == i as u8));
+            assert_eq!(matches!(env.payload, Payload::Shm(_)), i % 3 != 0);
+        }
+        assert!(reader.fds.is_empty(), "every descriptor was claimed");
         writer.await.unwrap().unwrap();
     }
 

@@ -1,0 +1,82 @@
+//! Sending and receiving file descriptors with stream bytes (`SCM_RIGHTS`).
+//! The only unsafe code of the transport.
+
+use std::collections::VecDeque;
+use std::io::{self, IoSlice};
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+
+use bytes::BytesMut;
+
+/// Most descriptors one `sendmsg` carries; the reader's control buffer fits
+/// this many (the kernel never merges two messages' descriptors into one read).
+pub(crate) const MAX_FDS: usize = 32;
+
+/// `sendmsg` of `slices` with `fds` attached to its first byte. Returns the
+/// bytes written (at least 1 when it succeeds: the descriptors went with them).
+pub(crate) fn send(socket: RawFd, slices: &[IoSlice<'_>], fds: &[RawFd]) -> io::Result<usize> {
+    use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
+    let cmsgs = [ControlMessage::ScmRights(fds)];
+    let cmsgs: &[ControlMessage<'_>] = if fds.is_empty() { &[] } else { &cmsgs };
+    sendmsg::<()>(socket, slices, cmsgs, MsgFlags::MSG_NOSIGNAL, None).map_err(io::Error::from)
+}
+
+/// One `recvmsg` into `buf`'s spare capacity; received descriptors are
+/// appended to `fds` in order. Returns the bytes read (0 at end of stream).
+pub(crate) fn recv(socket: RawFd, buf: &mut BytesMut, fds: &mut VecDeque<OwnedFd>) -> io::Result<usize> {
+    const SPACE: usize = cmsg_space(MAX_FDS);
+    // u64 elements keep the control buffer aligned for cmsghdr.
+    let mut control = [0u64; SPACE.div_ceil(8)];
+    let spare = buf.spare_capacity_mut();
+    let mut iov = libc::iovec {
+        iov_base: spare.as_mut_ptr().cast(),
+        iov_len: spare.len(),
+    };
+    // SAFETY: msghdr is plain old data; all-zero is a valid empty header.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&control) as _;
+    // SAFETY: iov points at `spare`, writable for its length; the control
+    // buffer is writable for msg_controllen bytes; both outlive the call.
+    let n = unsafe { libc::recvmsg(socket, &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: CMSG_* walk the control buffer the kernel just filled, within
+    // msg_controllen; each SCM_RIGHTS payload is an array of fresh
+    // descriptors now owned by this process, adopted exactly once.
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(cmsg).cast::<RawFd>();
+                let count =
+                    ((*cmsg).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / std::mem::size_of::<RawFd>();
+                for i in 0..count {
+                    fds.push_back(OwnedFd::from_raw_fd(data.add(i).read_unaligned()));
+                }
+            }
+            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+        }
+        // SAFETY (set_len): the kernel initialised the first `n` spare bytes.
+        buf.set_len(buf.len() + n as usize);
+    }
+    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "peer sent more descriptors than one read takes",
+        ));
+    }
+    Ok(n as usize)
+}
+
+const fn align(n: usize) -> usize {
+    (n + std::mem::size_of::<usize>() - 1) & !(std::mem::size_of::<usize>() - 1)
+}
+
+/// CMSG_SPACE by its definition (libc's is not usable in a const): header
+/// plus data, each aligned to the pointer size.
+const fn cmsg_space(fds: usize) -> usize {
+    align(std::mem::size_of::<libc::cmsghdr>()) + align(fds * std::mem::size_of::<RawFd>())
+}

@@ -1,0 +1,213 @@
+//! Shared-memory bodies: a payload written once into a sealed memfd, whose
+//! file descriptor travels with the frame (`SCM_RIGHTS`) hop by hop, so the
+//! broker and router forward a 16 MiB body as a descriptor, never as bytes.
+//!
+//! Why memfd and not named segments (docs/decisions/0006-shared-memory.md):
+//! an unnamed memfd exists only while some process holds its descriptor or a
+//! mapping of it, so a `kill -9` anywhere leaks nothing and there is nothing
+//! in `/dev/shm` to sweep. Sealing (no write, no resize) lets a receiver map
+//! the bytes without trusting the sender to leave them alone.
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use bytes::Bytes;
+use nix::fcntl::{FcntlArg, SealFlag, fcntl};
+use nix::sys::memfd::{MFdFlags, memfd_create};
+
+use crate::{Error, Result};
+
+/// Bodies at least this large go through shared memory by default.
+pub const DEFAULT_THRESHOLD: usize = 64 * 1024;
+
+/// Bytes of shared memory this process has mapped or created and not yet
+/// released; bounded by [`set_budget`].
+static IN_USE: AtomicU64 = AtomicU64::new(0);
+static BUDGET: AtomicU64 = AtomicU64::new(u64::MAX);
+
+/// Sets this process's shared-memory budget in bytes. Creating a body over
+/// budget fails with [`Error::ShmBudget`] (answered with 503).
+pub fn set_budget(bytes: u64) {
+    BUDGET.store(bytes, Ordering::Relaxed);
+}
+
+/// Bytes this process holds in shared-memory bodies right now.
+pub fn in_use() -> u64 {
+    IN_USE.load(Ordering::Relaxed)
+}
+
+/// Accounts `len` bytes against the budget until dropped.
+#[derive(Debug)]
+struct Reservation(u64);
+
+impl Reservation {
+    fn take(len: u64) -> Result<Reservation> {
+        let budget = BUDGET.load(Ordering::Relaxed);
+        let mut current = IN_USE.load(Ordering::Relaxed);
+        loop {
+            if current.saturating_add(len) > budget {
+                return Err(Error::ShmBudget { len, budget });
+            }
+            match IN_USE.compare_exchange_weak(current, current + len, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return Ok(Reservation(len)),
+                Err(now) => current = now,
+            }
+        }
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        IN_USE.fetch_sub(self.0, Ordering::Relaxed);
+    }
+}
+
+#[derive(Debug)]
+struct Segment {
+    fd: OwnedFd,
+    _reservation: Option<Reservation>,
+}
+
+/// A sealed shared-memory body. Cloning shares the descriptor.
+#[derive(Clone, Debug)]
+pub struct ShmBody {
+    segment: Arc<Segment>,
+    len: u64,
+}
+
+impl PartialEq for ShmBody {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.segment, &other.segment) && self.len == other.len
+    }
+}
+
+impl Eq for ShmBody {}
+
+const SEALS: SealFlag = SealFlag::F_SEAL_SHRINK
+    .union(SealFlag::F_SEAL_GROW)
+    .union(SealFlag::F_SEAL_WRITE)
+    .union(SealFlag::F_SEAL_SEAL);
+
+impl ShmBody {
+    /// Copies `bytes` into a new sealed memfd (the only copy of the body on
+    /// its way through the group).
+    pub fn create(bytes: &[u8]) -> Result<ShmBody> {
+        let len = bytes.len() as u64;
+        let reservation = Reservation::take(len)?;
+        let fd = memfd_create(
+            c"switchyard-body",
+            MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING,
+        )
+        .map_err(std::io::Error::from)?;
+        nix::unistd::ftruncate(&fd, len as i64).map_err(std::io::Error::from)?;
+        if len > 0 {
+            // SAFETY: the memfd is new and private to this function until it is
+            // sealed; nothing else can resize it while the mapping lives.
+            let mut map = unsafe { memmap2::MmapOptions::new().len(len as usize).map_mut(&fd)? };
+            map.copy_from_slice(bytes);
+        }
+        fcntl(&fd, FcntlArg::F_ADD_SEALS(SEALS)).map_err(std::io::Error::from)?;
+        Ok(ShmBody {
+            segment: Arc::new(Segment {
+                fd,
+                _reservation: Some(reservation),
+            }),
+            len,
+        })
+    }
+
+    /// Adopts a received descriptor that must hold a sealed body of `len`
+    /// bytes; anything else is refused.
+    pub fn adopt(fd: OwnedFd, len: u64) -> Result<ShmBody> {
+        let seals = fcntl(&fd, FcntlArg::F_GET_SEALS)
+            .map_err(|_| Error::Malformed("shm descriptor is not a memfd"))?;
+        let seals = SealFlag::from_bits_truncate(seals);
+        if !seals.contains(SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_WRITE) {
+            return Err(Error::Malformed("shm body is not sealed"));
+        }
+        let size = nix::sys::stat::fstat(&fd).map_err(std::io::Error::from)?.st_size as u64;
+        if size < len {
+            return Err(Error::Malformed("shm body shorter than its handle"));
+        }
+        Ok(ShmBody {
+            segment: Arc::new(Segment {
+                fd,
+                _reservation: None,
+            }),
+            len,
+        })
+    }
+
+    /// The body's length in bytes.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether the body is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Maps the body read-only; the mapping lives as long as the returned
+    /// `Bytes` (and its clones), and counts against the budget meanwhile.
+    pub fn map(&self) -> Result<Bytes> {
+        if self.len == 0 {
+            return Ok(Bytes::new());
+        }
+        let reservation = Reservation::take(self.len)?;
+        // SAFETY: the memfd is sealed against writes and shrinking (checked
+        // on adopt, set on create), so the mapped bytes cannot change or
+        // vanish under us.
+        let map = unsafe {
+            memmap2::MmapOptions::new()
+                .len(self.len as usize)
+                .map(&self.segment.fd)?
+        };
+        Ok(Bytes::from_owner(Mapped {
+            map,
+            _reservation: reservation,
+        }))
+    }
+
+    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
+        self.segment.fd.as_fd()
+    }
+}
+
+struct Mapped {
+    map: memmap2::Mmap,
+    _reservation: Reservation,
+}
+
+impl AsRef<[u8]> for Mapped {
+    fn as_ref(&self) -> &[u8] {
+        &self.map
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn create_map_adopt() {
+        let data: Vec<u8> = (0..200_000u32).map(|i| i as u8).collect();
+        let body = ShmBody::create(&data).unwrap();
+        assert_eq!(body.map().unwrap().as_ref(), &data[..]);
+        // A receiver adopting a duplicate of the descriptor sees the same bytes.
+        let dup = body.fd().try_clone_to_owned().unwrap();
+        let adopted = ShmBody::adopt(dup, data.len() as u64).unwrap();
+        assert_eq!(adopted.map().unwrap().as_ref(), &data[..]);
+        // Lengths past the end are refused.
+        let dup = body.fd().try_clone_to_owned().unwrap();
+        assert!(ShmBody::adopt(dup, data.len() as u64 + 1).is_err());
+        assert!(ShmBody::create(b"").unwrap().map().unwrap().is_empty());
+    }
+
+    #[test]
+    fn unsealed_descriptors_are_refused() {
+        let fd = memfd_create(c"x", MFdFlags::MFD_CLOEXEC).unwrap();
+        assert!(ShmBody::adopt(fd, 0).is_err());
+    }
+}
