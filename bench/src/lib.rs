@@ -5,5 +5,7 @@
 //! machine and report each Switchyard number as a ratio to it.
 //!
 //! - [`baseline`]: the in-process server (also the `switchyard-baseline` binary).
+//! - [`load`]: the load generator (also the `switchyard-load` binary).
 
 pub mod baseline;
+pub mod load;

@@ -1,0 +1,374 @@
+//! The simulated clients: one connection each, HTTP/1.1 or h2, sending the
+//! prepared requests round-robin, closed loop or on the open-loop schedule.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use anyhow::{Context, anyhow};
+use bytes::Bytes;
+use hdrhistogram::Histogram;
+use http::header::{AUTHORIZATION, CONTENT_TYPE, HOST};
+use http::uri::{PathAndQuery, Scheme};
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::client::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpStream;
+use tokio::task::AbortHandle;
+use tokio::time::{Instant, sleep_until, timeout, timeout_at};
+
+use super::options::{Options, Route};
+use super::report::Counts;
+use super::schedule::Schedule;
+
+/// Bounds a probe (`/openapi.json`, `/ready`, the first connect) of a server that hangs.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Largest probe body read: an OpenAPI document of a big application fits.
+const PROBE_MAX_BODY: usize = 16 * 1024 * 1024;
+
+/// Pause after a refused connect, so that a server that is down costs a
+/// hundred errors a second per client instead of a core spinning on them.
+const CONNECT_BACKOFF: Duration = Duration::from_millis(10);
+
+/// Largest latency recorded: an hour, far beyond any step.
+const MAX_LATENCY_US: u64 = 3_600_000_000;
+
+/// How to reach the server and what every request carries.
+pub(super) struct Server {
+    addr: SocketAddr,
+    http2: bool,
+    origin: Uri,
+    token: Option<HeaderValue>,
+    headers: Vec<(http::HeaderName, HeaderValue)>,
+}
+
+impl Server {
+    /// Resolves the URL's host and keeps the first address that accepts a
+    /// connection, so that a server that is not there fails the run at once
+    /// instead of filling a table with transport errors.
+    pub(super) async fn connect(opts: &Options) -> anyhow::Result<Server> {
+        let authority = opts.url.authority().context("the URL has no host")?;
+        let host = authority.host().trim_start_matches('[').trim_end_matches(']');
+        let port = authority.port_u16().unwrap_or(80);
+        let addrs: Vec<SocketAddr> = timeout(PROBE_TIMEOUT, tokio::net::lookup_host((host, port)))
+            .await
+            .with_context(|| format!("resolving {host} timed out"))?
+            .with_context(|| format!("cannot resolve {host}"))?
+            .collect();
+        let mut last_error = anyhow!("{host} resolves to no address");
+        for addr in addrs {
+            match timeout(PROBE_TIMEOUT, TcpStream::connect(addr)).await {
+                Ok(Ok(_)) => {
+                    let token = match &opts.token {
+                        Some(token) => Some(
+                            HeaderValue::try_from(format!("Bearer {token}"))
+                                .context("the token is not a valid header value")?,
+                        ),
+                        None => None,
+                    };
+                    let origin = Uri::builder()
+                        .scheme(Scheme::HTTP)
+                        .authority(authority.clone())
+                        .path_and_query("/")
+                        .build()?;
+                    return Ok(Server {
+                        addr,
+                        http2: opts.http2,
+                        origin,
+                        token,
+                        headers: opts.headers.clone(),
+                    });
+                }
+                Ok(Err(err)) => last_error = anyhow!(err).context(format!("cannot connect to {addr}")),
+                Err(_) => last_error = anyhow!("connecting to {addr} timed out"),
+            }
+        }
+        Err(last_error)
+    }
+
+    /// "HTTP/1.1" or "h2".
+    pub(super) fn protocol(&self) -> &'static str {
+        if self.http2 { "h2" } else { "HTTP/1.1" }
+    }
+
+    /// Everything about `route`'s requests that does not change between them.
+    pub(super) fn prepare(&self, route: &Route, body: Option<&Bytes>) -> anyhow::Result<Prepared> {
+        let path: PathAndQuery = route.path.parse()?;
+        // h2 takes :scheme and :authority from the URI, HTTP/1.1 the origin form and `host`.
+        let uri = if self.http2 {
+            let mut parts = self.origin.clone().into_parts();
+            parts.path_and_query = Some(path);
+            Uri::from_parts(parts)?
+        } else {
+            Uri::from(path)
+        };
+        // Only writes carry the body: servers may refuse a GET or DELETE with one.
+        let body = match route.method {
+            Method::POST | Method::PUT | Method::PATCH => body.cloned().unwrap_or_default(),
+            _ => Bytes::new(),
+        };
+        let mut headers = HeaderMap::new();
+        if !self.http2 {
+            let host = self.origin.authority().map_or("", |a| a.as_str());
+            headers.insert(HOST, HeaderValue::from_str(host)?);
+        }
+        if !body.is_empty() {
+            headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        }
+        if let Some(token) = &self.token {
+            headers.insert(AUTHORIZATION, token.clone());
+        }
+        // The first -H of a name replaces the default; later ones of that name add to it.
+        let mut named = HashSet::new();
+        for (name, value) in &self.headers {
+            if named.insert(name) {
+                headers.remove(name);
+            }
+            headers.append(name, value.clone());
+        }
+        Ok(Prepared {
+            method: route.method.clone(),
+            uri,
+            headers,
+            body,
+        })
+    }
+
+    /// `GET path` on a connection of its own: status and body.
+    pub(super) async fn fetch(&self, path: &str) -> anyhow::Result<(StatusCode, Bytes)> {
+        let request = self.prepare(&Route::get(path), None)?.request();
+        let exchange = async {
+            let mut conn = Conn::open(self.addr, self.http2).await?;
+            conn.ready().await?;
+            let response = conn.send(request).await?;
+            let status = response.status();
+            let body = Limited::new(response.into_body(), PROBE_MAX_BODY)
+                .collect()
+                .await
+                .map_err(|err| anyhow!(err))?
+                .to_bytes();
+            anyhow::Ok((status, body))
+        };
+        timeout(PROBE_TIMEOUT, exchange)
+            .await
+            .map_err(|_| anyhow!("no answer within {} s", PROBE_TIMEOUT.as_secs()))?
+    }
+}
+
+/// A request ready to be cloned and sent.
+pub(super) struct Prepared {
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+impl Prepared {
+    fn request(&self) -> Request<Full<Bytes>> {
+        let mut request = Request::new(Full::new(self.body.clone()));
+        *request.method_mut() = self.method.clone();
+        *request.uri_mut() = self.uri.clone();
+        *request.headers_mut() = self.headers.clone();
+        request
+    }
+}
+
+/// What the clients of a run share.
+pub(super) struct Workload {
+    pub(super) server: Server,
+    pub(super) requests: Vec<Prepared>,
+}
+
+/// The latencies of one window, shared by its clients: one histogram per
+/// client would cost ~190 KB each (microseconds up to an hour at 3 significant
+/// figures), hundreds of megabytes at a thousand clients, where the lock is
+/// taken once per response by at most a couple of runtime threads.
+pub(super) struct Latencies(Mutex<Histogram<u64>>);
+
+impl Latencies {
+    pub(super) fn new() -> Latencies {
+        // The bounds are constants that hdrhistogram accepts.
+        let histogram = Histogram::new_with_bounds(1, MAX_LATENCY_US, 3).expect("valid histogram bounds");
+        Latencies(Mutex::new(histogram))
+    }
+
+    pub(super) fn record(&self, latency: Duration) {
+        let us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
+        // A sub-microsecond response is recorded as 1 µs, the histogram's resolution.
+        let mut histogram = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        histogram.saturating_record(us.max(1));
+    }
+
+    pub(super) fn into_histogram(self) -> Histogram<u64> {
+        self.0.into_inner().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// What one client (or, merged, all the clients) saw in one window.
+#[derive(Default)]
+pub(super) struct Tally {
+    pub(super) counts: Counts,
+    /// When the requests cut by the end of the window were due (at most one a client).
+    pub(super) cut: Vec<Instant>,
+}
+
+impl Tally {
+    pub(super) fn merge(&mut self, other: Tally) {
+        self.counts.merge(&other.counts);
+        self.cut.extend(other.cut);
+    }
+}
+
+/// Client `id`: sends requests until `deadline`.
+///
+/// Closed loop (no `schedule`): the next request goes as soon as the previous
+/// response is in, and latency is from send to the end of the response body.
+/// Open loop: the client takes the next slot of the shared schedule as it
+/// falls due (at once if it is overdue) and latency is from the slot's due
+/// time, so that a server that holds the clients up is charged for the
+/// requests it kept from being sent (coordinated omission).
+pub(super) async fn client(
+    workload: Arc<Workload>,
+    latencies: Arc<Latencies>,
+    schedule: Option<Arc<Schedule>>,
+    id: usize,
+    deadline: Instant,
+) -> Tally {
+    let mut tally = Tally::default();
+    let mut conn = None;
+    for k in 0.. {
+        let due = match &schedule {
+            None => Some(Instant::now()).filter(|now| *now < deadline),
+            Some(schedule) => timeout_at(deadline, schedule.next()).await.ok(),
+        };
+        let Some(due) = due else { break };
+        // Round-robin, each client starting one route further, so that every step mixes them evenly.
+        let prepared = &workload.requests[(id + k) % workload.requests.len()];
+        match timeout_at(deadline, attempt(&mut conn, &workload.server, prepared)).await {
+            Ok(Ok((status, sent))) => {
+                // Closed loop, from the send: a connect is not the server's response time.
+                let from = if schedule.is_some() { due } else { sent };
+                latencies.record(from.elapsed());
+                tally.counts.add_status(status.as_u16());
+            }
+            Ok(Err(Failure::Connect)) => {
+                tally.counts.transport += 1;
+                sleep_until((Instant::now() + CONNECT_BACKOFF).min(deadline)).await;
+            }
+            Ok(Err(Failure::Exchange)) => tally.counts.transport += 1,
+            Err(_) => {
+                tally.cut.push(due);
+                break;
+            }
+        }
+    }
+    tally
+}
+
+enum Failure {
+    /// No connection could be made.
+    Connect,
+    /// The connection failed during the exchange: reset, closed, malformed.
+    Exchange,
+}
+
+/// One request on the client's connection, opened or replaced as needed; the
+/// response body is read to its end. Returns the status and when the request
+/// went out.
+async fn attempt(
+    conn: &mut Option<Conn>,
+    server: &Server,
+    prepared: &Prepared,
+) -> Result<(StatusCode, Instant), Failure> {
+    // A connection the server closed between requests (keep-alive limit,
+    // `connection: close`) is replaced without counting an error: nothing was lost.
+    if let Some(open) = conn
+        && open.ready().await.is_err()
+    {
+        *conn = None;
+    }
+    let open = match conn {
+        Some(open) => open,
+        None => {
+            let mut fresh = Conn::open(server.addr, server.http2)
+                .await
+                .map_err(|_| Failure::Connect)?;
+            fresh.ready().await.map_err(|_| Failure::Connect)?;
+            conn.insert(fresh)
+        }
+    };
+    let sent = Instant::now();
+    match exchange(open, prepared.request()).await {
+        Ok(status) => Ok((status, sent)),
+        Err(_) => {
+            *conn = None;
+            Err(Failure::Exchange)
+        }
+    }
+}
+
+async fn exchange(conn: &mut Conn, request: Request<Full<Bytes>>) -> hyper::Result<StatusCode> {
+    let response = conn.send(request).await?;
+    let status = response.status();
+    let mut body = response.into_body();
+    // Drained frame by frame: the bytes are not needed, only the time they took.
+    while let Some(frame) = body.frame().await {
+        frame?;
+    }
+    Ok(status)
+}
+
+/// A client connection and the task that drives it.
+struct Conn {
+    sender: Sender,
+    driver: AbortHandle,
+}
+
+enum Sender {
+    H1(http1::SendRequest<Full<Bytes>>),
+    H2(http2::SendRequest<Full<Bytes>>),
+}
+
+impl Conn {
+    async fn open(addr: SocketAddr, http2: bool) -> anyhow::Result<Conn> {
+        let stream = TcpStream::connect(addr).await?;
+        // Small requests must not wait for Nagle's algorithm.
+        stream.set_nodelay(true)?;
+        let io = TokioIo::new(stream);
+        let (sender, driver) = if http2 {
+            let (sender, connection) = http2::handshake(TokioExecutor::new(), io).await?;
+            (Sender::H2(sender), tokio::spawn(connection).abort_handle())
+        } else {
+            let (sender, connection) = http1::handshake(io).await?;
+            (Sender::H1(sender), tokio::spawn(connection).abort_handle())
+        };
+        Ok(Conn { sender, driver })
+    }
+
+    async fn ready(&mut self) -> hyper::Result<()> {
+        match &mut self.sender {
+            Sender::H1(sender) => sender.ready().await,
+            Sender::H2(sender) => sender.ready().await,
+        }
+    }
+
+    async fn send(&mut self, request: Request<Full<Bytes>>) -> hyper::Result<Response<Incoming>> {
+        match &mut self.sender {
+            Sender::H1(sender) => sender.send_request(request).await,
+            Sender::H2(sender) => sender.send_request(request).await,
+        }
+    }
+}
+
+impl Drop for Conn {
+    /// A request cut at the end of a step leaves its connection mid-exchange;
+    /// aborting the driver closes the socket instead of waiting on a server
+    /// that may never answer.
+    fn drop(&mut self) {
+        self.driver.abort();
+    }
+}
