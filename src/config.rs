@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use switchyard_manager::abi::{Library, LoadError};
+pub(crate) use switchyard_worker::Kind as WorkerKind;
 
 /// The whole group's configuration.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -133,10 +134,60 @@ pub(crate) struct ManagerConfig {
     /// Handed to the manager's `create` as its config.
     #[serde(default)]
     pub(crate) config: toml::Table,
+    /// The manager's worker pool, for `cx.spawn_job`.
+    #[serde(default)]
+    pub(crate) workers: WorkersConfig,
 }
 
 fn one() -> u32 {
     1
+}
+
+/// A manager's worker pool (`[managers.workers]`, see docs/workers.md).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct WorkersConfig {
+    /// `thread`: OS threads in the manager process; `process`: worker
+    /// processes, supervised like the other children.
+    pub(crate) kind: WorkerKind,
+    /// Threads or processes per manager instance (default: 4 threads, or
+    /// one process per core).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) size: Option<usize>,
+    /// Jobs that may wait for a worker; more get 503 with Retry-After.
+    pub(crate) queue: usize,
+    /// Milliseconds a job may take (waiting included) before its caller
+    /// gets 504; a process worker still running it is killed and replaced.
+    pub(crate) job_timeout_ms: u64,
+}
+
+impl Default for WorkersConfig {
+    fn default() -> Self {
+        WorkersConfig {
+            kind: WorkerKind::Thread,
+            size: None,
+            queue: 256,
+            job_timeout_ms: 30_000,
+        }
+    }
+}
+
+impl WorkersConfig {
+    /// Threads, or worker processes per manager instance.
+    pub(crate) fn size(&self) -> usize {
+        self.size.unwrap_or(match self.kind {
+            WorkerKind::Thread => 4,
+            WorkerKind::Process => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        })
+    }
+
+    /// Worker processes the supervisor runs per manager instance.
+    pub(crate) fn processes(&self) -> usize {
+        match self.kind {
+            WorkerKind::Thread => 0,
+            WorkerKind::Process => self.size(),
+        }
+    }
 }
 
 impl ManagerConfig {
@@ -146,6 +197,11 @@ impl ManagerConfig {
     }
 
     /// Opens the plugin library (or the built-in one).
+    /// The socket where worker processes of `instance` connect.
+    pub(crate) fn workers_socket(&self, runtime_dir: &Path, instance: u32) -> PathBuf {
+        runtime_dir.join(format!("workers-{}-{instance}.sock", self.name))
+    }
+
     pub(crate) fn library(&self) -> Result<Library, LoadError> {
         match &self.plugin {
             Some(path) => Library::open(path),
@@ -168,9 +224,25 @@ impl Default for Config {
                     manager: None,
                     instances: 1,
                     config: toml::Table::new(),
+                    workers: demo_workers(name),
                 })
                 .collect(),
         }
+    }
+}
+
+/// The demo's pools: `compute` runs `/cpu` and `/crash` jobs in two worker
+/// processes (few, so that the zero-config group starts quickly); the
+/// others use the default thread pool.
+fn demo_workers(name: &str) -> WorkersConfig {
+    if name == <switchyard_demo::Compute as switchyard_manager::Manager>::NAME {
+        WorkersConfig {
+            kind: WorkerKind::Process,
+            size: Some(2),
+            ..WorkersConfig::default()
+        }
+    } else {
+        WorkersConfig::default()
     }
 }
 
@@ -243,6 +315,16 @@ impl Config {
             }
             if m.instances == 0 || m.instances > 64 {
                 problems.push(format!("managers[{i}].instances: must be between 1 and 64"));
+            }
+            let w = &m.workers;
+            if w.size.is_some_and(|n| n == 0 || n > 256) {
+                problems.push(format!("managers[{i}].workers.size: must be between 1 and 256"));
+            }
+            if w.queue > 1_000_000 {
+                problems.push(format!("managers[{i}].workers.queue: must be at most 1000000"));
+            }
+            if w.job_timeout_ms == 0 {
+                problems.push(format!("managers[{i}].workers.job_timeout_ms: must be positive"));
             }
             // Open every plugin now, so a bad one stops the start-up before
             // any process runs, not half-way through it.

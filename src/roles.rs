@@ -19,6 +19,8 @@ pub(crate) enum Role {
     Broker,
     Router,
     Manager,
+    /// A worker process of a manager instance's process pool.
+    Worker,
     Listener,
 }
 
@@ -28,6 +30,7 @@ impl Role {
             Role::Broker => "broker",
             Role::Router => "router",
             Role::Manager => "manager",
+            Role::Worker => "worker",
             Role::Listener => "listener",
         }
     }
@@ -120,14 +123,35 @@ async fn serve(role: Role, name: String, instance: u32, spec: Spec) -> anyhow::R
                 expose_errors: config.group.expose_errors,
             };
             let (plugin, description) = m.library()?.instantiate(m.kind(), &args)?;
+            let w = &m.workers;
             let cfg = switchyard_manager::host::Config {
                 name: name.clone(),
                 router_socket: paths.router_socket(),
                 max_frame,
                 queue_capacity,
+                workers: switchyard_manager::host::Workers {
+                    kind: w.kind,
+                    size: w.size(),
+                    queue: w.queue,
+                    job_timeout: Duration::from_millis(w.job_timeout_ms),
+                    socket: m.workers_socket(&spec.runtime_dir, instance),
+                },
             };
             Box::pin(async move {
                 Ok(switchyard_manager::host::run(plugin, description, cfg, ready_tx, stop).await?)
+            })
+        }
+        Role::Worker => {
+            let m = config
+                .managers
+                .iter()
+                .find(|m| m.name == name)
+                .ok_or_else(|| anyhow::anyhow!("no manager `{name}` in the configuration"))?;
+            let runner = m.library()?.job_runner(m.kind())?;
+            let socket = m.workers_socket(&spec.runtime_dir, instance);
+            Box::pin(async move {
+                switchyard_worker::process::serve(&socket, max_frame, runner, ready_tx, stop).await;
+                Ok(())
             })
         }
         Role::Listener => {

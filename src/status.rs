@@ -124,18 +124,23 @@ pub(crate) fn main(json: bool, runtime_dir: Option<PathBuf>) -> ExitCode {
         println!("{}", serde_json::to_string_pretty(&reply).unwrap_or_default());
     } else {
         println!(
-            "{:<12} {:<12} {:>8} {:<10} {:>8} {:>10}",
-            "ROLE", "NAME", "PID", "STATE", "RESTARTS", "UPTIME"
+            "{:<12} {:<12} {:>4} {:>8} {:<10} {:>8} {:>10}  WORKERS",
+            "ROLE", "NAME", "INST", "PID", "STATE", "RESTARTS", "UPTIME"
         );
         for p in &reply.processes {
             println!(
-                "{:<12} {:<12} {:>8} {:<10} {:>8} {:>9.1}s",
+                "{:<12} {:<12} {:>4} {:>8} {:<10} {:>8} {:>9.1}s  {}",
                 p.role,
                 p.name,
+                p.instance,
                 p.pid.map_or("-".to_owned(), |p| p.to_string()),
                 p.state,
                 p.restarts,
-                p.uptime_ms as f64 / 1000.0
+                p.uptime_ms as f64 / 1000.0,
+                p.workers.as_ref().map_or(String::new(), |w| format!(
+                    "{} x{} (queue {})",
+                    w.kind, w.size, w.queue
+                ))
             );
         }
     }

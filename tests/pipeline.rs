@@ -45,19 +45,30 @@ fn demo_routes_are_served_by_separate_processes() {
     let ready: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
     assert_eq!(ready["ready"], true);
 
-    // Six processes, each its own pid: the request above crossed them.
+    // Nine processes, each its own pid: the request above crossed them
+    // (compute's two worker processes are listed after the managers).
     let status = g.status();
     let processes = status["processes"].as_array().unwrap();
     let names: Vec<&str> = processes.iter().map(|p| p["name"].as_str().unwrap()).collect();
     assert_eq!(
         names,
-        ["supervisor", "broker", "router", "basics", "payload", "listener"]
+        [
+            "supervisor",
+            "broker",
+            "router",
+            "basics",
+            "payload",
+            "compute",
+            "compute",
+            "compute",
+            "listener"
+        ]
     );
     let mut pids: Vec<u64> = processes.iter().map(|p| p["pid"].as_u64().unwrap()).collect();
     assert!(processes.iter().all(|p| p["state"] == "running"), "{status}");
     pids.sort_unstable();
     pids.dedup();
-    assert_eq!(pids.len(), 6, "every process has its own pid: {status}");
+    assert_eq!(pids.len(), 9, "every process has its own pid: {status}");
     assert_ne!(g.pid_of("listener"), g.pid_of("basics"));
 }
 

@@ -9,7 +9,9 @@ use common::*;
 fn sigterm_drains_in_flight_requests_and_leaves_nothing_behind() {
     let mut g = Group::start("shutdown");
     let pids = g.all_pids();
-    assert_eq!(pids.len(), 6);
+    // supervisor, broker, router, basics, payload, compute and its two
+    // worker processes, listener.
+    assert_eq!(pids.len(), 9);
     let addr = g.addr;
     let in_flight = std::thread::spawn(move || get(addr, "/sleep/1000").unwrap());
     g.wait_line("sleeping 1000 ms");

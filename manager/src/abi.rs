@@ -12,16 +12,19 @@
 use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
+use std::sync::Arc;
 
 use switchyard_proto::codec;
 
-use crate::messages::{CreateArgs, Description, FromPlugin, LogLevel, ToPlugin};
+use crate::messages::{CreateArgs, Description, FromPlugin, JobOutput, LogLevel, ToPlugin};
 use crate::registry::Manager;
 use crate::runtime::Runtime;
 
 /// The ABI this SDK speaks. Bump on any change to [`VTable`] or to the
 /// encoding of [`crate::messages`].
-pub const ABI_VERSION: u32 = 1;
+///
+/// v2: jobs (`FromPlugin::Job`, `ToPlugin::JobResult`, `ManagerEntry::run_job`).
+pub const ABI_VERSION: u32 = 2;
 
 /// Symbol of `extern "C" fn() -> u32`.
 pub const ABI_SYMBOL: &[u8] = b"switchyard_plugin_abi_version\0";
@@ -89,6 +92,13 @@ pub struct ManagerEntry {
     pub step:
         unsafe extern "C" fn(instance: *mut c_void, input: *const u8, len: usize, out: *mut Buffer) -> bool,
     pub destroy: unsafe extern "C" fn(instance: *mut c_void),
+    /// Runs one job function of this manager type, statelessly: no instance
+    /// needed, callable from any thread at any time. `job_type` is the job's
+    /// [`EventType`](switchyard_proto::EventType) number, `input` its bincode
+    /// bytes. Writes the bincode [`JobOutput`] to `out` and returns true
+    /// (a panicking job is a 500 output); false (with a UTF-8 message in
+    /// `out`) only if the call itself could not be made.
+    pub run_job: unsafe extern "C" fn(job_type: u64, input: *const u8, len: usize, out: *mut Buffer) -> bool,
 }
 
 // SAFETY: the entries only hold pointers to 'static data and functions.
@@ -116,6 +126,7 @@ pub const fn entry<M: Manager>() -> ManagerEntry {
         create: create::<M>,
         step: step::<M>,
         destroy: destroy::<M>,
+        run_job: run_job::<M>,
     }
 }
 
@@ -191,6 +202,28 @@ unsafe extern "C" fn destroy<M: Manager>(instance: *mut c_void) {
     }));
 }
 
+unsafe extern "C" fn run_job<M: Manager>(
+    job_type: u64,
+    input: *const u8,
+    len: usize,
+    out: *mut Buffer,
+) -> bool {
+    // SAFETY: the host passes a readable `len`-byte buffer for the call.
+    let bytes = unsafe { std::slice::from_raw_parts(input, len) };
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
+        let output = crate::runtime::run_job::<M>(switchyard_proto::EventType(job_type), bytes);
+        codec::encode(&output).map_err(|e| e.to_string())
+    }));
+    let (ok, bytes) = match outcome {
+        Ok(Ok(bytes)) => (true, bytes),
+        Ok(Err(message)) => (false, message.into_bytes()),
+        Err(_) => (false, b"the plugin's job runner panicked".to_vec()),
+    };
+    // SAFETY: the host passes a valid, writable `out`.
+    unsafe { out.write(Buffer::from_vec(bytes)) };
+    ok
+}
+
 /// Exports the manager types of a plugin crate (a `cdylib`):
 ///
 /// ```ignore
@@ -260,13 +293,16 @@ pub enum LoadError {
     Step(String),
     #[error("plugin sent undecodable bytes: {0}")]
     Decode(String),
+    #[error("worker pool: {0}")]
+    Workers(String),
 }
 
 /// Where a plugin's code lives.
 enum Origin {
     /// Loaded with `dlopen`; held so the code stays mapped, unloaded on
     /// drop, after the instance.
-    Library { _handle: libloading::Library },
+    /// Shared with job runners, which may outlive the instance.
+    Library { handle: Arc<libloading::Library> },
     /// Linked into this binary.
     Static,
 }
@@ -317,7 +353,9 @@ impl Library {
         }
         Ok(Library {
             vtable,
-            origin: Origin::Library { _handle: lib },
+            origin: Origin::Library {
+                handle: Arc::new(lib),
+            },
             path: shown,
         })
     }
@@ -365,17 +403,61 @@ impl Library {
         copy
     }
 
-    /// Creates an instance of manager type `kind`.
-    pub fn instantiate(self, kind: &str, args: &CreateArgs) -> Result<(Plugin, Description), LoadError> {
+    fn index_of(&self, kind: &str) -> Result<usize, LoadError> {
         let kinds = self.kinds();
-        let index = kinds
+        kinds
             .iter()
             .position(|k| k == kind)
             .ok_or_else(|| LoadError::NoSuchManager {
                 path: self.path.clone(),
                 kind: kind.to_owned(),
                 available: kinds.join(", "),
-            })?;
+            })
+    }
+
+    /// Runs the job functions of manager type `kind` (for worker threads and
+    /// worker processes): thread-safe, and keeps the library loaded.
+    pub fn job_runner(&self, kind: &str) -> Result<switchyard_worker::Runner, LoadError> {
+        let index = self.index_of(kind)?;
+        Ok(self.runner_at(index))
+    }
+
+    fn runner_at(&self, index: usize) -> switchyard_worker::Runner {
+        let run = self.entries()[index].run_job;
+        let free = self.vtable.free;
+        let keep = match &self.origin {
+            Origin::Library { handle } => Some(handle.clone()),
+            Origin::Static => None,
+        };
+        Arc::new(move |job_type: switchyard_proto::EventType, input: &[u8]| {
+            let _loaded = &keep;
+            let mut out = Buffer::empty();
+            // SAFETY: `run_job` may be called from any thread (ABI contract);
+            // valid input slice and out pointer for the call's duration; the
+            // library stays loaded while `keep` holds it.
+            let ok = unsafe { run(job_type.0, input.as_ptr(), input.len(), &mut out) };
+            // SAFETY: `out` was written by the plugin; copy it, then hand it
+            // back to the plugin's allocator exactly once.
+            let bytes = unsafe { std::slice::from_raw_parts(out.ptr, out.len) }.to_vec();
+            unsafe { free(out) };
+            if !ok {
+                return switchyard_worker::JobOutput::error(500, String::from_utf8_lossy(&bytes));
+            }
+            match codec::decode::<JobOutput>(&bytes) {
+                Ok(o) => switchyard_worker::JobOutput {
+                    status: o.status,
+                    body: o.body,
+                },
+                Err(e) => {
+                    switchyard_worker::JobOutput::error(500, format!("plugin sent undecodable bytes: {e}"))
+                }
+            }
+        })
+    }
+
+    /// Creates an instance of manager type `kind`.
+    pub fn instantiate(self, kind: &str, args: &CreateArgs) -> Result<(Plugin, Description), LoadError> {
+        let index = self.index_of(kind)?;
         let encoded = codec::encode(args).map_err(|e| LoadError::Decode(e.to_string()))?;
         let entry = &self.entries()[index];
         let mut out = Buffer::empty();
@@ -421,6 +503,13 @@ impl Plugin {
             return Err(LoadError::Step(String::from_utf8_lossy(&bytes).into_owned()));
         }
         codec::decode(&bytes).map_err(|e| LoadError::Decode(e.to_string()))
+    }
+}
+
+impl Plugin {
+    /// Runs this manager type's job functions; see [`Library::job_runner`].
+    pub fn job_runner(&self) -> switchyard_worker::Runner {
+        self.library.runner_at(self.index)
     }
 }
 

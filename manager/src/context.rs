@@ -143,6 +143,67 @@ impl Context {
             shared,
             call,
             encode_error: encoded.err().map(|e| e.to_string()),
+            job: false,
+            _reply: std::marker::PhantomData,
+        }
+    }
+
+    /// Submits `job` to this manager's worker pool (`[managers.workers]` in
+    /// `switchyard.toml`: threads in this process, or worker processes) and
+    /// awaits its result, computed by the function registered with
+    /// [`Registry::job`](crate::Registry::job). Use it from `request_async`
+    /// handlers; other requests are served while the job runs.
+    ///
+    /// Fails with 503 when the pool's queue is full (the HTTP client gets
+    /// `Retry-After`), 504 past the pool's `job_timeout_ms`, 502 when the
+    /// worker process running it died, 500 when the job panicked, or the
+    /// job function's own error.
+    pub fn spawn_job<J: Event, R: DeserializeOwned>(
+        &self,
+        job: &J,
+    ) -> impl Future<Output = Result<R, Error>> + use<J, R> {
+        self.submit_job(job, 0)
+    }
+
+    /// [`spawn_job`](Self::spawn_job) with its own deadline instead of the
+    /// pool's `job_timeout_ms`.
+    pub fn spawn_job_with_timeout<J: Event, R: DeserializeOwned>(
+        &self,
+        job: &J,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<R, Error>> + use<J, R> {
+        self.submit_job(job, (timeout.as_millis() as u64).max(1))
+    }
+
+    fn submit_job<J: Event, R: DeserializeOwned>(
+        &self,
+        job: &J,
+        timeout_ms: u64,
+    ) -> impl Future<Output = Result<R, Error>> + use<J, R> {
+        let shared = self.shared.clone();
+        let encoded = codec::encode(job);
+        let id = shared.next_call.get();
+        shared.next_call.set(id + 1);
+        if let Ok(body) = &encoded {
+            shared.calls.borrow_mut().insert(
+                id,
+                CallSlot {
+                    result: None,
+                    waker: None,
+                },
+            );
+            shared.outbox.borrow_mut().push(FromPlugin::Job {
+                job: id,
+                job_type: EventType::of(J::NAME),
+                body: Bytes::from(body.clone()),
+                timeout_ms,
+            });
+        }
+        CallFuture {
+            shared,
+            call: id,
+            encode_error: encoded.err().map(|e| e.to_string()),
+            job: true,
             _reply: std::marker::PhantomData,
         }
     }
@@ -162,6 +223,8 @@ struct CallFuture<R> {
     shared: Rc<Shared>,
     call: u64,
     encode_error: Option<String>,
+    /// A job's result (bincode or a UTF-8 message), not a call's reply.
+    job: bool,
     _reply: std::marker::PhantomData<fn() -> R>,
 }
 
@@ -183,6 +246,14 @@ impl<R: DeserializeOwned> Future for CallFuture<R> {
             }
             Some((status, meta, body)) => {
                 calls.remove(&self.call);
+                if self.job {
+                    return Poll::Ready(if status == 200 {
+                        codec::decode(&body)
+                            .map_err(|e| Error::internal(format!("bad result from the job: {e}")))
+                    } else {
+                        Err(Error::new(status, String::from_utf8_lossy(&body)))
+                    });
+                }
                 Poll::Ready(if (200..300).contains(&status) {
                     if meta.get("content-type") == Some(BINCODE) {
                         codec::decode(&body)

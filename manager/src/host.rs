@@ -17,9 +17,10 @@ use bytes::Bytes;
 use switchyard_proto::control::Control;
 use switchyard_proto::transport::{FrameReader, FrameSink, spawn_writer};
 use switchyard_proto::{Deadline, Envelope, EventType, Kind, Origin, Payload, problem};
+use switchyard_worker::{Done, Job, Kind as WorkerKind, Pool};
 use tokio::net::UnixStream;
 use tokio::net::unix::OwnedReadHalf;
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 
 use crate::abi::{LoadError, Plugin};
 use crate::messages::{Description, FromPlugin, LogLevel, ToPlugin};
@@ -35,6 +36,44 @@ pub struct Config {
     pub max_frame: usize,
     /// Frames queued towards the router.
     pub queue_capacity: usize,
+    /// The manager's worker pool.
+    pub workers: Workers,
+}
+
+/// A manager's worker pool settings (`[managers.workers]`).
+#[derive(Clone, Debug)]
+pub struct Workers {
+    pub kind: WorkerKind,
+    /// Threads, or worker processes (those are started by the supervisor).
+    pub size: usize,
+    /// Jobs that may wait for a worker; more are refused with 503.
+    pub queue: usize,
+    /// Deadline of a job that does not set its own.
+    pub job_timeout: Duration,
+    /// Process pools: the socket the workers connect to.
+    pub socket: PathBuf,
+}
+
+impl Workers {
+    /// Starts the pool (process pools: binds its socket). Call inside the
+    /// host's runtime.
+    fn start(
+        &self,
+        plugin: &Plugin,
+        max_frame: usize,
+    ) -> Result<(Pool, mpsc::UnboundedReceiver<Done>), LoadError> {
+        match self.kind {
+            WorkerKind::Thread => Ok(Pool::threads(self.size, self.queue, plugin.job_runner())),
+            WorkerKind::Process => switchyard_worker::process::bind(&self.socket)
+                .and_then(|listener| Pool::processes(listener, self.queue, max_frame))
+                .map_err(|e| {
+                    LoadError::Workers(format!(
+                        "cannot listen for workers on {}: {e}",
+                        self.socket.display()
+                    ))
+                }),
+        }
+    }
 }
 
 /// Serves `plugin` until `shutdown` resolves. `ready` fires once the router
@@ -50,10 +89,14 @@ pub async fn run(
     let mut ready = Some(ready);
     tokio::pin!(shutdown);
     let mut backoff = Duration::from_millis(5);
+    let (pool, mut results) = config.workers.start(&plugin, config.max_frame)?;
     let mut host = Host {
         requests: HashMap::new(),
         calls: HashSet::new(),
         next_local: 1,
+        pool,
+        job_timeout: config.workers.job_timeout,
+        immediate: Vec::new(),
     };
     loop {
         let link = tokio::select! {
@@ -69,7 +112,7 @@ pub async fn run(
                 }
                 tokio::select! {
                     _ = &mut shutdown => return Ok(()),
-                    served = host.serve(&mut plugin, &config, reader, &sink) => served?,
+                    served = host.serve(&mut plugin, &config, reader, &sink, &mut results) => served?,
                 }
                 tracing::warn!("router connection lost; reconnecting");
                 host.router_lost(&mut plugin)?;
@@ -114,6 +157,11 @@ struct Host {
     /// Calls the plugin is waiting on (their ids are our correlations).
     calls: HashSet<u64>,
     next_local: u64,
+    pool: Pool,
+    job_timeout: Duration,
+    /// Inputs for the plugin produced while dispatching its outputs (jobs
+    /// the pool refused at once).
+    immediate: Vec<ToPlugin>,
 }
 
 impl Host {
@@ -123,16 +171,25 @@ impl Host {
         config: &Config,
         mut reader: FrameReader<OwnedReadHalf>,
         sink: &FrameSink,
+        results: &mut mpsc::UnboundedReceiver<Done>,
     ) -> Result<(), LoadError> {
         let mut batch = Vec::with_capacity(64);
         let mut inputs = Vec::with_capacity(64);
         loop {
-            match reader.read_batch(&mut batch).await {
-                Ok(true) => {}
-                Ok(false) => return Ok(()),
-                Err(err) => {
-                    tracing::warn!(%err, "closing router connection");
-                    return Ok(());
+            tokio::select! {
+                read = reader.read_batch(&mut batch) => match read {
+                    Ok(true) => {}
+                    Ok(false) => return Ok(()),
+                    Err(err) => {
+                        tracing::warn!(%err, "closing router connection");
+                        return Ok(());
+                    }
+                },
+                Some(done) = results.recv() => {
+                    inputs.push(job_result(done));
+                    while let Ok(done) = results.try_recv() {
+                        inputs.push(job_result(done));
+                    }
                 }
             }
             for env in batch.drain(..) {
@@ -186,6 +243,11 @@ impl Host {
             let outputs = plugin.step(&inputs)?;
             inputs.clear();
             self.dispatch(outputs, config, sink);
+            while !self.immediate.is_empty() {
+                let now = std::mem::take(&mut self.immediate);
+                let outputs = plugin.step(&now)?;
+                self.dispatch(outputs, config, sink);
+            }
         }
     }
 
@@ -241,6 +303,33 @@ impl Host {
                     log(level, correlation, &message);
                     continue;
                 }
+                FromPlugin::Job {
+                    job,
+                    job_type,
+                    body,
+                    timeout_ms,
+                } => {
+                    let timeout = if timeout_ms == 0 {
+                        self.job_timeout
+                    } else {
+                        Duration::from_millis(timeout_ms)
+                    };
+                    let submitted = self.pool.submit(Job {
+                        id: job,
+                        job_type,
+                        body,
+                        timeout,
+                    });
+                    if submitted.is_err() {
+                        let (status, message) = switchyard_worker::QUEUE_FULL;
+                        self.immediate.push(ToPlugin::JobResult {
+                            job,
+                            status,
+                            body: Bytes::from_static(message.as_bytes()),
+                        });
+                    }
+                    continue;
+                }
             };
             if let Err(refused) = sink.send(env) {
                 tracing::warn!(%refused, "frame to router dropped");
@@ -278,6 +367,14 @@ impl Host {
             }
         }
         Ok(())
+    }
+}
+
+fn job_result(done: Done) -> ToPlugin {
+    ToPlugin::JobResult {
+        job: done.id,
+        status: done.status,
+        body: done.body,
     }
 }
 

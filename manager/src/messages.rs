@@ -64,6 +64,9 @@ pub enum ToPlugin {
         meta: Meta,
         body: Bytes,
     },
+    /// The result of a [`FromPlugin::Job`]: status 200 and the bincode
+    /// result, or an error status and a UTF-8 message.
+    JobResult { job: u64, status: u16, body: Bytes },
 }
 
 /// Plugin → host.
@@ -87,6 +90,14 @@ pub enum FromPlugin {
         event_type: EventType,
         meta: Meta,
         body: Bytes,
+    },
+    /// A job for the manager's worker pool; its result comes back as a
+    /// JobResult. `timeout_ms` 0: the pool's configured deadline.
+    Job {
+        job: u64,
+        job_type: EventType,
+        body: Bytes,
+        timeout_ms: u64,
     },
     Log {
         level: LogLevel,
@@ -124,4 +135,12 @@ impl LogLevel {
             _ => LogLevel::Debug,
         }
     }
+}
+
+/// What the `run_job` entry writes: status 200 and the bincode result, or an
+/// error status and a UTF-8 message.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct JobOutput {
+    pub status: u16,
+    pub body: Bytes,
 }

@@ -5,6 +5,11 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
+use std::sync::Arc;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use switchyard_proto::codec;
 
 use switchyard_proto::EventType;
 use switchyard_proto::control::{HandledType, HttpRoute};
@@ -98,6 +103,11 @@ pub(crate) enum RequestHandler<M> {
     Async(AsyncHandler<M>),
 }
 
+/// A registered job function: bincode input → bincode output. Plain data
+/// in, plain data out, no manager state: it runs on any thread, in any
+/// process that loaded the plugin.
+pub(crate) type JobFn = Arc<dyn Fn(&[u8]) -> Result<Vec<u8>, Error> + Send + Sync>;
+
 pub(crate) type NotificationHandler<M> = Box<dyn Fn(&mut M, &Request<'_>, &mut Context) -> Result<(), Error>>;
 
 /// The handlers of a manager.
@@ -106,6 +116,7 @@ pub struct Registry<M> {
     pub(crate) notifications: HashMap<EventType, NotificationHandler<M>>,
     pub(crate) handles: Vec<HandledType>,
     pub(crate) subscribes: Vec<EventType>,
+    pub(crate) jobs: HashMap<EventType, JobFn>,
 }
 
 fn decode<E: Event>(request: &Request<'_>) -> Result<E, Error> {
@@ -121,6 +132,7 @@ impl<M: Manager> Registry<M> {
             notifications: HashMap::new(),
             handles: Vec::new(),
             subscribes: Vec::new(),
+            jobs: HashMap::new(),
         }
     }
 
@@ -173,6 +185,48 @@ impl<M: Manager> Registry<M> {
                 let fut = handler(state, event, cx);
                 Ok(Box::pin(async move { fut.await?.into_response(format) }))
             })),
+        );
+        self
+    }
+
+    /// A job function for job type `J`: what the manager's worker pool runs
+    /// when a handler calls [`Context::spawn_job`] with a `J`. It gets no
+    /// manager state (it may run on another thread or in a worker process),
+    /// only the job; its result `R` travels back as bincode. A panic in it
+    /// fails that job with 500.
+    ///
+    /// ```
+    /// # use serde::{Deserialize, Serialize};
+    /// # use switchyard_manager::{Error, Event, Registry, Manager, Config};
+    /// #[derive(Serialize, Deserialize, Event)]
+    /// #[event(name = "demo.Fib")]
+    /// struct Fib { n: u32 }
+    ///
+    /// fn fib(job: Fib) -> Result<u64, Error> {
+    ///     let (mut a, mut b) = (0u64, 1u64);
+    ///     for _ in 0..job.n { (a, b) = (b, a.wrapping_add(b)); }
+    ///     Ok(a)
+    /// }
+    /// # struct M;
+    /// # impl Manager for M {
+    /// #     const NAME: &'static str = "m";
+    /// #     fn create(_: &Config) -> Result<Self, Error> { Ok(M) }
+    /// fn register(r: &mut Registry<Self>) { r.job(fib); }
+    /// # }
+    /// ```
+    pub fn job<J: Event, R: Serialize + DeserializeOwned + 'static>(
+        &mut self,
+        f: fn(J) -> Result<R, Error>,
+    ) -> &mut Self {
+        self.jobs.insert(
+            EventType::of(J::NAME),
+            Arc::new(move |input: &[u8]| {
+                let job: J = codec::decode(input)
+                    .map_err(|e| Error::bad_request(format!("bad input for job {}: {e}", J::NAME)))?;
+                let result = f(job)?;
+                codec::encode(&result)
+                    .map_err(|e| Error::internal(format!("cannot encode the result of job {}: {e}", J::NAME)))
+            }),
         );
         self
     }

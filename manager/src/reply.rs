@@ -174,7 +174,8 @@ impl Error {
     /// The problem+json response for this error. A 500's message (a bug's
     /// description, possibly with internals) is replaced by a generic one
     /// unless `expose` is set; other statuses say what the caller can act on
-    /// (503 "manager `inventory` is not running").
+    /// (503 "manager `inventory` is not running"). A 503 carries
+    /// `Retry-After: 1`.
     pub fn to_response(&self, expose: bool) -> Response {
         let detail = if self.status == 500 && !expose {
             "internal error"
@@ -183,7 +184,12 @@ impl Error {
         };
         let extra = (!self.errors.is_empty())
             .then(|| ("errors", serde_json::to_value(&self.errors).unwrap_or_default()));
-        let (meta, body) = problem::problem_with(self.status, detail, extra);
+        let (mut meta, body) = problem::problem_with(self.status, detail, extra);
+        if self.status == 503 {
+            // "Try again later": say when (a full worker queue, a manager
+            // that is restarting).
+            meta.push("retry-after", "1");
+        }
         Response {
             status: self.status,
             meta,

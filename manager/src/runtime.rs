@@ -6,19 +6,21 @@
 //! calls, notifications, logs) come back out. Nothing here blocks or spawns
 //! threads; a panic in a handler becomes that request's 500.
 
+use std::any::TypeId;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::rc::Rc;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context as TaskContext, Poll, Wake, Waker};
 
+use bytes::Bytes;
 use switchyard_proto::{EventType, Meta};
 
 use crate::context::{Context, Shared};
 use crate::event::Request;
-use crate::messages::{CreateArgs, Description, FromPlugin, LogLevel, ToPlugin};
-use crate::registry::{Config, LocalFuture, Manager, Registry, RequestHandler, State};
+use crate::messages::{CreateArgs, Description, FromPlugin, JobOutput, LogLevel, ToPlugin};
+use crate::registry::{Config, JobFn, LocalFuture, Manager, Registry, RequestHandler, State};
 use crate::reply::{Error, Format, Response};
 
 /// Where a plugin's log lines go (the host's logger, across the ABI).
@@ -134,6 +136,14 @@ impl<M: Manager> Runtime<M> {
                 } => {
                     if let Some(slot) = self.shared.calls.borrow_mut().get_mut(&call) {
                         slot.result = Some((status, meta, body));
+                        if let Some(waker) = slot.waker.take() {
+                            waker.wake();
+                        }
+                    }
+                }
+                ToPlugin::JobResult { job, status, body } => {
+                    if let Some(slot) = self.shared.calls.borrow_mut().get_mut(&job) {
+                        slot.result = Some((status, Meta::default(), body));
                         if let Some(waker) = slot.waker.take() {
                             waker.wake();
                         }
@@ -266,6 +276,53 @@ impl<M: Manager> Runtime<M> {
     /// Tasks still waiting (for tests and status).
     pub fn pending_tasks(&self) -> usize {
         self.tasks.len()
+    }
+}
+
+type JobTable = Arc<HashMap<EventType, JobFn>>;
+
+/// The job functions of manager type `M`, built once per process.
+fn job_table<M: Manager>() -> JobTable {
+    static TABLES: OnceLock<Mutex<HashMap<TypeId, JobTable>>> = OnceLock::new();
+    let mut tables = TABLES
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    tables
+        .entry(TypeId::of::<M>())
+        .or_insert_with(|| {
+            let mut registry = Registry::<M>::new();
+            M::register(&mut registry);
+            Arc::new(registry.jobs)
+        })
+        .clone()
+}
+
+/// Runs a job of manager type `M` statelessly, on the calling thread: no
+/// instance needed, so worker threads and worker processes can call it. A
+/// panic becomes a 500 result.
+pub(crate) fn run_job<M: Manager>(job_type: EventType, input: &[u8]) -> JobOutput {
+    let Some(f) = job_table::<M>().get(&job_type).cloned() else {
+        return JobOutput {
+            status: 404,
+            body: Bytes::from_static(b"this manager has no job function of this type"),
+        };
+    };
+    let result = catch_unwind(AssertUnwindSafe(|| f(input))).unwrap_or_else(|panic| {
+        Err(Error::internal(format!(
+            "the job panicked: {}",
+            panic_message(&*panic)
+        )))
+    });
+    match result {
+        Ok(bytes) => JobOutput {
+            status: 200,
+            body: Bytes::from(bytes),
+        },
+        Err(err) => JobOutput {
+            status: err.status,
+            body: Bytes::from(err.message.into_bytes()),
+        },
     }
 }
 

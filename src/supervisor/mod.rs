@@ -60,6 +60,18 @@ pub(crate) struct ProcessInfo {
     pub(crate) state: String,
     pub(crate) restarts: u32,
     pub(crate) uptime_ms: u64,
+    /// A manager's worker pool: kind and size per instance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) workers: Option<PoolInfo>,
+}
+
+/// A manager's worker pool as `status` shows it.
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
+pub(crate) struct PoolInfo {
+    pub(crate) kind: String,
+    pub(crate) size: usize,
+    /// Jobs that may wait for a worker.
+    pub(crate) queue: usize,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,6 +99,8 @@ struct Child {
     /// Restart times inside the intensity window.
     recent: VecDeque<Instant>,
     backoff: Duration,
+    /// A manager's worker pool.
+    pool: Option<PoolInfo>,
 }
 
 struct Supervisor {
@@ -157,7 +171,22 @@ async fn up(config: Config, runtime_dir: Option<PathBuf>) -> anyhow::Result<Exit
         for instance in 0..m.instances {
             let mut child = Child::new(Role::Manager, &m.name, None);
             child.instance = instance;
+            child.pool = Some(PoolInfo {
+                kind: m.workers.kind.as_str().to_owned(),
+                size: m.workers.size(),
+                queue: m.workers.queue,
+            });
             children.push(child);
+        }
+    }
+    // Worker processes start once their manager listens for them.
+    for m in &config.managers {
+        for instance in 0..m.instances {
+            for _ in 0..m.workers.processes() {
+                let mut child = Child::new(Role::Worker, &m.name, None);
+                child.instance = instance;
+                children.push(child);
+            }
         }
     }
     children.push(Child::new(Role::Listener, "listener", Some(OwnedFd::from(tcp))));
@@ -232,6 +261,7 @@ impl Child {
             started: Instant::now(),
             recent: VecDeque::new(),
             backoff: Duration::ZERO,
+            pool: None,
         }
     }
 
@@ -248,6 +278,7 @@ impl Child {
             } else {
                 0
             },
+            workers: self.pool.clone(),
         }
     }
 }
@@ -321,6 +352,7 @@ impl Supervisor {
             state: "running".into(),
             restarts: 0,
             uptime_ms: self.started.elapsed().as_millis() as u64,
+            workers: None,
         }];
         out.extend(self.children.iter().map(Child::info));
         out
@@ -426,7 +458,11 @@ impl Supervisor {
                 },
                 grace + Duration::from_secs(2),
             ),
-            (&[Role::Manager], ToChild::Stop, Duration::from_secs(3)),
+            (
+                &[Role::Manager, Role::Worker],
+                ToChild::Stop,
+                Duration::from_secs(3),
+            ),
             (&[Role::Router], ToChild::Stop, Duration::from_secs(3)),
             (&[Role::Broker], ToChild::Stop, Duration::from_secs(3)),
         ];

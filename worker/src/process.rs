@@ -84,28 +84,23 @@ impl Shared {
 
 /// Gives `worker` the next queued job, or marks it idle.
 fn feed(state: &mut State, worker: u64) {
-    loop {
-        let Some(w) = state.workers.get_mut(&worker) else {
-            return;
-        };
-        if w.doomed || w.running.is_some() {
-            return;
-        }
-        let Some(job) = state.queue.pop_front() else {
-            state.idle.push_back(worker);
-            return;
-        };
-        match w.sink.send(job_frame(&job)) {
-            Ok(()) => {
-                w.running = Some(job.id);
-                return;
-            }
-            Err(_) => {
-                // Its connection is closing; the reader will remove it.
-                state.queue.push_front(job);
-                w.doomed = true;
-                return;
-            }
+    let Some(w) = state.workers.get_mut(&worker) else {
+        return;
+    };
+    if w.doomed || w.running.is_some() {
+        return;
+    }
+    let Some(job) = state.queue.pop_front() else {
+        state.idle.push_back(worker);
+        return;
+    };
+    match w.sink.send(job_frame(&job)) {
+        Ok(()) => w.running = Some(job.id),
+        Err(_) => {
+            // Its connection is closing (the reader will remove it): the
+            // job waits for another worker.
+            state.queue.push_front(job);
+            w.doomed = true;
         }
     }
 }

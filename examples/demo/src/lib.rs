@@ -1,16 +1,21 @@
 //! The demo application: what `switchyard up` serves with no configuration.
 //!
-//! A plugin library with two managers, so that the group shows routing
-//! between processes: `basics` answers `/noop`, `/echo`, `/hello/{name}` and
-//! `/panic`; `payload` answers `/payload/{size}` and `/sleep/{ms}` (which
-//! blocks the manager: a stand-in for slow work until worker pools exist).
+//! A plugin library with three managers, so that the group shows routing
+//! between processes and both kinds of worker pool: `basics` answers
+//! `/noop`, `/echo`, `/hello/{name}` and `/panic`; `payload` answers
+//! `/payload/{size}` and `/sleep/{ms}` (a blocking job on its thread pool);
+//! `compute` answers `/cpu/{ms}` (CPU work in its process pool),
+//! `/cpu-inline/{ms}` (the same work in the manager itself) and
+//! `/crash/{mode}` (a job that panics or aborts its worker process).
 //! The `switchyard` binary links this crate in; it is also built as a
 //! `cdylib` and loads like any other plugin.
 
 #![forbid(unsafe_code)]
 
 use serde::{Deserialize, Serialize};
-use switchyard_manager::{Binary, Config, Context, Error, Event, Json, Manager, Registry, Reply, Request};
+use switchyard_manager::{
+    Binary, Config, Context, Error, Event, Json, Manager, Registry, Reply, Request, State,
+};
 
 /// `GET /noop` → `{"ok":true}`.
 #[derive(Deserialize, Serialize, Event)]
@@ -98,7 +103,8 @@ pub struct Payload {
 /// Largest `/payload/{size}`.
 pub const MAX_PAYLOAD: u64 = 16 * 1024 * 1024;
 
-/// `GET /sleep/{ms}` → blocks the manager for `ms` milliseconds (at most 60 s).
+/// `GET /sleep/{ms}` → a job that blocks a worker thread for `ms`
+/// milliseconds (at most 60 s); the manager keeps serving meanwhile.
 #[derive(Deserialize, Serialize, Event)]
 #[event(name = "demo.Sleep", http = "GET /sleep/{ms}")]
 pub struct Sleep {
@@ -109,6 +115,18 @@ pub struct Sleep {
 #[derive(Serialize, Deserialize, Reply)]
 pub struct Slept {
     pub slept_ms: u64,
+}
+
+/// The job behind `/sleep/{ms}`.
+#[derive(Deserialize, Serialize, Event)]
+#[event(name = "demo.SleepJob")]
+pub struct SleepJob {
+    pub ms: u64,
+}
+
+fn sleep_job(job: SleepJob) -> Result<Slept, Error> {
+    std::thread::sleep(std::time::Duration::from_millis(job.ms));
+    Result::Ok(Slept { slept_ms: job.ms })
 }
 
 /// The `payload` manager. Keeps one buffer of the largest size asked for and
@@ -125,7 +143,7 @@ impl Manager for Payloads {
         })
     }
     fn register(r: &mut Registry<Self>) {
-        r.request(Self::payload).request(Self::sleep);
+        r.request(Self::payload).request_async(Self::sleep).job(sleep_job);
     }
 }
 
@@ -143,17 +161,145 @@ impl Payloads {
         Result::Ok(Binary(self.buffer.slice(..size)))
     }
 
-    fn sleep(&mut self, ev: Sleep, cx: &mut Context) -> Result<Slept, Error> {
+    async fn sleep(_: State<Self>, ev: Sleep, cx: Context) -> Result<Slept, Error> {
+        // Logged here: job functions have no context.
         cx.log(&format!("sleeping {} ms", ev.ms));
-        std::thread::sleep(std::time::Duration::from_millis(ev.ms));
-        Result::Ok(Slept { slept_ms: ev.ms })
+        cx.spawn_job(&SleepJob { ms: ev.ms }).await
     }
 }
 
-switchyard_manager::export_managers!(Basics, Payloads);
+/// Largest `ms` of `/cpu/{ms}` and `/cpu-inline/{ms}`.
+pub const MAX_CPU_MS: u64 = 60_000;
+
+/// `GET /cpu/{ms}` → burns about `ms` of CPU in a worker process.
+#[derive(Deserialize, Serialize, Event)]
+#[event(name = "demo.Cpu", http = "GET /cpu/{ms}")]
+pub struct Cpu {
+    #[validate(range(max = 60_000))]
+    pub ms: u64,
+}
+
+/// `GET /cpu-inline/{ms}` → burns about `ms` of CPU in the manager itself,
+/// which serves nothing else meanwhile.
+#[derive(Deserialize, Serialize, Event)]
+#[event(name = "demo.CpuInline", http = "GET /cpu-inline/{ms}")]
+pub struct CpuInline {
+    #[validate(range(max = 60_000))]
+    pub ms: u64,
+}
+
+/// `GET /crash/{mode}` → a job that panics (`panic`: the job fails with 500,
+/// the worker lives on) or aborts its worker process (`abort`: the job fails
+/// with 502, the supervisor replaces the worker). The manager is unaffected.
+#[derive(Deserialize, Serialize, Event)]
+#[event(name = "demo.Crash", http = "GET /crash/{mode}")]
+pub struct Crash {
+    #[validate(custom = "crash_mode")]
+    pub mode: String,
+}
+
+fn crash_mode(mode: &str) -> Result<(), String> {
+    match mode {
+        "panic" | "abort" => Result::Ok(()),
+        _ => Err("must be `panic` or `abort`".into()),
+    }
+}
+
+/// The job behind `/cpu/{ms}`.
+#[derive(Deserialize, Serialize, Event)]
+#[event(name = "demo.Burn")]
+pub struct Burn {
+    pub ms: u64,
+}
+
+/// The job behind `/crash/{mode}`.
+#[derive(Deserialize, Serialize, Event)]
+#[event(name = "demo.CrashJob")]
+pub struct CrashJob {
+    pub mode: String,
+}
+
+/// What `/cpu` and `/cpu-inline` answer: the CPU asked for, the wall-clock
+/// time it took, and the pid of the process that burned it (a worker's, or
+/// the manager's for `/cpu-inline`).
+#[derive(Debug, Serialize, Deserialize, Reply)]
+pub struct Burned {
+    pub ms: u64,
+    pub elapsed_ms: f64,
+    pub pid: u32,
+}
+
+fn thread_cpu() -> std::time::Duration {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID)
+        .map(std::time::Duration::from)
+        .unwrap_or_default()
+}
+
+/// Spins until this thread has used `ms` of CPU time (not wall time: on a
+/// busy machine it takes longer, as real CPU work would).
+fn burn(ms: u64) -> Burned {
+    let start = std::time::Instant::now();
+    let target = thread_cpu() + std::time::Duration::from_millis(ms.min(MAX_CPU_MS));
+    let mut x = 0u64;
+    while thread_cpu() < target {
+        for i in 0..1000u64 {
+            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(i));
+        }
+    }
+    std::hint::black_box(x);
+    Burned {
+        ms,
+        elapsed_ms: start.elapsed().as_secs_f64() * 1000.0,
+        pid: std::process::id(),
+    }
+}
+
+fn burn_job(job: Burn) -> Result<Burned, Error> {
+    Result::Ok(burn(job.ms))
+}
+
+fn crash_job(job: CrashJob) -> Result<Ok, Error> {
+    match job.mode.as_str() {
+        "abort" => std::process::abort(),
+        _ => panic!("the /crash/panic job panics on purpose"),
+    }
+}
+
+/// The `compute` manager: CPU work, in its worker pool or inline.
+pub struct Compute;
+
+impl Manager for Compute {
+    const NAME: &'static str = "compute";
+    fn create(_: &Config) -> Result<Self, Error> {
+        Result::Ok(Compute)
+    }
+    fn register(r: &mut Registry<Self>) {
+        r.request_async(Self::cpu)
+            .request(Self::cpu_inline)
+            .request_async(Self::crash)
+            .job(burn_job)
+            .job(crash_job);
+    }
+}
+
+impl Compute {
+    async fn cpu(_: State<Self>, ev: Cpu, cx: Context) -> Result<Burned, Error> {
+        cx.spawn_job(&Burn { ms: ev.ms }).await
+    }
+
+    fn cpu_inline(&mut self, ev: CpuInline, _: &mut Context) -> Result<Burned, Error> {
+        Result::Ok(burn(ev.ms))
+    }
+
+    async fn crash(_: State<Self>, ev: Crash, cx: Context) -> Result<Ok, Error> {
+        cx.spawn_job(&CrashJob { mode: ev.mode }).await
+    }
+}
+
+switchyard_manager::export_managers!(Basics, Payloads, Compute);
 
 /// The manager types of this plugin, as `switchyard.toml` names them.
-pub const MANAGERS: &[&str] = &[Basics::NAME, Payloads::NAME];
+pub const MANAGERS: &[&str] = &[Basics::NAME, Payloads::NAME, Compute::NAME];
 
 #[cfg(test)]
 mod tests {
@@ -200,5 +346,29 @@ mod tests {
         assert_eq!(r.status, 422);
         assert!(r.text().contains(r#""field":"size""#), "{}", r.text());
         assert_eq!(m.http::<Sleep>(&[("ms", "60001")], "", b"").status, 422);
+        let r = m.http::<Sleep>(&[("ms", "1")], "", b"");
+        assert_eq!(r.text(), r#"{"slept_ms":1}"#);
+        assert_eq!(m.jobs_run, 1, "the sleep ran as a job");
+        assert_eq!(m.logs[0].1, "sleeping 1 ms");
+    }
+
+    #[test]
+    fn compute_in_process() {
+        let mut m = TestManager::<Compute>::new();
+        let r = m.http::<Cpu>(&[("ms", "2")], "", b"");
+        assert_eq!(r.status, 200, "{}", r.text());
+        let burned: serde_json::Value = r.json();
+        assert_eq!(burned["ms"], 2);
+        assert!(burned["elapsed_ms"].as_f64().unwrap() >= 2.0, "{burned}");
+        assert_eq!(burned["pid"], std::process::id());
+        assert_eq!(m.http::<CpuInline>(&[("ms", "1")], "", b"").status, 200);
+        assert_eq!(m.http::<Cpu>(&[("ms", "60001")], "", b"").status, 422);
+        // A panicking job fails alone, with a message saying so.
+        let r = m.http::<Crash>(&[("mode", "panic")], "", b"");
+        assert_eq!(r.status, 500);
+        assert!(r.text().contains("the job panicked"), "{}", r.text());
+        assert_eq!(m.http::<Crash>(&[("mode", "nope")], "", b"").status, 422);
+        let direct: Burned = m.run_job(&Burn { ms: 1 }).unwrap();
+        assert_eq!(direct.ms, 1);
     }
 }

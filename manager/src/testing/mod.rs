@@ -83,6 +83,8 @@ pub struct TestManager<M: Manager> {
     notifications: Vec<(EventType, Bytes)>,
     /// Log lines the manager wrote, with their correlation ids.
     pub logs: Vec<(u64, String)>,
+    /// Jobs the manager submitted (run inline, in submission order).
+    pub jobs_run: usize,
 }
 
 impl<M: Manager> Default for TestManager<M> {
@@ -117,6 +119,7 @@ impl<M: Manager> TestManager<M> {
             stubs: HashMap::new(),
             notifications: Vec::new(),
             logs: Vec::new(),
+            jobs_run: 0,
         })
     }
 
@@ -168,6 +171,18 @@ impl<M: Manager> TestManager<M> {
             meta.push(format!("p.{k}"), *v);
         }
         self.send(EventType::of(E::NAME), meta, Bytes::copy_from_slice(json_body))
+    }
+
+    /// Runs job `job` as the manager's worker pool would (statelessly) and
+    /// returns its result.
+    pub fn run_job<J: Event, R: DeserializeOwned>(&self, job: &J) -> Result<R, Error> {
+        let input = codec::encode(job).map_err(|e| Error::internal(e.to_string()))?;
+        let output = crate::runtime::run_job::<M>(EventType::of(J::NAME), &input);
+        if output.status == 200 {
+            codec::decode(&output.body).map_err(|e| Error::internal(e.to_string()))
+        } else {
+            Err(Error::new(output.status, String::from_utf8_lossy(&output.body)))
+        }
     }
 
     /// Delivers a notification to the manager.
@@ -250,6 +265,18 @@ impl<M: Manager> TestManager<M> {
                             status,
                             meta,
                             body,
+                        });
+                    }
+                    // Jobs run inline, as a worker would run them.
+                    FromPlugin::Job {
+                        job, job_type, body, ..
+                    } => {
+                        let output = crate::runtime::run_job::<M>(job_type, &body);
+                        self.jobs_run += 1;
+                        inputs.push(ToPlugin::JobResult {
+                            job,
+                            status: output.status,
+                            body: output.body,
                         });
                     }
                     FromPlugin::Notify { event_type, body, .. } => {
