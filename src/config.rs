@@ -75,17 +75,25 @@ pub(crate) struct GroupConfig {
     /// Whether 5xx error messages from handlers reach clients (off by
     /// default: they may carry internals).
     pub(crate) expose_errors: bool,
+    /// Bodies of at least this many bytes cross between processes in shared
+    /// memory instead of inside frames.
+    pub(crate) shm_threshold_bytes: usize,
+    /// Shared memory one process may hold (created or mapped) at once, in
+    /// bytes; past it, requests get 503.
+    pub(crate) shm_budget_bytes: u64,
 }
 
 impl Default for GroupConfig {
     fn default() -> Self {
         GroupConfig {
-            max_frame_bytes: 32 * 1024 * 1024,
+            max_frame_bytes: 1024 * 1024,
             queue_capacity: 16 * 1024,
             max_outstanding_per_instance: 4096,
             shutdown_grace_ms: 10_000,
             start_timeout_ms: 10_000,
             expose_errors: false,
+            shm_threshold_bytes: switchyard_proto::shm::DEFAULT_THRESHOLD,
+            shm_budget_bytes: 1 << 30,
         }
     }
 }
@@ -287,10 +295,10 @@ impl Config {
         if l.max_header_bytes < 8192 {
             problems.push("listener.max_header_bytes: must be at least 8192".to_owned());
         }
-        if l.max_body_bytes + 64 * 1024 > self.group.max_frame_bytes {
+        if l.max_body_bytes as u64 > self.group.shm_budget_bytes {
             problems.push(format!(
-                "listener.max_body_bytes: must be at least 64 KiB below group.max_frame_bytes ({})",
-                self.group.max_frame_bytes
+                "listener.max_body_bytes: must fit in group.shm_budget_bytes ({})",
+                self.group.shm_budget_bytes
             ));
         }
         if l.request_timeout_ms == 0 {
@@ -304,6 +312,12 @@ impl Config {
         }
         if self.group.queue_capacity == 0 {
             problems.push("group.queue_capacity: must be positive".to_owned());
+        }
+        if self.group.shm_threshold_bytes + 64 * 1024 > self.group.max_frame_bytes {
+            problems.push(format!(
+                "group.shm_threshold_bytes: must be at least 64 KiB below group.max_frame_bytes ({})",
+                self.group.max_frame_bytes
+            ));
         }
         if self.managers.is_empty() {
             problems.push("managers: at least one manager is needed".to_owned());

@@ -84,6 +84,7 @@ async fn serve(role: Role, name: String, instance: u32, spec: Spec) -> anyhow::R
     let paths = RuntimePaths::new(&spec.runtime_dir);
     let max_frame = config.group.max_frame_bytes;
     let queue_capacity = config.group.queue_capacity;
+    switchyard_proto::shm::set_budget(config.group.shm_budget_bytes);
     let (ready_tx, ready_rx) = oneshot::channel();
     let mut commands = control.commands();
     let stop = async move {
@@ -129,6 +130,7 @@ async fn serve(role: Role, name: String, instance: u32, spec: Spec) -> anyhow::R
                 router_socket: paths.router_socket(),
                 max_frame,
                 queue_capacity,
+                shm_threshold: config.group.shm_threshold_bytes,
                 workers: switchyard_manager::host::Workers {
                     kind: w.kind,
                     size: w.size(),
@@ -166,7 +168,7 @@ async fn serve(role: Role, name: String, instance: u32, spec: Spec) -> anyhow::R
                 max_body_bytes: l.max_body_bytes,
                 header_read_timeout: Duration::from_millis(l.header_read_timeout_ms),
                 request_timeout: Duration::from_millis(l.request_timeout_ms),
-                shm_threshold: switchyard_proto::shm::DEFAULT_THRESHOLD,
+                shm_threshold: config.group.shm_threshold_bytes,
             };
             let mut commands = control.commands();
             let drain = async move {

@@ -75,10 +75,12 @@ impl Config {
         if self.pipes == 0 {
             return Err(Error::Config("pipes must be at least 1".into()));
         }
-        if self.max_body_bytes + 64 * 1024 > self.max_frame {
+        // Bodies at or above the threshold cross in shared memory; below it
+        // they ride in frames, which must have room for them.
+        if self.shm_threshold + 64 * 1024 > self.max_frame {
             return Err(Error::Config(format!(
-                "max_body_bytes ({}) must leave 64 KiB of room under max_frame ({})",
-                self.max_body_bytes, self.max_frame
+                "shm_threshold ({}) must leave 64 KiB of room under max_frame ({})",
+                self.shm_threshold, self.max_frame
             )));
         }
         Ok(())

@@ -182,7 +182,7 @@ unsafe extern "C" fn step<M: Manager>(
         )
     };
     let outcome = catch_unwind(AssertUnwindSafe(|| {
-        let inputs: Vec<ToPlugin> = codec::decode(bytes).map_err(|e| format!("bad step input: {e}"))?;
+        let inputs: Vec<ToPlugin> = codec::decode_local(bytes).map_err(|e| format!("bad step input: {e}"))?;
         codec::encode(&runtime.step(inputs)).map_err(|e| e.to_string())
     }));
     let (ok, bytes) = match outcome {
@@ -443,7 +443,7 @@ impl Library {
             if !ok {
                 return switchyard_worker::JobOutput::error(500, String::from_utf8_lossy(&bytes));
             }
-            match codec::decode::<JobOutput>(&bytes) {
+            match codec::decode_local::<JobOutput>(&bytes) {
                 Ok(o) => switchyard_worker::JobOutput {
                     status: o.status,
                     body: o.body,
@@ -502,7 +502,7 @@ impl Plugin {
         if !ok {
             return Err(LoadError::Step(String::from_utf8_lossy(&bytes).into_owned()));
         }
-        codec::decode(&bytes).map_err(|e| LoadError::Decode(e.to_string()))
+        codec::decode_local(&bytes).map_err(|e| LoadError::Decode(e.to_string()))
     }
 }
 

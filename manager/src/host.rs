@@ -36,6 +36,8 @@ pub struct Config {
     pub max_frame: usize,
     /// Frames queued towards the router.
     pub queue_capacity: usize,
+    /// Bodies of at least this many bytes leave through shared memory.
+    pub shm_threshold: usize,
     /// The manager's worker pool.
     pub workers: Workers,
 }
@@ -148,9 +150,6 @@ async fn connect(
     }
 }
 
-/// Bytes of frame overhead left free when checking a response's size.
-const FRAME_HEADROOM: usize = 4096;
-
 struct Host {
     /// Local request id → the request's return address.
     requests: HashMap<u64, (Origin, u64, EventType)>,
@@ -193,15 +192,13 @@ impl Host {
                 }
             }
             for env in batch.drain(..) {
-                let body = match env.payload {
-                    Payload::Inline(ref bytes) => bytes.clone(),
-                    Payload::Shm(_) => {
+                // Inline bytes, or the shared-memory body mapped (no copy).
+                let body = match env.payload.bytes() {
+                    Ok(bytes) => bytes,
+                    Err(err) => {
+                        tracing::warn!(%err, "cannot map a shared-memory body");
                         if env.kind == Kind::Request {
-                            let _ = sink.send(Envelope::error_to(
-                                &env,
-                                501,
-                                "shared-memory payloads are not supported yet",
-                            ));
+                            let _ = sink.send(Envelope::error_to(&env, 503, "request body unavailable"));
                         }
                         continue;
                     }
@@ -240,13 +237,35 @@ impl Host {
             if inputs.is_empty() {
                 continue;
             }
-            let outputs = plugin.step(&inputs)?;
+            let outputs = match plugin.step(&inputs) {
+                Ok(outputs) => outputs,
+                // The batch never reached a handler (the plugin refused it
+                // whole): answer its requests and keep serving.
+                Err(err) => {
+                    tracing::error!(%err, "plugin refused a batch");
+                    self.refuse(&inputs, sink);
+                    Vec::new()
+                }
+            };
             inputs.clear();
             self.dispatch(outputs, config, sink);
             while !self.immediate.is_empty() {
                 let now = std::mem::take(&mut self.immediate);
                 let outputs = plugin.step(&now)?;
                 self.dispatch(outputs, config, sink);
+            }
+        }
+    }
+
+    /// Answers the requests of a batch the plugin could not take with 500.
+    fn refuse(&mut self, inputs: &[ToPlugin], sink: &FrameSink) {
+        for input in inputs {
+            if let ToPlugin::Request { correlation, .. } = input
+                && let Some((origin, correlation, event_type)) = self.requests.remove(correlation)
+            {
+                let mut env = Envelope::request(event_type, correlation, Bytes::new());
+                env.origin = origin;
+                let _ = sink.send(Envelope::error_to(&env, 500, "internal error"));
             }
         }
     }
@@ -266,11 +285,19 @@ impl Host {
                     };
                     let mut env = Envelope::request(event_type, correlation, Bytes::new());
                     env.origin = origin;
-                    if body.len() + FRAME_HEADROOM > config.max_frame {
-                        tracing::error!(len = body.len(), "response larger than the frame limit");
-                        Envelope::error_to(&env, 500, "response too large")
-                    } else {
-                        Envelope::response_to(&env, status, meta, body)
+                    match Payload::for_body(body, config.shm_threshold) {
+                        Ok(payload) => {
+                            let mut reply = Envelope::response_to(&env, status, meta, Bytes::new());
+                            reply.payload = payload;
+                            reply
+                        }
+                        Err(err) => {
+                            tracing::error!(%err, "cannot place a response body in shared memory");
+                            let mut reply =
+                                Envelope::error_to(&env, 503, "response body unavailable; retry later");
+                            reply.meta.push("retry-after", "1");
+                            reply
+                        }
                     }
                 }
                 FromPlugin::Call {
@@ -281,7 +308,14 @@ impl Host {
                     timeout_ms,
                 } => {
                     self.calls.insert(call);
-                    let mut env = Envelope::request(event_type, call, body);
+                    let mut env = Envelope::request(event_type, call, Bytes::new());
+                    env.payload = match Payload::for_body(body, config.shm_threshold) {
+                        Ok(payload) => payload,
+                        Err(err) => {
+                            tracing::error!(%err, "cannot place a call body in shared memory");
+                            continue;
+                        }
+                    };
                     env.meta = meta;
                     env.deadline = Deadline::after(Duration::from_millis(timeout_ms));
                     env
@@ -291,7 +325,14 @@ impl Host {
                     meta,
                     body,
                 } => {
-                    let mut env = Envelope::notification(event_type, body);
+                    let mut env = Envelope::notification(event_type, Bytes::new());
+                    env.payload = match Payload::for_body(body, config.shm_threshold) {
+                        Ok(payload) => payload,
+                        Err(err) => {
+                            tracing::error!(%err, "notification dropped: no shared memory for its body");
+                            continue;
+                        }
+                    };
                     env.meta = meta;
                     env
                 }

@@ -221,7 +221,7 @@ impl<M: Manager> Registry<M> {
         self.jobs.insert(
             EventType::of(J::NAME),
             Arc::new(move |input: &[u8]| {
-                let job: J = codec::decode(input)
+                let job: J = codec::decode_local(input)
                     .map_err(|e| Error::bad_request(format!("bad input for job {}: {e}", J::NAME)))?;
                 let result = f(job)?;
                 codec::encode(&result)

@@ -31,6 +31,22 @@ pub fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>> {
     Ok(out)
 }
 
+/// Decodes a value produced by this group's own code inside one process (the
+/// plugin boundary), where the size was bounded before encoding: the limit
+/// only guards against a corrupt length, so it is the address space's.
+pub fn decode_local<T: DeserializeOwned>(bytes: &[u8]) -> Result<T> {
+    let config = bincode::config::standard().with_limit::<{ 1 << 40 }>();
+    let (value, used) =
+        bincode::serde::decode_from_slice(bytes, config).map_err(|e| Error::Decode(e.to_string()))?;
+    if used != bytes.len() {
+        return Err(Error::Decode(format!(
+            "{} trailing bytes after value",
+            bytes.len() - used
+        )));
+    }
+    Ok(value)
+}
+
 /// Decodes one value that must fill `bytes` exactly.
 pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T> {
     let (value, used) =

@@ -106,7 +106,13 @@ fn feed(state: &mut State, worker: u64) {
 }
 
 fn job_frame(job: &Job) -> Envelope {
-    Envelope::request(job.job_type, job.id, job.body.clone())
+    let mut env = Envelope::request(job.job_type, job.id, job.body.clone());
+    // A large job crosses in shared memory; if none can be had it goes
+    // inline and the frame limit decides.
+    if let Ok(payload) = Payload::for_body(job.body.clone(), switchyard_proto::shm::DEFAULT_THRESHOLD) {
+        env.payload = payload;
+    }
+    env
 }
 
 /// The manager side of a process pool.
@@ -263,12 +269,18 @@ async fn read_worker(
                 continue; // answered already (its deadline passed)
             }
             w.running = None;
-            let body = env.payload.inline().cloned().unwrap_or_default();
+            let (status, body) = match env.payload.bytes() {
+                Ok(body) => (env.status, body),
+                Err(err) => {
+                    tracing::warn!(%err, "cannot map a job result");
+                    (503, bytes::Bytes::from_static(b"job result unavailable"))
+                }
+            };
             shared.finish(
                 &mut state,
                 Done {
                     id: env.correlation,
-                    status: env.status,
+                    status,
                     body,
                 },
             );
@@ -345,13 +357,16 @@ pub async fn serve(
                 if env.kind != Kind::Request {
                     continue;
                 }
-                let output = match &env.payload {
-                    Payload::Inline(body) => runner(env.event_type, body),
-                    Payload::Shm(_) => {
-                        crate::JobOutput::error(501, "shared-memory job payloads are not supported yet")
-                    }
+                let output = match env.payload.bytes() {
+                    Ok(body) => runner(env.event_type, &body),
+                    Err(err) => crate::JobOutput::error(503, format!("job input unavailable: {err}")),
                 };
-                let answer = Envelope::response_to(&env, output.status, Meta::default(), output.body);
+                let mut answer =
+                    Envelope::response_to(&env, output.status, Meta::default(), output.body.clone());
+                if let Ok(payload) = Payload::for_body(output.body, switchyard_proto::shm::DEFAULT_THRESHOLD)
+                {
+                    answer.payload = payload;
+                }
                 if sink.send_wait(answer).await.is_err() {
                     break;
                 }

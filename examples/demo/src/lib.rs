@@ -143,7 +143,41 @@ impl Manager for Payloads {
         })
     }
     fn register(r: &mut Registry<Self>) {
-        r.request(Self::payload).request_async(Self::sleep).job(sleep_job);
+        r.request(Self::payload)
+            .request(Self::upload)
+            .request(Self::echo_bytes)
+            .request_async(Self::sleep)
+            .job(sleep_job);
+    }
+}
+
+/// `POST /upload` → `{"length": n, "sha256": "<hex>"}` of the raw body.
+#[derive(Deserialize, Serialize)]
+pub struct Upload(pub bytes::Bytes);
+
+impl Event for Upload {
+    const NAME: &'static str = "demo.Upload";
+    const ROUTE: Option<(&'static str, &'static str)> = Some(("POST", "/upload"));
+    fn from_request(request: &Request<'_>) -> Result<Self, Error> {
+        Result::Ok(Upload(bytes::Bytes::copy_from_slice(request.body)))
+    }
+}
+
+#[derive(Serialize, Deserialize, Reply)]
+pub struct Uploaded {
+    pub length: u64,
+    pub sha256: String,
+}
+
+/// `POST /echo-bytes` → the raw body back, byte for byte.
+#[derive(Deserialize, Serialize)]
+pub struct EchoBytes(pub bytes::Bytes);
+
+impl Event for EchoBytes {
+    const NAME: &'static str = "demo.EchoBytes";
+    const ROUTE: Option<(&'static str, &'static str)> = Some(("POST", "/echo-bytes"));
+    fn from_request(request: &Request<'_>) -> Result<Self, Error> {
+        Result::Ok(EchoBytes(bytes::Bytes::copy_from_slice(request.body)))
     }
 }
 
@@ -159,6 +193,20 @@ impl Payloads {
             self.buffer = bytes::Bytes::from(vec![b'x'; size]);
         }
         Result::Ok(Binary(self.buffer.slice(..size)))
+    }
+
+    fn upload(&mut self, ev: Upload, _: &mut Context) -> Result<Uploaded, Error> {
+        use sha2::Digest;
+        let digest = sha2::Sha256::digest(&ev.0);
+        let sha256 = digest.iter().map(|b| format!("{b:02x}")).collect();
+        Result::Ok(Uploaded {
+            length: ev.0.len() as u64,
+            sha256,
+        })
+    }
+
+    fn echo_bytes(&mut self, ev: EchoBytes, _: &mut Context) -> Result<Binary, Error> {
+        Result::Ok(Binary(ev.0))
     }
 
     async fn sleep(_: State<Self>, ev: Sleep, cx: Context) -> Result<Slept, Error> {
