@@ -9,21 +9,32 @@
 //! It relays the router's route table to every listener, and when the router
 //! goes away it tells every pipe at once so that listeners answer the
 //! requests in flight with 503 instead of waiting for their deadline.
-//! (WebSocket sessions and push fan-out arrive with the WebSocket issue.)
+//!
+//! It also keeps the registry of WebSocket sessions of every listener
+//! process (a session lives on one pipe) and their subscriptions. The router
+//! forwards every notification here; the broker finds the subscriptions it
+//! matches through an index (`subs`), and sends each pipe one push frame
+//! naming the sessions it reaches. Each pipe's queue is bounded and never
+//! waited on: a pipe that cannot keep up loses that push, nobody else does
+//! (each session's own bounded queue lives in its listener).
 //!
 //! # Layout
 //! - [`run`]: accept loop and the two kinds of connection (pipe, router).
+//! - `subs`: the subscription index and fan-out matching.
 
 #![forbid(unsafe_code)]
+
+mod subs;
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use switchyard_proto::control::{Control, RouteTable};
+use bytes::Bytes;
+use switchyard_proto::control::{Control, META_EVENT, META_TO, RouteTable};
 use switchyard_proto::transport::{FrameReader, FrameSink, PeerPolicy, Refused, spawn_writer};
-use switchyard_proto::{Envelope, Kind, Origin};
+use switchyard_proto::{Envelope, Kind, Meta, Origin, Payload};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::oneshot;
 
@@ -64,6 +75,7 @@ struct State {
     router: Option<(u64, FrameSink)>,
     table: Option<RouteTable>,
     next_id: u64,
+    subs: subs::Subscriptions,
 }
 
 #[derive(Clone)]
@@ -182,7 +194,7 @@ async fn pipe(
                 break;
             }
         }
-        let st = shared.lock();
+        let mut st = shared.lock();
         for mut env in batch.drain(..) {
             match env.kind {
                 Kind::Request | Kind::Notification => {
@@ -205,11 +217,76 @@ async fn pipe(
                         let _ = sink.send(Envelope::error_to(&envelope, 503, detail));
                     }
                 }
+                Kind::Control => match env.decode_control() {
+                    Ok(message) => session_control(&mut st, id, message),
+                    Err(err) => tracing::warn!(%err, pid, "bad control frame from listener pipe"),
+                },
                 other => tracing::debug!(?other, "ignoring frame from listener pipe"),
             }
         }
     }
-    shared.lock().pipes.remove(&id);
+    let mut st = shared.lock();
+    st.pipes.remove(&id);
+    st.subs.close_pipe(id);
+}
+
+/// A session's subscription change, from the pipe that holds the session.
+fn session_control(st: &mut State, pipe: u64, message: Control) {
+    match message {
+        Control::Subscribe {
+            session,
+            sub,
+            pattern,
+            filter_json,
+        } => {
+            let key = subs::SubKey { pipe, session, sub };
+            // The listener validated it; a refusal here is a version skew.
+            if let Err(err) = st.subs.subscribe(key, &pattern, &filter_json) {
+                tracing::warn!(%err, %pattern, "subscription refused");
+            }
+        }
+        Control::Unsubscribe { session, sub } => st.subs.unsubscribe(subs::SubKey { pipe, session, sub }),
+        Control::SessionClosed { session } => st.subs.close_session(pipe, session),
+        other => tracing::debug!(?other, "ignoring control from listener pipe"),
+    }
+}
+
+/// Sends `env` to every session subscribed to it: one frame per pipe,
+/// naming its recipients in meta `to`; the body is shared, not copied.
+fn fan_out(st: &State, env: &Envelope) {
+    if st.subs.is_empty() {
+        return;
+    }
+    // Pushes are JSON text; a shared-memory body is mapped to be read.
+    let body = match env.payload.bytes() {
+        Ok(b) => b,
+        Err(err) => return tracing::warn!(%err, "notification body unavailable; not pushed"),
+    };
+    let name = env.meta.get(META_EVENT);
+    let recipients = st.subs.recipients(env.event_type, name, &body);
+    for (pipe, list) in recipients {
+        let Some(p) = st.pipes.get(&pipe) else { continue };
+        let mut to = String::with_capacity(list.len() * 8);
+        for (i, (session, sub)) in list.iter().enumerate() {
+            if i > 0 {
+                to.push(',');
+            }
+            to.push_str(&format!("{session}:{sub}"));
+        }
+        let mut meta = Meta::default();
+        if let Some(name) = name {
+            meta.push(META_EVENT, name);
+        }
+        meta.push(META_TO, to);
+        let push = Envelope {
+            meta,
+            payload: Payload::Inline(body.clone()),
+            ..Envelope::notification(env.event_type, Bytes::new())
+        };
+        if let Err(refused) = p.sink.send(push) {
+            tracing::warn!(%refused, pipe, "push dropped: the listener pipe is not keeping up");
+        }
+    }
 }
 
 async fn router(
@@ -259,9 +336,7 @@ async fn router(
                     Ok(other) => tracing::debug!(?other, "ignoring control from router"),
                     Err(err) => tracing::warn!(%err, "bad control frame from router"),
                 },
-                (Kind::Notification, _) => {
-                    // Push fan-out to WebSocket/gRPC clients arrives with issue #5.
-                }
+                (Kind::Notification, _) => fan_out(&st, &env),
                 (kind, origin) => tracing::debug!(?kind, ?origin, "ignoring frame from router"),
             }
         }

@@ -7,6 +7,8 @@
 //! manager ─────HelloManager──▶ router ──Welcome──▶ manager
 //! router ──RouteTable──▶ broker ──RouteTable──▶ every listener's first pipe
 //! broker ──RouterLost──▶ every pipe (fail in-flight requests at once)
+//! listener pipe ──Subscribe/Unsubscribe/SessionClosed──▶ broker (WebSocket sessions)
+//! broker ──Notification frame, meta `to`──▶ the pipe holding the sessions
 //! ```
 
 use serde::{Deserialize, Serialize};
@@ -28,6 +30,220 @@ pub enum Control {
     RouteTable(RouteTable),
     /// The broker lost the router: every request in flight through it is lost.
     RouterLost,
+    /// A WebSocket session (numbered by its listener process, on the pipe
+    /// this arrives on) wants notifications whose type matches `pattern`
+    /// (an exact type, `prefix.*`, or `*`) and, when `filter_json` is not
+    /// empty, whose JSON body passes the [`Filter`]. `sub` names the
+    /// subscription within the session; pushes list it.
+    Subscribe {
+        session: u64,
+        sub: u64,
+        pattern: String,
+        filter_json: String,
+    },
+    /// Ends one subscription of a session.
+    Unsubscribe { session: u64, sub: u64 },
+    /// The session is gone: drop all its subscriptions.
+    SessionClosed { session: u64 },
+}
+
+/// The meta key of a notification that names its type (`order.created`):
+/// set by the SDK when a manager notifies, needed for prefix subscriptions.
+pub const META_EVENT: &str = "event";
+
+/// The meta key of a push frame (broker → listener pipe): the recipients,
+/// `session:sub` pairs separated by `,`.
+pub const META_TO: &str = "to";
+
+/// Whether a subscription pattern is well formed: an event type name, a
+/// prefix ending in `.*`, or `*` alone. Returns the prefix for wildcards.
+pub fn pattern_prefix(pattern: &str) -> Result<Option<&str>, String> {
+    if pattern.is_empty() || pattern.len() > 256 {
+        return Err("a pattern is 1 to 256 characters".into());
+    }
+    if pattern == "*" {
+        return Ok(Some(""));
+    }
+    match pattern.strip_suffix('*') {
+        Some(prefix) if prefix.ends_with('.') && !prefix.contains('*') => Ok(Some(prefix)),
+        Some(_) => Err("`*` may only end a pattern, right after a `.` (`order.*`), or stand alone".into()),
+        None if pattern.contains('*') => Err("`*` may only end a pattern".into()),
+        None => Ok(None),
+    }
+}
+
+/// A field filter on a notification's JSON body: every condition must hold.
+///
+/// Written as a JSON object; each key names a top-level field of the body;
+/// its value is either the value the field must equal, or an object of
+/// operators: `eq`, `ne`, `in` (an array), `gt`, `gte`, `lt`, `lte`
+/// (numbers compare as numbers, strings lexicographically).
+/// `{"customer_id": 42}`, `{"qty": {"gt": 2, "lte": 10}}`,
+/// `{"status": {"in": ["paid", "sent"]}}`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Filter {
+    conditions: Vec<(String, Op, serde_json::Value)>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Op {
+    Eq,
+    Ne,
+    In,
+    Gt,
+    Gte,
+    Lt,
+    Lte,
+}
+
+impl Filter {
+    /// Parses a filter object; the error says what is wrong.
+    pub fn parse(value: &serde_json::Value) -> Result<Filter, String> {
+        let serde_json::Value::Object(fields) = value else {
+            return Err("a filter is a JSON object of field conditions".into());
+        };
+        if fields.len() > 32 {
+            return Err("a filter has at most 32 fields".into());
+        }
+        let mut conditions = Vec::new();
+        for (field, cond) in fields {
+            match cond {
+                serde_json::Value::Object(ops) if !ops.is_empty() => {
+                    for (op, operand) in ops {
+                        let op = match op.as_str() {
+                            "eq" => Op::Eq,
+                            "ne" => Op::Ne,
+                            "in" => Op::In,
+                            "gt" => Op::Gt,
+                            "gte" => Op::Gte,
+                            "lt" => Op::Lt,
+                            "lte" => Op::Lte,
+                            other => {
+                                return Err(format!(
+                                    "unknown operator `{other}` on field `{field}` \
+                                     (eq, ne, in, gt, gte, lt, lte)"
+                                ));
+                            }
+                        };
+                        match (op, operand) {
+                            (Op::In, serde_json::Value::Array(_)) => {}
+                            (Op::In, _) => return Err(format!("`in` on field `{field}` takes an array")),
+                            (Op::Gt | Op::Gte | Op::Lt | Op::Lte, v) if !(v.is_number() || v.is_string()) => {
+                                return Err(format!(
+                                    "`{field}`: ordering operators take a number or a string"
+                                ));
+                            }
+                            _ => {}
+                        }
+                        conditions.push((field.clone(), op, operand.clone()));
+                    }
+                }
+                other => conditions.push((field.clone(), Op::Eq, other.clone())),
+            }
+        }
+        Ok(Filter { conditions })
+    }
+
+    /// Parses the JSON text of a filter.
+    pub fn parse_str(text: &str) -> Result<Filter, String> {
+        let value: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| format!("filter is not JSON: {e}"))?;
+        Filter::parse(&value)
+    }
+
+    /// Whether `body` (a JSON object) passes every condition. A missing field
+    /// fails every condition but `ne`.
+    pub fn matches(&self, body: &serde_json::Value) -> bool {
+        self.conditions.iter().all(|(field, op, operand)| {
+            let Some(value) = body.get(field) else {
+                return *op == Op::Ne;
+            };
+            match op {
+                Op::Eq => json_eq(value, operand),
+                Op::Ne => !json_eq(value, operand),
+                Op::In => operand
+                    .as_array()
+                    .is_some_and(|items| items.iter().any(|item| json_eq(value, item))),
+                Op::Gt => compare(value, operand).is_some_and(|o| o.is_gt()),
+                Op::Gte => compare(value, operand).is_some_and(|o| o.is_ge()),
+                Op::Lt => compare(value, operand).is_some_and(|o| o.is_lt()),
+                Op::Lte => compare(value, operand).is_some_and(|o| o.is_le()),
+            }
+        })
+    }
+}
+
+/// Equality where `42` equals `42.0`.
+fn json_eq(a: &serde_json::Value, b: &serde_json::Value) -> bool {
+    match (a.as_f64(), b.as_f64()) {
+        (Some(x), Some(y)) if a.is_number() && b.is_number() => x == y,
+        _ => a == b,
+    }
+}
+
+fn compare(a: &serde_json::Value, b: &serde_json::Value) -> Option<std::cmp::Ordering> {
+    match (a, b) {
+        (serde_json::Value::Number(x), serde_json::Value::Number(y)) => x.as_f64()?.partial_cmp(&y.as_f64()?),
+        (serde_json::Value::String(x), serde_json::Value::String(y)) => Some(x.cmp(y)),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn patterns() {
+        assert_eq!(pattern_prefix("order.created"), Ok(None));
+        assert_eq!(pattern_prefix("order.*"), Ok(Some("order.")));
+        assert_eq!(pattern_prefix("*"), Ok(Some("")));
+        for bad in ["", "order*", "or*der.x", "*.created", "order.**"] {
+            assert!(pattern_prefix(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn filters() {
+        let body = json!({"customer_id": 42, "qty": 3, "sku": "apple"});
+        let yes = [
+            json!({}),
+            json!({"customer_id": 42}),
+            json!({"customer_id": 42.0}),
+            json!({"qty": {"gt": 2}}),
+            json!({"qty": {"gte": 3, "lt": 4}}),
+            json!({"qty": {"lte": 3}}),
+            json!({"sku": {"in": ["pear", "apple"]}}),
+            json!({"sku": {"ne": "pear"}}),
+            json!({"missing": {"ne": 1}}),
+            json!({"sku": {"gt": "aaa"}}),
+        ];
+        for f in yes {
+            assert!(Filter::parse(&f).unwrap().matches(&body), "{f}");
+        }
+        let no = [
+            json!({"customer_id": 7}),
+            json!({"qty": {"gt": 3}}),
+            json!({"qty": {"lt": 3}}),
+            json!({"sku": {"in": ["pear"]}}),
+            json!({"missing": 1}),
+            json!({"qty": {"gt": "a"}}),
+            json!({"customer_id": 42, "qty": {"gt": 5}}),
+        ];
+        for f in no {
+            assert!(!Filter::parse(&f).unwrap().matches(&body), "{f}");
+        }
+        for bad in [
+            json!(1),
+            json!({"a": {"like": 1}}),
+            json!({"a": {"in": 1}}),
+            json!({"a": {"gt": []}}),
+        ] {
+            assert!(Filter::parse(&bad).is_err(), "{bad}");
+        }
+        assert!(Filter::parse_str("{nope").is_err());
+    }
 }
 
 /// What a manager instance serves, sent once when it connects.

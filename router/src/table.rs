@@ -239,8 +239,14 @@ impl Table {
         self.deliver(env);
     }
 
-    /// Every subscriber gets the notification, except the instance it came from.
+    /// Every subscriber gets the notification, except the instance it came
+    /// from; the broker gets it too, for the WebSocket clients subscribed.
     pub(crate) fn route_notification(&mut self, env: Envelope, from: Option<u64>) {
+        if let Some(broker) = &self.broker
+            && let Err(refused) = broker.send(env.clone())
+        {
+            tracing::warn!(%refused, "notification not forwarded to the broker");
+        }
         if let Some(list) = self.subscribers.get(&env.event_type) {
             for id in list.iter().filter(|&&id| Some(id) != from) {
                 if let Some(inst) = self.instances.get(id)
