@@ -15,7 +15,7 @@ use switchyard_proto::{EventType, Meta, codec};
 
 use crate::event::Event;
 use crate::messages::{FromPlugin, LogLevel};
-use crate::reply::{BINCODE, Error, Format};
+use crate::reply::{BINCODE, Error, Format, JSON};
 
 /// Default deadline of a call to another manager.
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -86,12 +86,16 @@ impl Context {
         &self.shared.config
     }
 
-    /// Emits a notification to every manager (and client) subscribed to `E`.
+    /// Emits a notification to every manager (and WebSocket client)
+    /// subscribed to `E`. The body is JSON (`application/json`), so that the
+    /// broker can evaluate client filters on its fields and push it as is;
+    /// meta `event` carries the type's name for prefix subscriptions.
     pub fn notify<E: Event>(&self, event: &E) -> Result<(), Error> {
-        let body =
-            codec::encode(event).map_err(|e| Error::internal(format!("cannot encode {}: {e}", E::NAME)))?;
+        let body = serde_json::to_vec(event)
+            .map_err(|e| Error::internal(format!("cannot encode {}: {e}", E::NAME)))?;
         let mut meta = Meta::default();
-        meta.push("content-type", BINCODE);
+        meta.push("content-type", JSON);
+        meta.push(switchyard_proto::control::META_EVENT, E::NAME);
         self.shared.outbox.borrow_mut().push(FromPlugin::Notify {
             event_type: EventType::of(E::NAME),
             meta,

@@ -99,6 +99,9 @@ pub async fn run(
         pool,
         job_timeout: config.workers.job_timeout,
         immediate: Vec::new(),
+        ticks: description
+            .subscribes
+            .contains(&EventType::of(crate::registry::TICK)),
     };
     loop {
         let link = tokio::select! {
@@ -161,6 +164,8 @@ struct Host {
     /// Inputs for the plugin produced while dispatching its outputs (jobs
     /// the pool refused at once).
     immediate: Vec<ToPlugin>,
+    /// The manager has timers: tick it every `TICK_PERIOD`.
+    ticks: bool,
 }
 
 impl Host {
@@ -174,8 +179,15 @@ impl Host {
     ) -> Result<(), LoadError> {
         let mut batch = Vec::with_capacity(64);
         let mut inputs = Vec::with_capacity(64);
+        let mut tick = tokio::time::interval(crate::registry::TICK_PERIOD);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
             tokio::select! {
+                _ = tick.tick(), if self.ticks => inputs.push(ToPlugin::Notification {
+                    event_type: EventType::of(crate::registry::TICK),
+                    meta: Default::default(),
+                    body: Bytes::new(),
+                }),
                 read = reader.read_batch(&mut batch) => match read {
                     Ok(true) => {}
                     Ok(false) => return Ok(()),
@@ -254,6 +266,8 @@ impl Host {
                 let outputs = plugin.step(&now)?;
                 self.dispatch(outputs, config, sink);
             }
+            switchyard_proto::supervision::GAUGES
+                .set(self.requests.len() + self.calls.len(), self.pool.queued());
         }
     }
 

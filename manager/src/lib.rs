@@ -35,7 +35,7 @@ mod runtime;
 pub use context::{Context, DEFAULT_CALL_TIMEOUT};
 pub use event::{Event, Invalid, Request, validate};
 pub use messages::LogLevel;
-pub use registry::{Config, Manager, Registry, State};
+pub use registry::{Config, Manager, Registry, State, TICK, TICK_PERIOD};
 pub use reply::{BINCODE, Binary, Error, FieldError, Format, JSON, Json, Reply, Response};
 pub use runtime::{LogSink, Runtime};
 pub use switchyard_manager_macros::{Event, Reply};

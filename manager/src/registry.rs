@@ -117,6 +117,23 @@ pub struct Registry<M> {
     pub(crate) handles: Vec<HandledType>,
     pub(crate) subscribes: Vec<EventType>,
     pub(crate) jobs: HashMap<EventType, JobFn>,
+    pub(crate) timers: Vec<Timer<M>>,
+}
+
+/// The reserved notification type the manager host sends every
+/// [`TICK_PERIOD`](crate::TICK_PERIOD) to managers with timers
+/// ([`Registry::every`]); it drives their timers, no handler sees it.
+pub const TICK: &str = "switchyard.Tick";
+
+/// How often the host ticks a manager with timers: the resolution of
+/// [`Registry::every`].
+pub const TICK_PERIOD: std::time::Duration = std::time::Duration::from_millis(10);
+
+pub(crate) type TimerFn<M> = fn(&mut M, &mut Context) -> Result<(), Error>;
+
+pub(crate) struct Timer<M> {
+    pub(crate) interval: fn(&M) -> std::time::Duration,
+    pub(crate) handler: TimerFn<M>,
 }
 
 fn decode<E: Event>(request: &Request<'_>) -> Result<E, Error> {
@@ -133,6 +150,7 @@ impl<M: Manager> Registry<M> {
             handles: Vec::new(),
             subscribes: Vec::new(),
             jobs: HashMap::new(),
+            timers: Vec::new(),
         }
     }
 
@@ -228,6 +246,35 @@ impl<M: Manager> Registry<M> {
                     .map_err(|e| Error::internal(format!("cannot encode the result of job {}: {e}", J::NAME)))
             }),
         );
+        self
+    }
+
+    /// A periodic handler: runs every `interval(&manager)` (read once, right
+    /// after `create`, so it may come from the manager's config), with the
+    /// manager's state, between events. The host drives timers with a
+    /// [`TICK`] every [`TICK_PERIOD`], which is their resolution; a timer
+    /// that fell far behind (the process was stopped) skips the missed runs.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use switchyard_manager::{Config, Context, Error, Manager, Registry};
+    /// struct Beat { every: Duration, beats: u64 }
+    /// impl Manager for Beat {
+    ///     const NAME: &'static str = "beat";
+    ///     fn create(_: &Config) -> Result<Self, Error> {
+    ///         Ok(Beat { every: Duration::from_secs(1), beats: 0 })
+    ///     }
+    ///     fn register(r: &mut Registry<Self>) {
+    ///         r.every(|m| m.every, |m, _cx| { m.beats += 1; Ok(()) });
+    ///     }
+    /// }
+    /// ```
+    pub fn every(&mut self, interval: fn(&M) -> std::time::Duration, handler: TimerFn<M>) -> &mut Self {
+        let tick = EventType::of(TICK);
+        if !self.subscribes.contains(&tick) {
+            self.subscribes.push(tick);
+        }
+        self.timers.push(Timer { interval, handler });
         self
     }
 

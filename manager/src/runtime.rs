@@ -13,6 +13,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::rc::Rc;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context as TaskContext, Poll, Wake, Waker};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use switchyard_proto::{EventType, Meta};
@@ -59,6 +60,8 @@ pub struct Runtime<M: Manager> {
     tasks: HashMap<u64, Task>,
     next_task: u64,
     ready: Arc<ReadyQueue>,
+    /// Per timer of the registry: its interval and when it is next due.
+    timers: Vec<(Duration, Instant)>,
 }
 
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
@@ -101,7 +104,17 @@ impl<M: Manager> Runtime<M> {
             instance: args.instance,
             log,
         });
+        let now = Instant::now();
+        let timers = registry
+            .timers
+            .iter()
+            .map(|t| {
+                let every = (t.interval)(&manager).max(Duration::from_millis(1));
+                (every, now + every)
+            })
+            .collect();
         let runtime = Runtime {
+            timers,
             state: Rc::new(RefCell::new(manager)),
             registry,
             shared,
@@ -209,6 +222,9 @@ impl<M: Manager> Runtime<M> {
     }
 
     fn on_notification(&mut self, event_type: EventType, meta: &Meta, body: &[u8]) {
+        if event_type == EventType::of(crate::registry::TICK) {
+            return self.run_timers(Instant::now());
+        }
         let Some(handler) = self.registry.notifications.get(&event_type) else {
             return;
         };
@@ -223,6 +239,31 @@ impl<M: Manager> Runtime<M> {
             Err(panic) => {
                 let _ = self.panicked(0, &*panic);
             }
+        }
+    }
+
+    /// Runs every timer that is due at `now` (several times if it fell a
+    /// little behind; a timer more than ten periods late skips ahead).
+    pub(crate) fn run_timers(&mut self, now: Instant) {
+        for i in 0..self.timers.len() {
+            let (every, mut next) = self.timers[i];
+            if now.saturating_duration_since(next) > every * 10 {
+                next = now;
+            }
+            while next <= now {
+                next += every;
+                let handler = self.registry.timers[i].handler;
+                let mut cx = self.context(0, Format::Json);
+                let state = &self.state;
+                match catch_unwind(AssertUnwindSafe(|| handler(&mut state.borrow_mut(), &mut cx))) {
+                    Ok(Ok(())) => {}
+                    Ok(Err(err)) => cx.log_at(LogLevel::Warn, &format!("timer failed: {err}")),
+                    Err(panic) => {
+                        let _ = self.panicked(0, &*panic);
+                    }
+                }
+            }
+            self.timers[i].1 = next;
         }
     }
 

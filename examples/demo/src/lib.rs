@@ -42,6 +42,18 @@ pub struct Hello {
     pub name: String,
 }
 
+/// What the `/ws/echo` WebSocket route sends for each message: its raw
+/// bytes (text or binary); the reply is the same bytes.
+#[derive(Deserialize, Serialize)]
+pub struct WsEcho(pub bytes::Bytes);
+
+impl Event for WsEcho {
+    const NAME: &'static str = "demo.WsEcho";
+    fn from_request(request: &Request<'_>) -> Result<Self, Error> {
+        Result::Ok(WsEcho(bytes::Bytes::copy_from_slice(request.body)))
+    }
+}
+
 /// `GET /panic` → the handler panics; the client gets 500.
 #[derive(Deserialize, Serialize, Event)]
 #[event(name = "demo.Panic", http = "GET /panic")]
@@ -69,7 +81,8 @@ impl Manager for Basics {
         r.request(Self::noop)
             .request(Self::echo)
             .request(Self::hello)
-            .request(Self::panic);
+            .request(Self::panic)
+            .request(Self::ws_echo);
     }
 }
 
@@ -86,6 +99,10 @@ impl Basics {
         Result::Ok(Greeting {
             message: format!("Hello, {}!", ev.name),
         })
+    }
+
+    fn ws_echo(&mut self, ev: WsEcho, _: &mut Context) -> Result<Binary, Error> {
+        Result::Ok(Binary(ev.0))
     }
 
     fn panic(&mut self, _: Panic, _: &mut Context) -> Result<Ok, Error> {
@@ -344,10 +361,87 @@ impl Compute {
     }
 }
 
-switchyard_manager::export_managers!(Basics, Payloads, Compute);
+switchyard_manager::export_managers!(Basics, Payloads, Compute, Ticker);
 
 /// The manager types of this plugin, as `switchyard.toml` names them.
-pub const MANAGERS: &[&str] = &[Basics::NAME, Payloads::NAME, Compute::NAME];
+pub const MANAGERS: &[&str] = &[Basics::NAME, Payloads::NAME, Compute::NAME, Ticker::NAME];
+
+/// The notification the `ticker` manager emits: `{"n":1,"at_ms":...}`.
+#[derive(Deserialize, Serialize, Event)]
+#[event(name = "demo.tick")]
+pub struct Tick {
+    /// 1, 2, 3, ... per ticker instance.
+    pub n: u64,
+    /// Wall-clock milliseconds since the Unix epoch.
+    pub at_ms: u64,
+    /// `pad_bytes` of padding (absent by default): makes pushes big, for
+    /// slow-consumer tests.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub pad: String,
+}
+
+/// The `ticker` manager's config: `interval_ms` (default 1000) and
+/// `pad_bytes` (default 0).
+#[derive(Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TickerConfig {
+    pub interval_ms: u64,
+    pub pad_bytes: usize,
+}
+
+impl Default for TickerConfig {
+    fn default() -> Self {
+        TickerConfig {
+            interval_ms: 1000,
+            pad_bytes: 0,
+        }
+    }
+}
+
+/// The `ticker` manager: emits `demo.tick` every `interval_ms`, to show
+/// WebSocket pushes (`{"subscribe":"demo.tick"}` on `/ws`).
+pub struct Ticker {
+    every: std::time::Duration,
+    n: u64,
+    pad: String,
+}
+
+impl Manager for Ticker {
+    const NAME: &'static str = "ticker";
+    fn create(config: &Config) -> Result<Self, Error> {
+        let c: TickerConfig = if config.value.is_null() {
+            TickerConfig::default()
+        } else {
+            config.get()?
+        };
+        if c.interval_ms == 0 {
+            return Err(Error::bad_request("ticker: interval_ms must be at least 1"));
+        }
+        Result::Ok(Ticker {
+            every: std::time::Duration::from_millis(c.interval_ms),
+            n: 0,
+            pad: "x".repeat(c.pad_bytes),
+        })
+    }
+    fn register(r: &mut Registry<Self>) {
+        r.every(|t| t.every, Self::tick);
+    }
+}
+
+impl Ticker {
+    fn tick(&mut self, cx: &mut Context) -> Result<(), Error> {
+        self.n += 1;
+        let at_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        cx.notify(&Tick {
+            n: self.n,
+            at_ms,
+            pad: self.pad.clone(),
+        })
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -418,5 +512,21 @@ mod tests {
         assert_eq!(m.http::<Crash>(&[("mode", "nope")], "", b"").status, 422);
         let direct: Burned = m.run_job(&Burn { ms: 1 }).unwrap();
         assert_eq!(direct.ms, 1);
+    }
+
+    #[test]
+    fn ticker_ticks_on_its_interval_and_ws_echo_echoes() {
+        let mut t = TestManager::<Ticker>::with_config(serde_json::json!({"interval_ms": 1000}));
+        t.advance(std::time::Duration::from_millis(500));
+        assert!(t.notified::<Tick>().is_empty());
+        // Due at 1 s and 2 s.
+        t.advance(std::time::Duration::from_millis(2500));
+        let ticks = t.notified::<Tick>();
+        assert_eq!(ticks.iter().map(|t| t.n).collect::<Vec<_>>(), vec![1, 2]);
+        assert!(TestManager::<Ticker>::try_with_config(serde_json::json!({"interval_ms": 0})).is_err());
+
+        let mut b = TestManager::<Basics>::new();
+        let r = b.http::<WsEcho>(&[], "", b"\x00\xffhi");
+        assert_eq!(r.body.as_ref(), b"\x00\xffhi");
     }
 }

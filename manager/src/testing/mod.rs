@@ -185,16 +185,26 @@ impl<M: Manager> TestManager<M> {
         }
     }
 
-    /// Delivers a notification to the manager.
+    /// Delivers a notification to the manager, as `Context::notify` sends it (JSON).
     pub fn notify<E: Event>(&mut self, event: &E) {
         let mut meta = Meta::default();
-        meta.push("content-type", BINCODE);
-        let body = Bytes::from(codec::encode(event).expect("event encodes"));
+        meta.push("content-type", JSON);
+        meta.push(switchyard_proto::control::META_EVENT, E::NAME);
+        let body = Bytes::from(serde_json::to_vec(event).expect("event encodes"));
         let outputs = self.runtime.step(vec![ToPlugin::Notification {
             event_type: EventType::of(E::NAME),
             meta,
             body,
         }]);
+        self.drive(outputs, None);
+    }
+
+    /// Runs the manager's timers ([`Registry::every`](crate::Registry::every))
+    /// as if `elapsed` had passed since they were last due (at most ten
+    /// periods run per timer).
+    pub fn advance(&mut self, elapsed: std::time::Duration) {
+        self.runtime.run_timers(std::time::Instant::now() + elapsed);
+        let outputs = self.runtime.step(Vec::new());
         self.drive(outputs, None);
     }
 
@@ -204,7 +214,8 @@ impl<M: Manager> TestManager<M> {
         self.notifications
             .iter()
             .filter(|(t, _)| *t == ty)
-            .map(|(_, body)| codec::decode(body).expect("notification decodes"))
+            // `Context::notify` sends JSON.
+            .map(|(_, body)| serde_json::from_slice(body).expect("notification decodes"))
             .collect()
     }
 
