@@ -185,12 +185,21 @@ async fn serve(role: Role, name: String, instance: u32, spec: Spec) -> anyhow::R
         if ready_rx.await.is_ok() {
             control.report(Phase::Ready).await;
         }
-        // Stay pending: the work decides when we end.
-        std::future::pending::<()>().await
+        // Then the load, whenever it changed, at most once a second.
+        let mut last = switchyard_proto::supervision::Load::default();
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tick.tick().await;
+            let now = switchyard_proto::supervision::GAUGES.read();
+            if now != last {
+                control.report_load(now).await;
+                last = now;
+            }
+        }
     };
     let result = tokio::select! {
         result = work => result,
-        _ = report_ready => unreachable!("report_ready never completes"),
+        never = report_ready => match never {},
     };
     control.report(Phase::Stopped).await;
     result

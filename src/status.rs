@@ -124,12 +124,12 @@ pub(crate) fn main(json: bool, runtime_dir: Option<PathBuf>) -> ExitCode {
         println!("{}", serde_json::to_string_pretty(&reply).unwrap_or_default());
     } else {
         println!(
-            "{:<12} {:<12} {:>4} {:>8} {:<10} {:>8} {:>10}  WORKERS",
-            "ROLE", "NAME", "INST", "PID", "STATE", "RESTARTS", "UPTIME"
+            "{:<12} {:<12} {:>4} {:>8} {:<10} {:>8} {:>10} {:>9} {:>7}  WORKERS",
+            "ROLE", "NAME", "INST", "PID", "STATE", "RESTARTS", "UPTIME", "IN-FLIGHT", "QUEUED"
         );
         for p in &reply.processes {
             println!(
-                "{:<12} {:<12} {:>4} {:>8} {:<10} {:>8} {:>9.1}s  {}",
+                "{:<12} {:<12} {:>4} {:>8} {:<10} {:>8} {:>9.1}s {:>9} {:>7}  {}",
                 p.role,
                 p.name,
                 p.instance,
@@ -137,6 +137,8 @@ pub(crate) fn main(json: bool, runtime_dir: Option<PathBuf>) -> ExitCode {
                 p.state,
                 p.restarts,
                 p.uptime_ms as f64 / 1000.0,
+                p.load.in_flight,
+                p.load.queued,
                 p.workers.as_ref().map_or(String::new(), |w| format!(
                     "{} x{} (queue {})",
                     w.kind, w.size, w.queue

@@ -6,6 +6,7 @@
 //! goes away the channel reads end-of-file and the child stops.
 
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -29,7 +30,47 @@ pub enum Phase {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "msg", rename_all = "snake_case")]
 pub enum ToSupervisor {
-    Phase { phase: Phase },
+    Phase {
+        phase: Phase,
+    },
+    /// The child's load, sent when it changes (at most once a second).
+    Load(Load),
+}
+
+/// What `switchyard status` shows of a child's load.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Load {
+    /// Requests this process is handling or waiting on.
+    pub in_flight: u64,
+    /// Work waiting in this process's bounded queues (e.g. jobs for workers).
+    pub queued: u64,
+}
+
+/// This process's load gauges: the role's code sets them, the child's
+/// control loop reports them. One role per process, so process-wide.
+pub struct Gauges {
+    in_flight: AtomicU64,
+    queued: AtomicU64,
+}
+
+/// The gauges of this process.
+pub static GAUGES: Gauges = Gauges {
+    in_flight: AtomicU64::new(0),
+    queued: AtomicU64::new(0),
+};
+
+impl Gauges {
+    pub fn set(&self, in_flight: usize, queued: usize) {
+        self.in_flight.store(in_flight as u64, Ordering::Relaxed);
+        self.queued.store(queued as u64, Ordering::Relaxed);
+    }
+
+    pub fn read(&self) -> Load {
+        Load {
+            in_flight: self.in_flight.load(Ordering::Relaxed),
+            queued: self.queued.load(Ordering::Relaxed),
+        }
+    }
 }
 
 /// Supervisor → child.
@@ -79,6 +120,13 @@ impl ChildChannel {
     /// Reports a phase (best effort: a gone supervisor means we stop anyway).
     pub async fn report(&self, phase: Phase) {
         let mut line = serde_json::to_vec(&ToSupervisor::Phase { phase }).unwrap_or_default();
+        line.push(b'\n');
+        let _ = self.writer.lock().await.write_all(&line).await;
+    }
+
+    /// Reports the process's load (best effort, like phases).
+    pub async fn report_load(&self, load: Load) {
+        let mut line = serde_json::to_vec(&ToSupervisor::Load(load)).unwrap_or_default();
         line.push(b'\n');
         let _ = self.writer.lock().await.write_all(&line).await;
     }

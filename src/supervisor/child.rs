@@ -141,6 +141,13 @@ pub(crate) fn spawn(
                         phase,
                     });
                 }
+                Ok(ToSupervisor::Load(load)) => {
+                    let _ = phase_events.send(Event::Load {
+                        child: index,
+                        generation,
+                        load,
+                    });
+                }
                 Err(err) => tracing::warn!(%err, "bad line on a child's control channel"),
             }
         }

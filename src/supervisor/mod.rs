@@ -22,7 +22,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use switchyard_proto::supervision::{Phase, ToChild};
+use switchyard_proto::supervision::{Load, Phase, ToChild};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{mpsc, oneshot};
 
@@ -46,6 +46,11 @@ pub(crate) enum Event {
     Respawn {
         child: usize,
     },
+    Load {
+        child: usize,
+        generation: u64,
+        load: Load,
+    },
     Status(oneshot::Sender<Vec<ProcessInfo>>),
 }
 
@@ -63,6 +68,9 @@ pub(crate) struct ProcessInfo {
     /// A manager's worker pool: kind and size per instance.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) workers: Option<PoolInfo>,
+    /// Requests in progress and work queued, as the process last reported.
+    #[serde(default)]
+    pub(crate) load: Load,
 }
 
 /// A manager's worker pool as `status` shows it.
@@ -101,6 +109,8 @@ struct Child {
     backoff: Duration,
     /// A manager's worker pool.
     pool: Option<PoolInfo>,
+    /// The load it last reported.
+    load: Load,
 }
 
 struct Supervisor {
@@ -262,6 +272,7 @@ impl Child {
             recent: VecDeque::new(),
             backoff: Duration::ZERO,
             pool: None,
+            load: Load::default(),
         }
     }
 
@@ -279,6 +290,11 @@ impl Child {
                 0
             },
             workers: self.pool.clone(),
+            load: if self.state == State::Running {
+                self.load
+            } else {
+                Load::default()
+            },
         }
     }
 }
@@ -353,6 +369,7 @@ impl Supervisor {
             restarts: 0,
             uptime_ms: self.started.elapsed().as_millis() as u64,
             workers: None,
+            load: Load::default(),
         }];
         out.extend(self.children.iter().map(Child::info));
         out
@@ -427,6 +444,15 @@ impl Supervisor {
                         generation: self.children[child].generation,
                         status: "spawn failed".into(),
                     });
+                }
+            }
+            Event::Load {
+                child,
+                generation,
+                load,
+            } => {
+                if generation == self.children[child].generation {
+                    self.children[child].load = load;
                 }
             }
             Event::Status(reply) => {

@@ -1,0 +1,70 @@
+//! `switchyard status` shows each process's load: requests in flight and
+//! jobs queued for workers, as the processes report them.
+
+mod common;
+
+use common::*;
+use std::time::{Duration, Instant};
+
+#[test]
+fn queued_jobs_and_requests_in_flight_show_in_status() {
+    // A long deadline: on a loaded machine the queued CPU work takes a while.
+    let config = "[listener]\nrequest_timeout_ms = 120000\n\
+                  [[managers]]\nname = \"compute\"\n[managers.workers]\nkind = \"process\"\nsize = 1\nqueue = 16\n";
+    let g = Group::builder("status-load").config(config).start();
+    // One worker, four 1 s jobs: one runs, three wait in the queue for
+    // longer than the 1 s reporting interval.
+    let clients: Vec<_> = (0..4)
+        .map(|_| {
+            let addr = g.addr;
+            std::thread::spawn(move || get(addr, "/cpu/1000").unwrap().status)
+        })
+        .collect();
+    let deadline = Instant::now() + PATIENCE;
+    let (in_flight, queued) = loop {
+        let status = g.status();
+        let compute = status["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == "compute")
+            .cloned()
+            .unwrap();
+        let load = (
+            compute["load"]["in_flight"].as_u64().unwrap(),
+            compute["load"]["queued"].as_u64().unwrap(),
+        );
+        if load.1 > 0 {
+            break load;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no queued jobs ever showed in status: {status}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(
+        in_flight >= queued,
+        "queued jobs belong to requests in flight ({in_flight} < {queued})"
+    );
+    for c in clients {
+        assert_eq!(c.join().unwrap(), 200);
+    }
+    // Drained: the gauges go back to zero.
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let status = g.status();
+        let compute = status["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == "compute")
+            .cloned()
+            .unwrap();
+        if compute["load"]["in_flight"] == 0 && compute["load"]["queued"] == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "load never drained: {status}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
