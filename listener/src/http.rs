@@ -16,6 +16,7 @@ use crate::routes::Lookup;
 pub(crate) struct State {
     pub(crate) pool: Arc<Pool>,
     pub(crate) config: Arc<Config>,
+    pub(crate) ws: crate::ws::WsConfig,
 }
 
 type Reply = Response<Full<Bytes>>;
@@ -24,6 +25,8 @@ pub(crate) async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<
     Ok(match req.uri().path() {
         "/health" => json(StatusCode::OK, serde_json::json!({ "status": "alive" })),
         "/ready" => ready(&state),
+        "/ws" if crate::ws::is_upgrade(&req) => crate::ws::upgrade(state, req, false),
+        "/ws/echo" if crate::ws::is_upgrade(&req) => crate::ws::upgrade(state, req, true),
         _ => route(&state, req).await,
     })
 }

@@ -15,6 +15,7 @@
 //! - `pipes`: the pool of return pipes to the broker and the pending map.
 //! - `routes`: the route table, merged from the router's announcements.
 //! - `http`: request → event → response.
+//! - `ws`: WebSocket sessions (`/ws`, `/ws/echo`) by upgrade on the same port.
 //!
 //! [`Envelope`]: switchyard_proto::Envelope
 
@@ -23,6 +24,7 @@
 mod http;
 mod pipes;
 mod routes;
+mod ws;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -118,6 +120,7 @@ pub async fn run(
     let state = Arc::new(http::State {
         pool,
         config: config.clone(),
+        ws: ws::WsConfig::from_env(),
     });
 
     tokio::pin!(drain);
@@ -140,7 +143,7 @@ pub async fn run(
                 let watcher = graceful.watcher();
                 tokio::spawn(async move {
                     let service = hyper::service::service_fn(move |req| http::handle(state.clone(), req));
-                    let conn = builder.serve_connection(TokioIo::new(stream), service);
+                    let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
                     if let Err(err) = watcher.watch(conn.into_owned()).await {
                         tracing::debug!(%err, "connection ended with an error");
                     }

@@ -5,18 +5,26 @@
 //! id, and is answered by that pipe's reader task. When a pipe breaks, or the
 //! broker says the router is gone, the requests waiting on it are answered
 //! with 503 at once; the pipe reconnects in the background.
+//!
+//! WebSocket sessions live on one pipe each (by session number): their
+//! subscriptions go to the broker on it, and the broker's pushes for them
+//! come back on it. Each session has a bounded outbound queue; a push that
+//! finds it full drops the session (closed with 1008 "too slow") without
+//! slowing anyone else. When a pipe reconnects, its sessions' subscriptions
+//! are sent again (the broker forgot them with the old pipe).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
 
-use switchyard_proto::control::{Control, RouteTable};
+use switchyard_proto::control::{Control, META_EVENT, META_TO, RouteTable};
 use switchyard_proto::transport::{FrameReader, FrameSink, spawn_writer};
 use switchyard_proto::{Envelope, Kind};
 use tokio::net::UnixStream;
 use tokio::net::unix::OwnedReadHalf;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio_tungstenite::tungstenite::Message;
 
 use crate::Config;
 use crate::routes::Routes;
@@ -26,6 +34,38 @@ type Pending = HashMap<u64, oneshot::Sender<Envelope>>;
 struct Slot {
     sink: Mutex<Option<FrameSink>>,
     pending: Mutex<Pending>,
+    sessions: Mutex<HashMap<u64, Session>>,
+}
+
+/// Why the listener ends a WebSocket session: close code and reason.
+pub(crate) type CloseReason = Option<(u16, &'static str)>;
+
+/// A WebSocket session as its pipe sees it.
+pub(crate) struct Session {
+    /// The session's bounded outbound queue (JSON text messages).
+    pub(crate) tx: mpsc::Sender<Message>,
+    /// Set to end the session with a close code.
+    pub(crate) kill: watch::Sender<CloseReason>,
+    pub(crate) subs: HashMap<u64, Subscription>,
+}
+
+/// One subscription of a session.
+pub(crate) struct Subscription {
+    /// The client's id for it (echoed in pushes).
+    pub(crate) id: serde_json::Value,
+    pub(crate) pattern: String,
+    pub(crate) filter_json: String,
+}
+
+impl Subscription {
+    fn control(&self, session: u64, sub: u64) -> Control {
+        Control::Subscribe {
+            session,
+            sub,
+            pattern: self.pattern.clone(),
+            filter_json: self.filter_json.clone(),
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -55,6 +95,7 @@ pub(crate) struct Pool {
     slots: Vec<Slot>,
     next_slot: AtomicUsize,
     next_correlation: AtomicU64,
+    next_session: AtomicU64,
     routes: RwLock<Arc<Routes>>,
     router_up: AtomicBool,
     /// Counts pipes connected and whether a route table has arrived.
@@ -86,10 +127,12 @@ impl Pool {
                 .map(|_| Slot {
                     sink: Mutex::new(None),
                     pending: Mutex::new(HashMap::new()),
+                    sessions: Mutex::new(HashMap::new()),
                 })
                 .collect(),
             next_slot: AtomicUsize::new(0),
             next_correlation: AtomicU64::new(seed),
+            next_session: AtomicU64::new(1),
             routes: RwLock::new(Arc::new(Routes::default())),
             router_up: AtomicBool::new(false),
             progress: watch::channel((0, false)).0,
@@ -153,6 +196,81 @@ impl Pool {
         })
     }
 
+    fn slot_of(&self, session: u64) -> &Slot {
+        &self.slots[session as usize % self.slots.len()]
+    }
+
+    /// Sends a session's control message on its pipe (when the pipe is down,
+    /// its reconnection re-sends the session's subscriptions).
+    fn session_control(&self, session: u64, message: &Control) {
+        let Some(sink) = lock(&self.slot_of(session).sink).clone() else {
+            return;
+        };
+        match Envelope::control(message) {
+            Ok(env) => {
+                if let Err(refused) = sink.send(env) {
+                    tracing::warn!(%refused, session, "subscription change not sent to the broker");
+                }
+            }
+            Err(err) => tracing::error!(%err, "cannot encode a session control"),
+        }
+    }
+
+    /// Registers a WebSocket session; returns its number.
+    pub(crate) fn open_session(&self, tx: mpsc::Sender<Message>, kill: watch::Sender<CloseReason>) -> u64 {
+        let session = self.next_session.fetch_add(1, Ordering::Relaxed);
+        let entry = Session {
+            tx,
+            kill,
+            subs: HashMap::new(),
+        };
+        lock(&self.slot_of(session).sessions).insert(session, entry);
+        session
+    }
+
+    /// Adds a subscription to a session and tells the broker.
+    pub(crate) fn subscribe(&self, session: u64, sub: u64, subscription: Subscription) {
+        let message = subscription.control(session, sub);
+        if let Some(s) = lock(&self.slot_of(session).sessions).get_mut(&session) {
+            s.subs.insert(sub, subscription);
+        }
+        self.session_control(session, &message);
+    }
+
+    /// Ends the subscriptions of a session for which `pick` holds; returns
+    /// how many.
+    pub(crate) fn unsubscribe(&self, session: u64, pick: impl Fn(&Subscription) -> bool) -> usize {
+        let gone: Vec<u64> = match lock(&self.slot_of(session).sessions).get_mut(&session) {
+            Some(s) => {
+                let gone: Vec<u64> = s.subs.iter().filter(|(_, v)| pick(v)).map(|(k, _)| *k).collect();
+                for sub in &gone {
+                    s.subs.remove(sub);
+                }
+                gone
+            }
+            None => Vec::new(),
+        };
+        for &sub in &gone {
+            self.session_control(session, &Control::Unsubscribe { session, sub });
+        }
+        gone.len()
+    }
+
+    /// Subscriptions a session holds.
+    pub(crate) fn subscriptions(&self, session: u64) -> usize {
+        lock(&self.slot_of(session).sessions)
+            .get(&session)
+            .map_or(0, |s| s.subs.len())
+    }
+
+    /// Forgets a session and tells the broker.
+    pub(crate) fn close_session(&self, session: u64) {
+        let had = lock(&self.slot_of(session).sessions).remove(&session);
+        if had.is_some_and(|s| !s.subs.is_empty()) {
+            self.session_control(session, &Control::SessionClosed { session });
+        }
+    }
+
     fn mark(&self, connected_delta: isize, routed: bool) {
         self.progress.send_modify(|(connected, r)| {
             *connected = connected.saturating_add_signed(connected_delta);
@@ -175,6 +293,7 @@ async fn pipe_task(pool: Arc<Pool>, index: usize) {
         match connect(&pool, index).await {
             Ok((reader, sink)) => {
                 backoff = Duration::from_millis(2);
+                resubscribe(&pool.slots[index], &sink);
                 *lock(&pool.slots[index].sink) = Some(sink);
                 pool.mark(1, false);
                 read_responses(&pool, index, reader).await;
@@ -187,6 +306,18 @@ async fn pipe_task(pool: Arc<Pool>, index: usize) {
                 tracing::debug!(%err, pipe = index, "broker not reachable");
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_millis(200));
+            }
+        }
+    }
+}
+
+/// A new pipe: the broker knows none of its sessions' subscriptions yet.
+fn resubscribe(slot: &Slot, sink: &FrameSink) {
+    let sessions = lock(&slot.sessions);
+    for (&session, s) in sessions.iter() {
+        for (&sub, subscription) in &s.subs {
+            if let Ok(env) = Envelope::control(&subscription.control(session, sub)) {
+                let _ = sink.send(env);
             }
         }
     }
@@ -242,8 +373,66 @@ async fn read_responses(pool: &Pool, index: usize, mut reader: FrameReader<Owned
                     Ok(other) => tracing::debug!(?other, "ignoring control from broker"),
                     Err(err) => tracing::warn!(%err, "bad control frame from broker"),
                 },
+                Kind::Notification => push(pool, slot, &env),
                 other => tracing::debug!(?other, "ignoring frame from broker"),
             }
         }
+    }
+}
+
+/// A push from the broker: one JSON message per session it names, queued
+/// without waiting; a session whose queue is full is dropped.
+fn push(pool: &Pool, slot: &Slot, env: &Envelope) {
+    let Some(to) = env.meta.get(META_TO) else { return };
+    let body = match env.payload.bytes() {
+        Ok(b) => b,
+        Err(err) => return tracing::warn!(%err, "push body unavailable"),
+    };
+    // Pushes are JSON; a body that is not (an old sender's bincode) is null.
+    let data = if serde_json::from_slice::<serde::de::IgnoredAny>(&body).is_ok() {
+        String::from_utf8_lossy(&body).into_owned()
+    } else {
+        "null".to_owned()
+    };
+    let mut by_session: HashMap<u64, Vec<u64>> = HashMap::new();
+    for pair in to.split(',') {
+        if let Some((session, sub)) = pair.split_once(':')
+            && let (Ok(session), Ok(sub)) = (session.parse::<u64>(), sub.parse::<u64>())
+        {
+            by_session.entry(session).or_default().push(sub);
+        }
+    }
+    let mut dropped = Vec::new();
+    {
+        let sessions = lock(&slot.sessions);
+        for (session, subs) in by_session {
+            let Some(s) = sessions.get(&session) else { continue };
+            let ids: Vec<&serde_json::Value> = subs
+                .iter()
+                .filter_map(|sub| s.subs.get(sub).map(|x| &x.id))
+                .collect();
+            // Unsubscribed meanwhile: nothing to deliver.
+            let Some(first) = subs.iter().find_map(|sub| s.subs.get(sub)) else {
+                continue;
+            };
+            let name = env.meta.get(META_EVENT).unwrap_or(&first.pattern);
+            let text = format!(
+                r#"{{"event":{},"sub":{},"data":{data}}}"#,
+                serde_json::Value::from(name),
+                serde_json::to_string(&ids).unwrap_or_else(|_| "[]".into()),
+            );
+            match s.tx.try_send(Message::text(text)) {
+                Ok(()) => {}
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    tracing::warn!(session, "dropping slow websocket client: its send queue is full");
+                    s.kill.send_replace(Some((1008, "too slow: send queue full")));
+                    dropped.push(session);
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => dropped.push(session),
+            }
+        }
+    }
+    for session in dropped {
+        pool.close_session(session);
     }
 }

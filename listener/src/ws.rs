@@ -1,0 +1,481 @@
+//! WebSocket on the listener's port: `/ws` (JSON requests, subscriptions and
+//! pushes, interleaved on one connection) and `/ws/echo` (every message
+//! travels to the `demo.WsEcho` handler and back unchanged). The protocol is
+//! in docs/websocket.md.
+//!
+//! A session is one task reading the socket and one writing it. The writer
+//! drains the session's bounded outbound queue (responses, acks, errors,
+//! pushes) and writes whatever is queued before one flush. Responses wait
+//! for room in the queue (a client that does not read slows only its own
+//! requests, at most `max_in_flight` of them); pushes never wait: a full
+//! queue drops the client with close 1008 "too slow".
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::{SinkExt, StreamExt};
+use http::{HeaderValue, Request, Response, StatusCode, header};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use serde_json::Value;
+use switchyard_proto::control::{Filter, pattern_prefix};
+use switchyard_proto::{Deadline, Envelope, EventType, Payload, problem};
+use tokio::sync::{Semaphore, mpsc, watch};
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::error::CapacityError;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, WebSocketConfig};
+use tokio_tungstenite::tungstenite::{Error as WsError, Message};
+
+use crate::http::{State, error};
+use crate::pipes::{CloseReason, SendFailure, Subscription};
+
+/// The event `/ws/echo` messages become.
+pub(crate) const ECHO_EVENT: &str = "demo.WsEcho";
+
+/// WebSocket limits. Read from the environment (`SWITCHYARD_WS_*`, see
+/// docs/websocket.md) until they have `switchyard.toml` keys.
+#[derive(Clone, Debug)]
+pub(crate) struct WsConfig {
+    /// Largest message (and frame) a client may send; more closes with 1009.
+    pub(crate) max_message_bytes: usize,
+    /// Subscriptions one connection may hold; more are refused (error 429).
+    pub(crate) max_subscriptions: usize,
+    /// Messages queued towards one client; a push that finds it full drops
+    /// the client (1008 "too slow").
+    pub(crate) queue: usize,
+    /// The server pings this often; a client that has not answered the
+    /// previous ping by the next one is closed (1008).
+    pub(crate) ping_interval: Duration,
+    /// Requests of one connection in flight at once; the connection is not
+    /// read further until one completes.
+    pub(crate) max_in_flight: usize,
+}
+
+impl Default for WsConfig {
+    fn default() -> Self {
+        WsConfig {
+            max_message_bytes: 256 * 1024,
+            max_subscriptions: 64,
+            queue: 1024,
+            ping_interval: Duration::from_secs(20),
+            max_in_flight: 256,
+        }
+    }
+}
+
+impl WsConfig {
+    /// The defaults, overridden by `SWITCHYARD_WS_MAX_MESSAGE_BYTES`,
+    /// `_MAX_SUBSCRIPTIONS`, `_QUEUE`, `_PING_MS`, `_MAX_IN_FLIGHT`.
+    pub(crate) fn from_env() -> WsConfig {
+        fn var(name: &str) -> Option<usize> {
+            let value = std::env::var(format!("SWITCHYARD_WS_{name}")).ok()?;
+            match value.parse::<usize>() {
+                Ok(n) if n > 0 => Some(n),
+                _ => {
+                    tracing::warn!(name, %value, "ignoring invalid websocket setting");
+                    None
+                }
+            }
+        }
+        let d = WsConfig::default();
+        WsConfig {
+            max_message_bytes: var("MAX_MESSAGE_BYTES").unwrap_or(d.max_message_bytes),
+            max_subscriptions: var("MAX_SUBSCRIPTIONS").unwrap_or(d.max_subscriptions),
+            queue: var("QUEUE").unwrap_or(d.queue),
+            ping_interval: var("PING_MS").map_or(d.ping_interval, |ms| Duration::from_millis(ms as u64)),
+            max_in_flight: var("MAX_IN_FLIGHT").unwrap_or(d.max_in_flight),
+        }
+    }
+}
+
+type Reply = Response<Full<Bytes>>;
+type Ws = WebSocketStream<TokioIo<hyper::upgrade::Upgraded>>;
+
+/// Whether the request asks for a WebSocket upgrade.
+pub(crate) fn is_upgrade<B>(req: &Request<B>) -> bool {
+    let has = |name: header::HeaderName, token: &str| {
+        req.headers().get_all(name).iter().any(|v| {
+            v.to_str()
+                .is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
+        })
+    };
+    has(header::CONNECTION, "upgrade") && has(header::UPGRADE, "websocket")
+}
+
+/// Answers the upgrade (101) and serves the session once hyper hands the
+/// connection over.
+pub(crate) fn upgrade(state: Arc<State>, mut req: Request<Incoming>, echo: bool) -> Reply {
+    if req.method() != http::Method::GET {
+        return error(StatusCode::METHOD_NOT_ALLOWED, "a WebSocket upgrade is a GET");
+    }
+    if req
+        .headers()
+        .get(header::SEC_WEBSOCKET_VERSION)
+        .map(|v| v.as_bytes())
+        != Some(b"13")
+    {
+        let mut reply = error(StatusCode::UPGRADE_REQUIRED, "WebSocket version 13 is required");
+        reply
+            .headers_mut()
+            .insert(header::SEC_WEBSOCKET_VERSION, HeaderValue::from_static("13"));
+        return reply;
+    }
+    let Some(key) = req.headers().get(header::SEC_WEBSOCKET_KEY) else {
+        return error(StatusCode::BAD_REQUEST, "missing Sec-WebSocket-Key");
+    };
+    let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
+    let on_upgrade = hyper::upgrade::on(&mut req);
+    let cfg = state.ws.clone();
+    tokio::spawn(async move {
+        let upgraded = match on_upgrade.await {
+            Ok(u) => u,
+            Err(err) => return tracing::debug!(%err, "websocket upgrade failed"),
+        };
+        let config = WebSocketConfig::default()
+            .max_message_size(Some(cfg.max_message_bytes))
+            .max_frame_size(Some(cfg.max_message_bytes));
+        let ws = WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, Some(config)).await;
+        if echo {
+            echo_session(state, ws).await
+        } else {
+            session(state, ws).await
+        }
+    });
+    let mut reply = Response::new(Full::new(Bytes::new()));
+    *reply.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    let headers = reply.headers_mut();
+    headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+    if let Ok(v) = HeaderValue::from_str(&accept) {
+        headers.insert(header::SEC_WEBSOCKET_ACCEPT, v);
+    }
+    reply
+}
+
+fn close_message(reason: CloseReason) -> Message {
+    let (code, text) = reason.unwrap_or((1000, ""));
+    Message::Close(Some(CloseFrame {
+        code: CloseCode::from(code),
+        reason: text.into(),
+    }))
+}
+
+/// How a read error ends the session.
+fn read_error(err: &WsError) -> CloseReason {
+    match err {
+        WsError::Capacity(CapacityError::MessageTooLong { .. }) => Some((1009, "message too big")),
+        WsError::Utf8(_) => Some((1007, "invalid UTF-8")),
+        WsError::Protocol(_) => Some((1002, "protocol error")),
+        _ => None,
+    }
+}
+
+/// Writes the session's queue to the socket until the queue ends or the
+/// session is killed; then sends the close frame (bounded wait: a client
+/// that does not read is not waited for).
+async fn writer(
+    mut sink: futures_util::stream::SplitSink<Ws, Message>,
+    mut rx: mpsc::Receiver<Message>,
+    mut kill: watch::Receiver<CloseReason>,
+) {
+    let mut batch = Vec::with_capacity(64);
+    loop {
+        tokio::select! {
+            biased;
+            _ = kill.changed() => break,
+            n = rx.recv_many(&mut batch, 64) => {
+                if n == 0 {
+                    break;
+                }
+                let write = async {
+                    for m in batch.drain(..) {
+                        sink.feed(m).await?;
+                    }
+                    sink.flush().await
+                };
+                tokio::select! {
+                    biased;
+                    _ = kill.changed() => break,
+                    written = write => if written.is_err() { return },
+                }
+            }
+        }
+    }
+    let reason = *kill.borrow();
+    if reason.is_some() {
+        let _ = tokio::time::timeout(Duration::from_secs(1), sink.send(close_message(reason))).await;
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(1), sink.close()).await;
+}
+
+fn problem_json(status: u16, detail: &str) -> Value {
+    let (_, body) = problem::problem(status, detail);
+    serde_json::from_slice(&body).unwrap_or(Value::Null)
+}
+
+/// `{"id":..,"status":..,"error":{problem}}`.
+fn error_message(id: Option<&Value>, status: u16, detail: &str) -> Message {
+    let mut out = serde_json::Map::new();
+    if let Some(id) = id {
+        out.insert("id".into(), id.clone());
+    }
+    out.insert("status".into(), status.into());
+    out.insert("error".into(), problem_json(status, detail));
+    Message::text(Value::Object(out).to_string())
+}
+
+/// The `/ws` session: requests, subscriptions, pushes.
+async fn session(state: Arc<State>, ws: Ws) {
+    let cfg = state.ws.clone();
+    let (sink, mut stream) = ws.split();
+    let (tx, rx) = mpsc::channel::<Message>(cfg.queue);
+    let (kill, mut killed) = watch::channel::<CloseReason>(None);
+    let id = state.pool.open_session(tx.clone(), kill.clone());
+    let writer = tokio::spawn(writer(sink, rx, kill.subscribe()));
+    let in_flight = Arc::new(Semaphore::new(cfg.max_in_flight));
+    let mut ping = tokio::time::interval(cfg.ping_interval);
+    ping.reset();
+    let mut awaiting_pong = false;
+    let mut next_sub = 1u64;
+    loop {
+        let msg = tokio::select! {
+            _ = killed.changed() => break,
+            _ = ping.tick() => {
+                if awaiting_pong {
+                    kill.send_replace(Some((1008, "no pong to the last ping")));
+                    break;
+                }
+                awaiting_pong = true;
+                let _ = tx.try_send(Message::Ping(Bytes::new()));
+                continue;
+            }
+            msg = stream.next() => msg,
+        };
+        let text = match msg {
+            None => break,
+            Some(Err(err)) => {
+                let reason = read_error(&err);
+                tracing::debug!(%err, "websocket read ended");
+                if reason.is_some() {
+                    kill.send_replace(reason);
+                }
+                break;
+            }
+            Some(Ok(Message::Text(t))) => t,
+            Some(Ok(Message::Binary(_))) => {
+                let e = error_message(None, 415, "send JSON text messages on /ws");
+                if tx.send(e).await.is_err() {
+                    break;
+                }
+                continue;
+            }
+            Some(Ok(Message::Pong(_))) => {
+                awaiting_pong = false;
+                continue;
+            }
+            Some(Ok(Message::Close(_))) => break,
+            Some(Ok(_)) => continue,
+        };
+        // Any message shows the client is alive.
+        awaiting_pong = false;
+        let Ok(Value::Object(m)) = serde_json::from_str::<Value>(text.as_str()) else {
+            let e = error_message(None, 400, "a message is one JSON object (see docs/websocket.md)");
+            if tx.send(e).await.is_err() {
+                break;
+            }
+            continue;
+        };
+        let msg_id = m.get("id").cloned();
+        let reply = if let Some(pattern) = m.get("subscribe") {
+            Some(subscribe(
+                &state,
+                id,
+                &mut next_sub,
+                msg_id.as_ref(),
+                pattern,
+                m.get("filter"),
+            ))
+        } else if let Some(which) = m.get("unsubscribe") {
+            Some(unsubscribe(&state, id, msg_id.as_ref(), which))
+        } else if let Some(Value::String(ty)) = m.get("type") {
+            let Ok(permit) = in_flight.clone().acquire_owned().await else {
+                break;
+            };
+            let data = m
+                .get("data")
+                .cloned()
+                .unwrap_or(Value::Object(Default::default()));
+            let (state, tx, ty) = (state.clone(), tx.clone(), ty.clone());
+            tokio::spawn(async move {
+                let reply = request(&state, &ty, msg_id.as_ref(), &data).await;
+                let _ = tx.send(reply).await;
+                drop(permit);
+            });
+            None
+        } else {
+            Some(error_message(
+                msg_id.as_ref(),
+                400,
+                "a message has `type` (a request), `subscribe` or `unsubscribe`",
+            ))
+        };
+        if let Some(reply) = reply
+            && tx.send(reply).await.is_err()
+        {
+            break;
+        }
+    }
+    state.pool.close_session(id);
+    // The writer ends at once when killed, else once the queue's senders
+    // are gone (requests still in flight hold one until they are answered).
+    drop(tx);
+    let _ = writer.await;
+}
+
+fn subscribe(
+    state: &State,
+    session: u64,
+    next_sub: &mut u64,
+    id: Option<&Value>,
+    pattern: &Value,
+    filter: Option<&Value>,
+) -> Message {
+    let Value::String(pattern) = pattern else {
+        return error_message(id, 400, "`subscribe` takes a pattern string");
+    };
+    if let Err(reason) = pattern_prefix(pattern) {
+        return error_message(id, 400, &format!("bad pattern: {reason}"));
+    }
+    let filter_json = match filter {
+        None | Some(Value::Null) => String::new(),
+        Some(f) => match Filter::parse(f) {
+            Ok(_) => f.to_string(),
+            Err(reason) => return error_message(id, 400, &format!("bad filter: {reason}")),
+        },
+    };
+    let max = state.ws.max_subscriptions;
+    if state.pool.subscriptions(session) >= max {
+        return error_message(id, 429, &format!("at most {max} subscriptions per connection"));
+    }
+    let sub = *next_sub;
+    *next_sub += 1;
+    let client_id = id.cloned().unwrap_or_else(|| Value::from(pattern.as_str()));
+    state.pool.subscribe(
+        session,
+        sub,
+        Subscription {
+            id: client_id.clone(),
+            pattern: pattern.clone(),
+            filter_json,
+        },
+    );
+    Message::text(serde_json::json!({ "id": client_id, "subscribed": pattern }).to_string())
+}
+
+fn unsubscribe(state: &State, session: u64, id: Option<&Value>, which: &Value) -> Message {
+    let removed = state.pool.unsubscribe(session, |s| {
+        &s.id == which || which.as_str() == Some(s.pattern.as_str())
+    });
+    if removed == 0 {
+        return error_message(id, 404, "no subscription has this id or pattern");
+    }
+    let mut out = serde_json::Map::new();
+    if let Some(id) = id {
+        out.insert("id".into(), id.clone());
+    }
+    out.insert("unsubscribed".into(), which.clone());
+    out.insert("count".into(), removed.into());
+    Message::text(Value::Object(out).to_string())
+}
+
+/// Sends one request through the pipeline; the answer as raw status,
+/// content type and body.
+async fn round_trip(state: &State, ty: EventType, content_type: Option<&str>, body: Bytes) -> (u16, Bytes) {
+    let mut env = Envelope::request(ty, 0, Bytes::new());
+    env.payload = match Payload::for_body(body, state.config.shm_threshold) {
+        Ok(p) => p,
+        Err(_) => return problem_bytes(503, "shared-memory budget exhausted; retry later"),
+    };
+    env.deadline = Deadline::after(state.config.request_timeout);
+    if let Some(ct) = content_type {
+        env.meta.push("content-type", ct);
+    }
+    let in_flight = match state.pool.send(env) {
+        Ok(f) => f,
+        Err(SendFailure::Busy) => return problem_bytes(503, "the server is overloaded"),
+        Err(SendFailure::Unavailable) => return problem_bytes(503, "the broker is not available"),
+    };
+    let response = match tokio::time::timeout(state.config.request_timeout, &mut { in_flight }.response).await
+    {
+        Ok(Ok(env)) => env,
+        Ok(Err(_)) => return problem_bytes(503, "the request was dropped"),
+        Err(_) => return problem_bytes(504, "the request deadline passed"),
+    };
+    match response.payload.bytes() {
+        Ok(b) => (response.status, b),
+        Err(_) => problem_bytes(503, "response body unavailable"),
+    }
+}
+
+fn problem_bytes(status: u16, detail: &str) -> (u16, Bytes) {
+    (status, problem::problem(status, detail).1)
+}
+
+/// A `/ws` request: `{"id","type","data"}` → `{"id","status","data"|"error"}`.
+async fn request(state: &State, ty: &str, id: Option<&Value>, data: &Value) -> Message {
+    let body = Bytes::from(data.to_string());
+    let (status, body) = round_trip(state, EventType::of(ty), Some("application/json"), body).await;
+    let payload: Value = serde_json::from_slice(&body)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into_owned()));
+    let mut out = serde_json::Map::new();
+    if let Some(id) = id {
+        out.insert("id".into(), id.clone());
+    }
+    out.insert("status".into(), status.into());
+    out.insert(if status < 400 { "data" } else { "error" }.into(), payload);
+    Message::text(Value::Object(out).to_string())
+}
+
+/// The `/ws/echo` session: each text or binary message goes to
+/// `demo.WsEcho` and its reply comes back as the same kind of message, in
+/// order. A failed round trip closes with 1011.
+async fn echo_session(state: Arc<State>, ws: Ws) {
+    let (mut sink, mut stream) = ws.split();
+    let ty = EventType::of(ECHO_EVENT);
+    while let Some(msg) = stream.next().await {
+        let (binary, body) = match msg {
+            Ok(Message::Text(t)) => (false, Bytes::from(t)),
+            Ok(Message::Binary(b)) => (true, b),
+            Ok(Message::Close(_)) => break,
+            Ok(_) => continue,
+            Err(err) => {
+                if let Some(reason) = read_error(&err) {
+                    let _ =
+                        tokio::time::timeout(Duration::from_secs(1), sink.send(close_message(Some(reason))))
+                            .await;
+                }
+                return;
+            }
+        };
+        let (status, reply) = round_trip(&state, ty, Some("application/octet-stream"), body).await;
+        let out = if status != 200 {
+            tracing::warn!(status, "websocket echo round trip failed");
+            close_message(Some((1011, "server error")))
+        } else if binary {
+            Message::Binary(reply)
+        } else {
+            match String::from_utf8(reply.to_vec()) {
+                Ok(s) => Message::text(s),
+                Err(_) => close_message(Some((1011, "server error"))),
+            }
+        };
+        let closing = matches!(out, Message::Close(_));
+        if sink.send(out).await.is_err() || closing {
+            break;
+        }
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(1), sink.close()).await;
+}
