@@ -68,7 +68,7 @@ fn demo_routes_are_served_by_separate_processes() {
     assert!(processes.iter().all(|p| p["state"] == "running"), "{status}");
     pids.sort_unstable();
     pids.dedup();
-    assert_eq!(pids.len(), 9, "every process has its own pid: {status}");
+    assert_eq!(pids.len(), 10, "every process has its own pid: {status}");
     assert_ne!(g.pid_of("listener"), g.pid_of("basics"));
 }
 

@@ -60,12 +60,19 @@ pub struct GroupBuilder {
     config: Option<String>,
     config_file: Option<PathBuf>,
     tag: &'static str,
+    env: Vec<(String, String)>,
 }
 
 impl GroupBuilder {
     /// Uses this `switchyard.toml` text.
     pub fn config(mut self, toml: &str) -> Self {
         self.config = Some(toml.to_owned());
+        self
+    }
+
+    /// Sets an environment variable for the group's processes.
+    pub fn env(mut self, key: &str, value: &str) -> Self {
+        self.env.push((key.to_owned(), value.to_owned()));
         self
     }
 
@@ -98,6 +105,7 @@ impl GroupBuilder {
         if let Some(path) = &self.config_file {
             cmd.arg("-c").arg(path);
         }
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
         let mut child = cmd
             .env("SWITCHYARD_LOG", "info")
             .stdin(Stdio::null())
@@ -170,6 +178,7 @@ impl Group {
             config: None,
             config_file: None,
             tag,
+            env: Vec::new(),
         }
     }
 
