@@ -100,13 +100,12 @@ impl ShmBody {
             MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING,
         )
         .map_err(std::io::Error::from)?;
-        nix::unistd::ftruncate(&fd, len as i64).map_err(std::io::Error::from)?;
-        if len > 0 {
-            // SAFETY: the memfd is new and private to this function until it is
-            // sealed; nothing else can resize it while the mapping lives.
-            let mut map = unsafe { memmap2::MmapOptions::new().len(len as usize).map_mut(&fd)? };
-            map.copy_from_slice(bytes);
-        }
+        // write(2), not mmap + copy: the kernel fills the pages directly,
+        // instead of taking a page fault per 4 KiB of a fresh mapping
+        // (measured: ~1 ms of system time per MiB in a VM).
+        let mut file = std::fs::File::from(fd);
+        std::io::Write::write_all(&mut file, bytes)?;
+        let fd = OwnedFd::from(file);
         fcntl(&fd, FcntlArg::F_ADD_SEALS(SEALS)).map_err(std::io::Error::from)?;
         Ok(ShmBody {
             segment: Arc::new(Segment {
@@ -159,9 +158,11 @@ impl ShmBody {
         // SAFETY: the memfd is sealed against writes and shrinking (checked
         // on adopt, set on create), so the mapped bytes cannot change or
         // vanish under us.
+        // Populated up front: one call maps every page instead of a fault each.
         let map = unsafe {
             memmap2::MmapOptions::new()
                 .len(self.len as usize)
+                .populate()
                 .map(&self.segment.fd)?
         };
         Ok(Bytes::from_owner(Mapped {
