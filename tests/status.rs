@@ -20,29 +20,34 @@ fn queued_jobs_and_requests_in_flight_show_in_status() {
             std::thread::spawn(move || get(addr, "/cpu/1000").unwrap().status)
         })
         .collect();
-    let deadline = Instant::now() + PATIENCE;
-    let (in_flight, queued) = loop {
-        let status = g.status();
-        let compute = status["processes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|p| p["name"] == "compute")
-            .cloned()
-            .unwrap();
-        let load = (
-            compute["load"]["in_flight"].as_u64().unwrap(),
-            compute["load"]["queued"].as_u64().unwrap(),
-        );
-        if load.1 > 0 {
-            break load;
+    // (in flight, queued) of `compute`, polled until `done` says so.
+    let load_until = |what: &str, done: &dyn Fn(u64, u64) -> bool| -> (u64, u64) {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let status = g.status();
+            let compute = status["processes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|p| p["name"] == "compute")
+                .cloned();
+            let load = compute.map(|c| {
+                (
+                    c["load"]["in_flight"].as_u64().unwrap_or(0),
+                    c["load"]["queued"].as_u64().unwrap_or(0),
+                )
+            });
+            if let Some((in_flight, queued)) = load.filter(|&(i, q)| done(i, q)) {
+                return (in_flight, queued);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what} never showed in status: {status}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
         }
-        assert!(
-            Instant::now() < deadline,
-            "no queued jobs ever showed in status: {status}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
     };
+    let (in_flight, queued) = load_until("queued jobs", &|_, queued| queued > 0);
     assert!(
         in_flight >= queued,
         "queued jobs belong to requests in flight ({in_flight} < {queued})"
@@ -51,20 +56,7 @@ fn queued_jobs_and_requests_in_flight_show_in_status() {
         assert_eq!(c.join().unwrap(), 200);
     }
     // Drained: the gauges go back to zero.
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        let status = g.status();
-        let compute = status["processes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|p| p["name"] == "compute")
-            .cloned()
-            .unwrap();
-        if compute["load"]["in_flight"] == 0 && compute["load"]["queued"] == 0 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "load never drained: {status}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    load_until("a drained load", &|in_flight, queued| {
+        in_flight == 0 && queued == 0
+    });
 }
