@@ -59,6 +59,7 @@ fn demo_routes_are_served_by_separate_processes() {
             "basics",
             "payload",
             "compute",
+            "ticker",
             "compute",
             "compute",
             "listener"
