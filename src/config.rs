@@ -41,6 +41,50 @@ pub(crate) struct ListenerConfig {
     pub(crate) header_read_timeout_ms: u64,
     /// Milliseconds from request to response before 504.
     pub(crate) request_timeout_ms: u64,
+    /// WebSocket limits (`/ws`, `/ws/echo`).
+    pub(crate) ws: WsLimits,
+}
+
+/// `[listener.ws]`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct WsLimits {
+    /// Largest message a client may send, in bytes; more closes with 1009.
+    pub(crate) max_message_bytes: usize,
+    /// Subscriptions one connection may hold; more are refused.
+    pub(crate) max_subscriptions: usize,
+    /// Messages queued towards one client; a client that lets it fill is
+    /// dropped (close 1008 "too slow") so it delays nobody else.
+    pub(crate) queue: usize,
+    /// Milliseconds between server pings; a client that misses one is closed.
+    pub(crate) ping_ms: u64,
+    /// Requests of one connection in flight at once.
+    pub(crate) max_in_flight: usize,
+}
+
+impl Default for WsLimits {
+    fn default() -> Self {
+        let d = switchyard_listener::WsConfig::default();
+        WsLimits {
+            max_message_bytes: d.max_message_bytes,
+            max_subscriptions: d.max_subscriptions,
+            queue: d.queue,
+            ping_ms: d.ping_interval.as_millis() as u64,
+            max_in_flight: d.max_in_flight,
+        }
+    }
+}
+
+impl WsLimits {
+    pub(crate) fn to_listener(&self) -> switchyard_listener::WsConfig {
+        switchyard_listener::WsConfig {
+            max_message_bytes: self.max_message_bytes,
+            max_subscriptions: self.max_subscriptions,
+            queue: self.queue,
+            ping_interval: Duration::from_millis(self.ping_ms),
+            max_in_flight: self.max_in_flight,
+        }
+    }
 }
 
 impl Default for ListenerConfig {
@@ -53,6 +97,7 @@ impl Default for ListenerConfig {
             max_body_bytes: 1024 * 1024,
             header_read_timeout_ms: 10_000,
             request_timeout_ms: 30_000,
+            ws: WsLimits::default(),
         }
     }
 }
@@ -303,6 +348,18 @@ impl Config {
         }
         if l.request_timeout_ms == 0 {
             problems.push("listener.request_timeout_ms: must be positive".to_owned());
+        }
+        let ws = &l.ws;
+        for (key, value) in [
+            ("max_message_bytes", ws.max_message_bytes),
+            ("max_subscriptions", ws.max_subscriptions),
+            ("queue", ws.queue),
+            ("ping_ms", ws.ping_ms as usize),
+            ("max_in_flight", ws.max_in_flight),
+        ] {
+            if value == 0 {
+                problems.push(format!("listener.ws.{key}: must be positive"));
+            }
         }
         if l.header_read_timeout_ms == 0 {
             problems.push("listener.header_read_timeout_ms: must be positive".to_owned());

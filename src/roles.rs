@@ -169,6 +169,7 @@ async fn serve(role: Role, name: String, instance: u32, spec: Spec) -> anyhow::R
                 header_read_timeout: Duration::from_millis(l.header_read_timeout_ms),
                 request_timeout: Duration::from_millis(l.request_timeout_ms),
                 shm_threshold: config.group.shm_threshold_bytes,
+                ws: l.ws.to_listener(),
             };
             let mut commands = control.commands();
             let drain = async move {

@@ -292,9 +292,10 @@ async fn filters_deliver_only_matching_pushes() {
 #[tokio::test]
 async fn limits_garbage_and_close_codes() {
     let g = Group::builder("ws-limits")
-        .config(&config(1000, 0))
-        .env("SWITCHYARD_WS_MAX_MESSAGE_BYTES", "4096")
-        .env("SWITCHYARD_WS_MAX_SUBSCRIPTIONS", "3")
+        .config(&format!(
+            "{}[listener.ws]\nmax_message_bytes = 4096\nmax_subscriptions = 3\n",
+            config(1000, 0)
+        ))
         .start();
     let mut ws = raw(&g, "/ws").await;
     // Garbage: an error message, and the connection stays usable.
@@ -346,8 +347,7 @@ async fn limits_garbage_and_close_codes() {
 #[tokio::test]
 async fn a_client_that_never_pongs_is_closed() {
     let g = Group::builder("ws-ping")
-        .config(&config(1000, 0))
-        .env("SWITCHYARD_WS_PING_MS", "100")
+        .config(&format!("{}[listener.ws]\nping_ms = 100\n", config(1000, 0)))
         .start();
     // A raw TCP client that completes the handshake, then never reads:
     // it cannot answer pings, so the server closes the connection.
@@ -386,8 +386,7 @@ async fn a_client_that_never_pongs_is_closed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_consumer_is_dropped_without_affecting_the_others() {
     let mut g = Group::builder("ws-slow")
-        .config(&config(2, 8192))
-        .env("SWITCHYARD_WS_QUEUE", "32")
+        .config(&format!("{}[listener.ws]\nqueue = 32\n", config(2, 8192)))
         .start();
     // The slow client: a tiny receive buffer, subscribes, then never reads.
     let socket = tokio::net::TcpSocket::new_v4().unwrap();

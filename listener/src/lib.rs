@@ -26,6 +26,8 @@ mod pipes;
 mod routes;
 mod ws;
 
+pub use ws::WsConfig;
+
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -67,6 +69,8 @@ pub struct Config {
     pub request_timeout: Duration,
     /// Request bodies of at least this many bytes go through shared memory.
     pub shm_threshold: usize,
+    /// WebSocket limits.
+    pub ws: WsConfig,
 }
 
 impl Config {
@@ -120,7 +124,7 @@ pub async fn run(
     let state = Arc::new(http::State {
         pool,
         config: config.clone(),
-        ws: ws::WsConfig::from_env(),
+        ws: config.ws.clone(),
     });
 
     tokio::pin!(drain);

@@ -35,23 +35,22 @@ use crate::pipes::{CloseReason, SendFailure, Subscription};
 /// The event `/ws/echo` messages become.
 pub(crate) const ECHO_EVENT: &str = "demo.WsEcho";
 
-/// WebSocket limits. Read from the environment (`SWITCHYARD_WS_*`, see
-/// docs/websocket.md) until they have `switchyard.toml` keys.
+/// WebSocket limits (`[listener.ws]` in switchyard.toml).
 #[derive(Clone, Debug)]
-pub(crate) struct WsConfig {
+pub struct WsConfig {
     /// Largest message (and frame) a client may send; more closes with 1009.
-    pub(crate) max_message_bytes: usize,
+    pub max_message_bytes: usize,
     /// Subscriptions one connection may hold; more are refused (error 429).
-    pub(crate) max_subscriptions: usize,
+    pub max_subscriptions: usize,
     /// Messages queued towards one client; a push that finds it full drops
     /// the client (1008 "too slow").
-    pub(crate) queue: usize,
+    pub queue: usize,
     /// The server pings this often; a client that has not answered the
     /// previous ping by the next one is closed (1008).
-    pub(crate) ping_interval: Duration,
+    pub ping_interval: Duration,
     /// Requests of one connection in flight at once; the connection is not
     /// read further until one completes.
-    pub(crate) max_in_flight: usize,
+    pub max_in_flight: usize,
 }
 
 impl Default for WsConfig {
@@ -62,31 +61,6 @@ impl Default for WsConfig {
             queue: 1024,
             ping_interval: Duration::from_secs(20),
             max_in_flight: 256,
-        }
-    }
-}
-
-impl WsConfig {
-    /// The defaults, overridden by `SWITCHYARD_WS_MAX_MESSAGE_BYTES`,
-    /// `_MAX_SUBSCRIPTIONS`, `_QUEUE`, `_PING_MS`, `_MAX_IN_FLIGHT`.
-    pub(crate) fn from_env() -> WsConfig {
-        fn var(name: &str) -> Option<usize> {
-            let value = std::env::var(format!("SWITCHYARD_WS_{name}")).ok()?;
-            match value.parse::<usize>() {
-                Ok(n) if n > 0 => Some(n),
-                _ => {
-                    tracing::warn!(name, %value, "ignoring invalid websocket setting");
-                    None
-                }
-            }
-        }
-        let d = WsConfig::default();
-        WsConfig {
-            max_message_bytes: var("MAX_MESSAGE_BYTES").unwrap_or(d.max_message_bytes),
-            max_subscriptions: var("MAX_SUBSCRIPTIONS").unwrap_or(d.max_subscriptions),
-            queue: var("QUEUE").unwrap_or(d.queue),
-            ping_interval: var("PING_MS").map_or(d.ping_interval, |ms| Duration::from_millis(ms as u64)),
-            max_in_flight: var("MAX_IN_FLIGHT").unwrap_or(d.max_in_flight),
         }
     }
 }
