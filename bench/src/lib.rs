@@ -6,6 +6,8 @@
 //!
 //! - [`baseline`]: the in-process server (also the `switchyard-baseline` binary).
 //! - [`load`]: the load generator (also the `switchyard-load` binary).
+//! - [`suite`]: the scenario suite (the `switchyard-suite` binary).
 
 pub mod baseline;
 pub mod load;
+pub mod suite;
