@@ -34,7 +34,7 @@ pub(crate) async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<
 fn ready(state: &State) -> Reply {
     let routes = state.pool.routes();
     let router = state.pool.router_up();
-    let ready = router && routes.table.all_up();
+    let ready = state.pool.ready();
     let managers: Vec<_> = routes
         .table
         .managers

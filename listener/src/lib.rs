@@ -16,11 +16,14 @@
 //! - `routes`: the route table, merged from the router's announcements.
 //! - `http`: request → event → response.
 //! - `ws`: WebSocket sessions (`/ws`, `/ws/echo`) by upgrade on the same port.
+//! - `grpc`: `switchyard.v1.Events`, health and reflection, by content type
+//!   (`application/grpc*`) on the same port.
 //!
 //! [`Envelope`]: switchyard_proto::Envelope
 
 #![forbid(unsafe_code)]
 
+mod grpc;
 mod http;
 mod pipes;
 mod routes;
@@ -28,11 +31,13 @@ mod ws;
 
 pub use ws::WsConfig;
 
+use std::convert::Infallible;
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use http_body_util::Either;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
@@ -126,6 +131,7 @@ pub async fn run(
         config: config.clone(),
         ws: config.ws.clone(),
     });
+    let grpc = Arc::new(grpc::Grpc::new(state.clone()));
 
     tokio::pin!(drain);
     let grace = loop {
@@ -144,9 +150,21 @@ pub async fn run(
                 let _ = stream.set_nodelay(true);
                 let builder = builder.clone();
                 let state = state.clone();
+                let grpc = grpc.clone();
                 let watcher = graceful.watcher();
                 tokio::spawn(async move {
-                    let service = hyper::service::service_fn(move |req| http::handle(state.clone(), req));
+                    let service = hyper::service::service_fn(move |req| {
+                        let (state, grpc) = (state.clone(), grpc.clone());
+                        async move {
+                            let reply = if grpc::is_grpc(&req) {
+                                grpc.serve(req).await.map(Either::Right)
+                            } else {
+                                let Ok(reply) = http::handle(state, req).await;
+                                reply.map(Either::Left)
+                            };
+                            Ok::<_, Infallible>(reply)
+                        }
+                    });
                     let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
                     if let Err(err) = watcher.watch(conn.into_owned()).await {
                         tracing::debug!(%err, "connection ended with an error");

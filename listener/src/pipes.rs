@@ -6,11 +6,12 @@
 //! broker says the router is gone, the requests waiting on it are answered
 //! with 503 at once; the pipe reconnects in the background.
 //!
-//! WebSocket sessions live on one pipe each (by session number): their
-//! subscriptions go to the broker on it, and the broker's pushes for them
-//! come back on it. Each session has a bounded outbound queue; a push that
-//! finds it full drops the session (closed with 1008 "too slow") without
-//! slowing anyone else. When a pipe reconnects, its sessions' subscriptions
+//! Sessions (WebSocket connections, gRPC `Subscribe` and `Session` streams)
+//! live on one pipe each (by session number): their subscriptions go to the
+//! broker on it, and the broker's pushes for them come back on it. Each
+//! session has a bounded outbound queue ([`Outbox`]); a push that finds it
+//! full drops the session (WebSocket: closed with 1008 "too slow"; gRPC: the
+//! stream ends with RESOURCE_EXHAUSTED) without slowing anyone else. When a pipe reconnects, its sessions' subscriptions
 //! are sent again (the broker forgot them with the old pipe).
 
 use std::collections::HashMap;
@@ -18,7 +19,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
 
-use switchyard_proto::control::{Control, META_EVENT, META_TO, RouteTable};
+use switchyard_proto::control::{Control, Filter, META_EVENT, META_TO, RouteTable, pattern_prefix};
+use switchyard_proto::grpc::{Push, ServerMessage, server_message};
 use switchyard_proto::transport::{FrameReader, FrameSink, spawn_writer};
 use switchyard_proto::{Envelope, Kind};
 use tokio::net::UnixStream;
@@ -40,10 +42,19 @@ struct Slot {
 /// Why the listener ends a WebSocket session: close code and reason.
 pub(crate) type CloseReason = Option<(u16, &'static str)>;
 
-/// A WebSocket session as its pipe sees it.
+/// A session's bounded outbound queue: what its pushes become.
+pub(crate) enum Outbox {
+    /// A WebSocket connection: JSON text messages.
+    Ws(mpsc::Sender<Message>),
+    /// A gRPC stream: `ServerMessage { push }` (a `Subscribe` stream unwraps
+    /// them).
+    Grpc(mpsc::Sender<Result<ServerMessage, tonic::Status>>),
+}
+
+/// A session (WebSocket connection or gRPC stream) as its pipe sees it.
 pub(crate) struct Session {
-    /// The session's bounded outbound queue (JSON text messages).
-    pub(crate) tx: mpsc::Sender<Message>,
+    /// The session's bounded outbound queue.
+    pub(crate) tx: Outbox,
     /// Set to end the session with a close code.
     pub(crate) kill: watch::Sender<CloseReason>,
     pub(crate) subs: HashMap<u64, Subscription>,
@@ -55,6 +66,36 @@ pub(crate) struct Subscription {
     pub(crate) id: serde_json::Value,
     pub(crate) pattern: String,
     pub(crate) filter_json: String,
+}
+
+/// Checks a subscription's pattern and optional filter; returns the filter
+/// as JSON text (empty for none), or why it is refused (status 400).
+pub(crate) fn check_subscription(
+    pattern: &str,
+    filter: Option<&serde_json::Value>,
+) -> Result<String, String> {
+    if let Err(reason) = pattern_prefix(pattern) {
+        return Err(format!("bad pattern: {reason}"));
+    }
+    match filter {
+        None | Some(serde_json::Value::Null) => Ok(String::new()),
+        Some(f) => match Filter::parse(f) {
+            Ok(_) => Ok(f.to_string()),
+            Err(reason) => Err(format!("bad filter: {reason}")),
+        },
+    }
+}
+
+/// Closes its session when dropped (a gRPC stream ends by being dropped).
+pub(crate) struct SessionGuard {
+    pub(crate) pool: Arc<Pool>,
+    pub(crate) session: u64,
+}
+
+impl Drop for SessionGuard {
+    fn drop(&mut self) {
+        self.pool.close_session(self.session);
+    }
 }
 
 impl Subscription {
@@ -100,6 +141,8 @@ pub(crate) struct Pool {
     router_up: AtomicBool,
     /// Counts pipes connected and whether a route table has arrived.
     progress: watch::Sender<(usize, bool)>,
+    /// Bumped whenever the route table or the router's state changes.
+    changes: watch::Sender<u64>,
     config: Arc<Config>,
 }
 
@@ -136,6 +179,7 @@ impl Pool {
             routes: RwLock::new(Arc::new(Routes::default())),
             router_up: AtomicBool::new(false),
             progress: watch::channel((0, false)).0,
+            changes: watch::channel(0).0,
             config,
         });
         for index in 0..pool.slots.len() {
@@ -159,6 +203,22 @@ impl Pool {
 
     pub(crate) fn router_up(&self) -> bool {
         self.router_up.load(Ordering::Relaxed)
+    }
+
+    /// Whether the group is ready: the router is up and every declared
+    /// manager has an instance up (`/ready`, gRPC health).
+    pub(crate) fn ready(&self) -> bool {
+        self.router_up() && self.routes().table.all_up()
+    }
+
+    /// Changes whenever [`routes`](Self::routes) or
+    /// [`router_up`](Self::router_up) may have.
+    pub(crate) fn watch_changes(&self) -> watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+
+    fn changed(&self) {
+        self.changes.send_modify(|n| *n = n.wrapping_add(1));
     }
 
     /// Sends a request on the next live pipe; the response arrives on the
@@ -216,8 +276,8 @@ impl Pool {
         }
     }
 
-    /// Registers a WebSocket session; returns its number.
-    pub(crate) fn open_session(&self, tx: mpsc::Sender<Message>, kill: watch::Sender<CloseReason>) -> u64 {
+    /// Registers a session; returns its number.
+    pub(crate) fn open_session(&self, tx: Outbox, kill: watch::Sender<CloseReason>) -> u64 {
         let session = self.next_session.fetch_add(1, Ordering::Relaxed);
         let entry = Session {
             tx,
@@ -284,6 +344,7 @@ impl Pool {
         self.router_up.store(true, Ordering::Relaxed);
         drop(routes);
         self.mark(0, true);
+        self.changed();
     }
 }
 
@@ -368,6 +429,7 @@ async fn read_responses(pool: &Pool, index: usize, mut reader: FrameReader<Owned
                     Ok(Control::RouteTable(table)) => pool.apply_routes(table),
                     Ok(Control::RouterLost) => {
                         pool.router_up.store(false, Ordering::Relaxed);
+                        pool.changed();
                         slot.fail_all("the router went down while handling the request");
                     }
                     Ok(other) => tracing::debug!(?other, "ignoring control from broker"),
@@ -380,7 +442,7 @@ async fn read_responses(pool: &Pool, index: usize, mut reader: FrameReader<Owned
     }
 }
 
-/// A push from the broker: one JSON message per session it names, queued
+/// A push from the broker: one message per session it names, queued
 /// without waiting; a session whose queue is full is dropped.
 fn push(pool: &Pool, slot: &Slot, env: &Envelope) {
     let Some(to) = env.meta.get(META_TO) else { return };
@@ -416,19 +478,46 @@ fn push(pool: &Pool, slot: &Slot, env: &Envelope) {
                 continue;
             };
             let name = env.meta.get(META_EVENT).unwrap_or(&first.pattern);
-            let text = format!(
-                r#"{{"event":{},"sub":{},"data":{data}}}"#,
-                serde_json::Value::from(name),
-                serde_json::to_string(&ids).unwrap_or_else(|_| "[]".into()),
-            );
-            match s.tx.try_send(Message::text(text)) {
+            let sent = match &s.tx {
+                Outbox::Ws(tx) => {
+                    let text = format!(
+                        r#"{{"event":{},"sub":{},"data":{data}}}"#,
+                        serde_json::Value::from(name),
+                        serde_json::to_string(&ids).unwrap_or_else(|_| "[]".into()),
+                    );
+                    tx.try_send(Message::text(text))
+                        .map_err(|e| matches!(e, mpsc::error::TrySendError::Full(_)))
+                }
+                Outbox::Grpc(tx) => {
+                    let push = Push {
+                        event: name.to_owned(),
+                        payload: body.clone(),
+                        subscriptions: ids
+                            .iter()
+                            .map(|id| id.as_str().unwrap_or_default().to_owned())
+                            .collect(),
+                        content_type: "application/json".to_owned(),
+                    };
+                    let message = ServerMessage {
+                        id: String::new(),
+                        kind: Some(server_message::Kind::Push(push)),
+                    };
+                    tx.try_send(Ok(message))
+                        .map_err(|e| matches!(e, mpsc::error::TrySendError::Full(_)))
+                }
+            };
+            match sent {
                 Ok(()) => {}
-                Err(mpsc::error::TrySendError::Full(_)) => {
-                    tracing::warn!(session, "dropping slow websocket client: its send queue is full");
+                Err(true) => {
+                    let kind = match s.tx {
+                        Outbox::Ws(_) => "websocket",
+                        Outbox::Grpc(_) => "grpc",
+                    };
+                    tracing::warn!(session, "dropping slow {kind} client: its send queue is full");
                     s.kill.send_replace(Some((1008, "too slow: send queue full")));
                     dropped.push(session);
                 }
-                Err(mpsc::error::TrySendError::Closed(_)) => dropped.push(session),
+                Err(false) => dropped.push(session),
             }
         }
     }

@@ -20,7 +20,6 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use serde_json::Value;
-use switchyard_proto::control::{Filter, pattern_prefix};
 use switchyard_proto::{Deadline, Envelope, EventType, Payload, problem};
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio_tungstenite::WebSocketStream;
@@ -30,7 +29,7 @@ use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, WebSocketConfig
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 
 use crate::http::{State, error};
-use crate::pipes::{CloseReason, SendFailure, Subscription};
+use crate::pipes::{CloseReason, Outbox, SendFailure, Subscription, check_subscription};
 
 /// The event `/ws/echo` messages become.
 pub(crate) const ECHO_EVENT: &str = "demo.WsEcho";
@@ -207,7 +206,7 @@ async fn session(state: Arc<State>, ws: Ws) {
     let (sink, mut stream) = ws.split();
     let (tx, rx) = mpsc::channel::<Message>(cfg.queue);
     let (kill, mut killed) = watch::channel::<CloseReason>(None);
-    let id = state.pool.open_session(tx.clone(), kill.clone());
+    let id = state.pool.open_session(Outbox::Ws(tx.clone()), kill.clone());
     let writer = tokio::spawn(writer(sink, rx, kill.subscribe()));
     let in_flight = Arc::new(Semaphore::new(cfg.max_in_flight));
     let mut ping = tokio::time::interval(cfg.ping_interval);
@@ -320,15 +319,9 @@ fn subscribe(
     let Value::String(pattern) = pattern else {
         return error_message(id, 400, "`subscribe` takes a pattern string");
     };
-    if let Err(reason) = pattern_prefix(pattern) {
-        return error_message(id, 400, &format!("bad pattern: {reason}"));
-    }
-    let filter_json = match filter {
-        None | Some(Value::Null) => String::new(),
-        Some(f) => match Filter::parse(f) {
-            Ok(_) => f.to_string(),
-            Err(reason) => return error_message(id, 400, &format!("bad filter: {reason}")),
-        },
+    let filter_json = match check_subscription(pattern, filter) {
+        Ok(f) => f,
+        Err(reason) => return error_message(id, 400, &reason),
     };
     let max = state.ws.max_subscriptions;
     if state.pool.subscriptions(session) >= max {
@@ -365,15 +358,33 @@ fn unsubscribe(state: &State, session: u64, id: Option<&Value>, which: &Value) -
     Message::text(Value::Object(out).to_string())
 }
 
-/// Sends one request through the pipeline; the answer as raw status,
-/// content type and body.
+/// Sends one request through the pipeline; the answer as raw status and body.
 async fn round_trip(state: &State, ty: EventType, content_type: Option<&str>, body: Bytes) -> (u16, Bytes) {
+    let (status, _, body) = call(state, ty, content_type, body, state.config.request_timeout).await;
+    (status, body)
+}
+
+/// Sends one request event (the one the HTTP path builds: type, body,
+/// content type, deadline) through the pipeline and waits at most
+/// `timeout`; the answer as status, content type and body. Failures of the
+/// path itself are problem+json answers (503, 504). Shared by `/ws` and gRPC.
+pub(crate) async fn call(
+    state: &State,
+    ty: EventType,
+    content_type: Option<&str>,
+    body: Bytes,
+    timeout: Duration,
+) -> (u16, Option<String>, Bytes) {
+    let problem_bytes = |status: u16, detail: &str| {
+        let (status, body) = problem_bytes(status, detail);
+        (status, Some(problem::PROBLEM_JSON.to_owned()), body)
+    };
     let mut env = Envelope::request(ty, 0, Bytes::new());
     env.payload = match Payload::for_body(body, state.config.shm_threshold) {
         Ok(p) => p,
         Err(_) => return problem_bytes(503, "shared-memory budget exhausted; retry later"),
     };
-    env.deadline = Deadline::after(state.config.request_timeout);
+    env.deadline = Deadline::after(timeout);
     if let Some(ct) = content_type {
         env.meta.push("content-type", ct);
     }
@@ -382,14 +393,14 @@ async fn round_trip(state: &State, ty: EventType, content_type: Option<&str>, bo
         Err(SendFailure::Busy) => return problem_bytes(503, "the server is overloaded"),
         Err(SendFailure::Unavailable) => return problem_bytes(503, "the broker is not available"),
     };
-    let response = match tokio::time::timeout(state.config.request_timeout, &mut { in_flight }.response).await
-    {
+    let response = match tokio::time::timeout(timeout, &mut { in_flight }.response).await {
         Ok(Ok(env)) => env,
         Ok(Err(_)) => return problem_bytes(503, "the request was dropped"),
         Err(_) => return problem_bytes(504, "the request deadline passed"),
     };
+    let content_type = response.meta.get("content-type").map(str::to_owned);
     match response.payload.bytes() {
-        Ok(b) => (response.status, b),
+        Ok(b) => (response.status, content_type, b),
         Err(_) => problem_bytes(503, "response body unavailable"),
     }
 }

@@ -1,0 +1,473 @@
+//! gRPC on the listener's port: requests whose content type is
+//! `application/grpc*` go here instead of the HTTP router (docs/grpc.md).
+//!
+//! Served: `switchyard.v1.Events` (unary `Call`, server-streaming
+//! `Subscribe`, bidirectional `Session`), `grpc.health.v1.Health` and server
+//! reflection (v1 and v1alpha). A call is the same request event the HTTP
+//! and `/ws` paths build, sent on the return pipes; a `Subscribe` or
+//! `Session` stream is one more session of the pipes, with the same
+//! subscriptions, push path and bounded queue as a WebSocket connection.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::Stream;
+use http::{Request, Response};
+use hyper::body::Incoming;
+use serde_json::Value;
+use switchyard_proto::EventType;
+use switchyard_proto::grpc::events_server::{Events, EventsServer};
+use switchyard_proto::grpc::{
+    Ack, CallReply, CallRequest, ClientMessage, Push, ServerMessage, SubscribeRequest, client_message,
+    code_for_status, server_message,
+};
+use tokio::sync::{Semaphore, mpsc, watch};
+use tonic::body::Body;
+use tonic::codegen::Service;
+use tonic::server::NamedService;
+use tonic::{Status, Streaming};
+use tonic_health::ServingStatus;
+use tonic_health::server::{HealthReporter, HealthService};
+
+use crate::http::State;
+use crate::pipes::{CloseReason, Outbox, SessionGuard, Subscription, check_subscription};
+
+/// Whether a request is gRPC (by content type).
+pub(crate) fn is_grpc<B>(req: &Request<B>) -> bool {
+    req.headers()
+        .get(http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+}
+
+type Handler =
+    Box<dyn Fn(Request<Incoming>) -> Pin<Box<dyn Future<Output = Response<Body>> + Send>> + Send + Sync>;
+
+fn handler<S>(service: S) -> (&'static str, Handler)
+where
+    S: Service<Request<Incoming>, Response = Response<Body>, Error = Infallible>
+        + NamedService
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let handle: Handler = Box::new(move |req| {
+        let mut service = service.clone();
+        Box::pin(async move {
+            match service.call(req).await {
+                Ok(reply) => reply,
+                Err(never) => match never {},
+            }
+        })
+    });
+    (S::NAME, handle)
+}
+
+/// The gRPC services, dispatched by the path's service name.
+pub(crate) struct Grpc {
+    services: Vec<(&'static str, Handler)>,
+}
+
+/// The health service names: the whole group is `""` (and the Events
+/// service); each manager is `switchyard.manager.<name>`.
+pub(crate) const MANAGER_PREFIX: &str = "switchyard.manager.";
+
+impl Grpc {
+    pub(crate) fn new(state: Arc<State>) -> Grpc {
+        let reporter = HealthReporter::new();
+        tokio::spawn(track_health(state.clone(), reporter.clone()));
+        let health =
+            tonic_health::pb::health_server::HealthServer::new(HealthService::from_health_reporter(reporter));
+        let reflection = || {
+            tonic_reflection::server::Builder::configure()
+                .register_encoded_file_descriptor_set(switchyard_proto::grpc::FILE_DESCRIPTOR_SET)
+                .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        };
+        let mut services = vec![
+            handler(EventsServer::new(EventsService { state })),
+            handler(health),
+        ];
+        match reflection().build_v1() {
+            Ok(v1) => services.push(handler(v1)),
+            Err(err) => tracing::error!(%err, "no gRPC reflection (v1)"),
+        }
+        match reflection().build_v1alpha() {
+            Ok(v1alpha) => services.push(handler(v1alpha)),
+            Err(err) => tracing::error!(%err, "no gRPC reflection (v1alpha)"),
+        }
+        Grpc { services }
+    }
+
+    /// Serves one gRPC request.
+    pub(crate) async fn serve(&self, req: Request<Incoming>) -> Response<Body> {
+        let path = req.uri().path();
+        let service = path
+            .strip_prefix('/')
+            .and_then(|p| p.split_once('/'))
+            .map(|(service, _)| service);
+        match self.services.iter().find(|(name, _)| Some(*name) == service) {
+            Some((_, handle)) => handle(req).await,
+            None => Status::unimplemented(format!("no service {}", service.unwrap_or(path))).into_http(),
+        }
+    }
+}
+
+/// Keeps the health statuses in step with the route table and the router:
+/// `""` and `switchyard.v1.Events` are SERVING when the group is ready
+/// (as `/ready`), each manager when it has an instance up.
+async fn track_health(state: Arc<State>, reporter: HealthReporter) {
+    let mut changes = state.pool.watch_changes();
+    let status = |up: bool| {
+        if up {
+            ServingStatus::Serving
+        } else {
+            ServingStatus::NotServing
+        }
+    };
+    loop {
+        let ready = state.pool.ready();
+        let router = state.pool.router_up();
+        reporter.set_service_status("", status(ready)).await;
+        reporter
+            .set_service_status(<EventsServer<EventsService> as NamedService>::NAME, status(ready))
+            .await;
+        for m in &state.pool.routes().table.managers {
+            reporter
+                .set_service_status(
+                    format!("{MANAGER_PREFIX}{}", m.name),
+                    status(router && m.instances_up > 0),
+                )
+                .await;
+        }
+        if changes.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+struct EventsService {
+    state: Arc<State>,
+}
+
+/// A failed call: the event status (0 when the call never became an event)
+/// and the gRPC status.
+struct CallError {
+    status: u16,
+    grpc: Status,
+}
+
+impl CallError {
+    fn invalid(detail: impl Into<String>) -> CallError {
+        CallError {
+            status: 400,
+            grpc: Status::invalid_argument(detail),
+        }
+    }
+}
+
+/// A unary call: the request event, its reply or the mapped error.
+async fn call(state: &State, req: CallRequest) -> Result<CallReply, CallError> {
+    if req.r#type.is_empty() {
+        return Err(CallError::invalid("`type` names the event type"));
+    }
+    let content_type = if req.content_type.is_empty() {
+        "application/json"
+    } else {
+        req.content_type.as_str()
+    };
+    if !content_type.starts_with("application/json") {
+        return Err(CallError::invalid(format!(
+            "content type {content_type} is not supported; send application/json"
+        )));
+    }
+    let limit = state.config.request_timeout;
+    let timeout = match req.deadline_ms {
+        0 => limit,
+        ms => Duration::from_millis(ms).min(limit),
+    };
+    if req.payload.len() > state.config.max_body_bytes {
+        return Err(CallError {
+            status: 413,
+            grpc: Status::resource_exhausted(format!(
+                "payload is larger than {} bytes",
+                state.config.max_body_bytes
+            )),
+        });
+    }
+    let (status, content_type, body) = crate::ws::call(
+        state,
+        EventType::of(&req.r#type),
+        Some(content_type),
+        req.payload,
+        timeout,
+    )
+    .await;
+    if status < 400 {
+        return Ok(CallReply {
+            status: status.into(),
+            content_type: content_type.unwrap_or_default(),
+            payload: body,
+        });
+    }
+    // The problem+json's detail (or title) is the message; the whole body
+    // rides along as the status details.
+    let message = serde_json::from_slice::<Value>(&body)
+        .ok()
+        .and_then(|v| {
+            v.get("detail")
+                .or_else(|| v.get("title"))
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+        })
+        .unwrap_or_else(|| format!("event status {status}"));
+    Err(CallError {
+        status,
+        grpc: Status::with_details(code_for_status(status), message, body),
+    })
+}
+
+/// Checks a subscribe request; the filter as JSON text.
+fn check(req: &SubscribeRequest) -> Result<String, String> {
+    let filter = if req.filter_json.trim().is_empty() {
+        None
+    } else {
+        Some(serde_json::from_str::<Value>(&req.filter_json).map_err(|e| format!("bad filter: {e}"))?)
+    };
+    check_subscription(&req.pattern, filter.as_ref())
+}
+
+type GrpcTx = mpsc::Sender<Result<ServerMessage, Status>>;
+
+/// Opens a session whose pushes go to a new bounded queue.
+fn open(
+    state: &Arc<State>,
+) -> (
+    SessionGuard,
+    GrpcTx,
+    mpsc::Receiver<Result<ServerMessage, Status>>,
+    watch::Receiver<CloseReason>,
+) {
+    let (tx, rx) = mpsc::channel(state.ws.queue);
+    let (kill, killed) = watch::channel::<CloseReason>(None);
+    let session = state.pool.open_session(Outbox::Grpc(tx.clone()), kill);
+    let guard = SessionGuard {
+        pool: state.pool.clone(),
+        session,
+    };
+    (guard, tx, rx, killed)
+}
+
+/// The outbound stream of a session: its queue until it closes, or an
+/// error once the session is dropped for being too slow.
+fn outbound(
+    guard: Option<SessionGuard>,
+    rx: mpsc::Receiver<Result<ServerMessage, Status>>,
+    killed: watch::Receiver<CloseReason>,
+) -> impl Stream<Item = Result<ServerMessage, Status>> + Send + 'static {
+    futures_util::stream::unfold(
+        (guard, rx, killed, false),
+        |(guard, mut rx, mut killed, done)| async move {
+            if done {
+                return None;
+            }
+            let next = tokio::select! {
+                biased;
+                Ok(()) = killed.changed() => None,
+                m = rx.recv() => m,
+            };
+            match next {
+                Some(m) => Some((m, (guard, rx, killed, false))),
+                None => {
+                    let reason = *killed.borrow();
+                    let (_, why) = reason?;
+                    let status = Status::resource_exhausted(format!("stream ended: {why}"));
+                    Some((Err(status), (guard, rx, killed, true)))
+                }
+            }
+        },
+    )
+}
+
+type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Events for EventsService {
+    async fn call(&self, request: tonic::Request<CallRequest>) -> Result<tonic::Response<CallReply>, Status> {
+        call(&self.state, request.into_inner())
+            .await
+            .map(tonic::Response::new)
+            .map_err(|e| e.grpc)
+    }
+
+    type SubscribeStream = BoxStream<Push>;
+
+    async fn subscribe(
+        &self,
+        request: tonic::Request<SubscribeRequest>,
+    ) -> Result<tonic::Response<Self::SubscribeStream>, Status> {
+        let req = request.into_inner();
+        let filter_json = check(&req).map_err(Status::invalid_argument)?;
+        let (guard, tx, rx, killed) = open(&self.state);
+        // The pool holds the queue's sender: the stream ends with the session.
+        drop(tx);
+        self.state.pool.subscribe(
+            guard.session,
+            1,
+            Subscription {
+                id: Value::from(req.pattern.as_str()),
+                pattern: req.pattern,
+                filter_json,
+            },
+        );
+        let pushes = futures_util::StreamExt::filter_map(outbound(Some(guard), rx, killed), |m| async move {
+            match m {
+                Ok(ServerMessage {
+                    kind: Some(server_message::Kind::Push(push)),
+                    ..
+                }) => Some(Ok(push)),
+                Ok(_) => None,
+                Err(status) => Some(Err(status)),
+            }
+        });
+        Ok(tonic::Response::new(Box::pin(pushes)))
+    }
+
+    type SessionStream = BoxStream<ServerMessage>;
+
+    async fn session(
+        &self,
+        request: tonic::Request<Streaming<ClientMessage>>,
+    ) -> Result<tonic::Response<Self::SessionStream>, Status> {
+        let inbound = request.into_inner();
+        let (guard, tx, rx, killed) = open(&self.state);
+        tokio::spawn(read_session(self.state.clone(), guard, tx, inbound));
+        Ok(tonic::Response::new(Box::pin(outbound(None, rx, killed))))
+    }
+}
+
+fn answer(id: String, kind: server_message::Kind) -> Result<ServerMessage, Status> {
+    Ok(ServerMessage { id, kind: Some(kind) })
+}
+
+fn error(id: String, status: u16, grpc: &Status) -> Result<ServerMessage, Status> {
+    answer(
+        id,
+        server_message::Kind::Error(switchyard_proto::grpc::Error {
+            code: grpc.code() as i32,
+            status: status.into(),
+            message: grpc.message().to_owned(),
+            details: grpc.details().to_vec().into(),
+        }),
+    )
+}
+
+/// Reads a `Session`'s client messages until the client half-closes or
+/// goes away; then, once its calls are answered, ends the session (which
+/// ends the outbound stream).
+async fn read_session(
+    state: Arc<State>,
+    guard: SessionGuard,
+    tx: GrpcTx,
+    mut inbound: Streaming<ClientMessage>,
+) {
+    let session = guard.session;
+    let max_in_flight = state.ws.max_in_flight;
+    let in_flight = Arc::new(Semaphore::new(max_in_flight));
+    let mut next_sub = 1u64;
+    loop {
+        let msg = tokio::select! {
+            _ = tx.closed() => break,
+            m = inbound.message() => m,
+        };
+        let ClientMessage { id, kind } = match msg {
+            Ok(Some(m)) => m,
+            Ok(None) => break,
+            Err(status) => {
+                tracing::debug!(%status, "grpc session read ended");
+                break;
+            }
+        };
+        let reply = match kind {
+            Some(client_message::Kind::Call(req)) => {
+                let Ok(permit) = in_flight.clone().acquire_owned().await else {
+                    break;
+                };
+                let (state, tx) = (state.clone(), tx.clone());
+                tokio::spawn(async move {
+                    let reply = match call(&state, req).await {
+                        Ok(reply) => answer(id, server_message::Kind::Reply(reply)),
+                        Err(e) => error(id, e.status, &e.grpc),
+                    };
+                    let _ = tx.send(reply).await;
+                    drop(permit);
+                });
+                continue;
+            }
+            Some(client_message::Kind::Subscribe(req)) => match check(&req) {
+                Err(reason) => error(id, 400, &Status::invalid_argument(reason)),
+                Ok(_) if state.pool.subscriptions(session) >= state.ws.max_subscriptions => {
+                    let max = state.ws.max_subscriptions;
+                    let status =
+                        Status::resource_exhausted(format!("at most {max} subscriptions per stream"));
+                    error(id, 429, &status)
+                }
+                Ok(filter_json) => {
+                    let sub_id = if id.is_empty() {
+                        req.pattern.clone()
+                    } else {
+                        id.clone()
+                    };
+                    state.pool.subscribe(
+                        session,
+                        next_sub,
+                        Subscription {
+                            id: Value::from(sub_id),
+                            pattern: req.pattern,
+                            filter_json,
+                        },
+                    );
+                    next_sub += 1;
+                    answer(id, server_message::Kind::Ack(Ack { count: 1 }))
+                }
+            },
+            Some(client_message::Kind::Unsubscribe(req)) => {
+                let which = req.subscription;
+                let removed = state
+                    .pool
+                    .unsubscribe(session, |s| s.id.as_str() == Some(&which) || s.pattern == which);
+                if removed == 0 {
+                    error(
+                        id,
+                        404,
+                        &Status::not_found("no subscription has this id or pattern"),
+                    )
+                } else {
+                    answer(
+                        id,
+                        server_message::Kind::Ack(Ack {
+                            count: removed as u32,
+                        }),
+                    )
+                }
+            }
+            None => error(
+                id,
+                400,
+                &Status::invalid_argument("a message has call, subscribe or unsubscribe"),
+            ),
+        };
+        if tx.send(reply).await.is_err() {
+            break;
+        }
+    }
+    // Let the calls in flight answer (unless the client is gone), then end.
+    tokio::select! {
+        _ = tx.closed() => {}
+        _ = in_flight.acquire_many(max_in_flight as u32) => {}
+    }
+    drop(guard);
+}
