@@ -1,6 +1,6 @@
-//! Rust clients for Switchyard's front ends. For now the WebSocket client
-//! (the protocol is docs/websocket.md); a gRPC client with the same shape
-//! is to come.
+//! Rust clients for Switchyard's front ends: the WebSocket [`Client`] (the
+//! protocol is docs/websocket.md) and the [`GrpcClient`] (docs/grpc.md),
+//! with the same shape: `connect`, typed `call`, `subscribe` streams.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), switchyard_client::ClientError> {
@@ -21,6 +21,12 @@
 //! subscription streams go on (pushes sent while disconnected are lost).
 
 #![forbid(unsafe_code)]
+
+mod grpc;
+
+pub use grpc::{GrpcClient, GrpcSubscription};
+/// The generated gRPC messages and client of `switchyard.v1.Events`.
+pub use switchyard_proto::grpc as proto;
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -52,6 +58,9 @@ pub enum ClientError {
     /// problem+json body.
     #[error("status {status}: {problem}")]
     Status { status: u16, problem: Value },
+    /// A gRPC failure that is not an event's error status.
+    #[error("grpc status {code:?}: {message}")]
+    Grpc { code: tonic::Code, message: String },
     #[error("cannot encode or decode: {0}")]
     Json(#[from] serde_json::Error),
 }
