@@ -119,3 +119,35 @@ fn many_concurrent_clients_get_their_own_answers() {
         t.join().unwrap();
     }
 }
+
+#[test]
+fn switchyard_bench_steps_load_against_the_running_group() {
+    let g = Group::start("bench-cmd");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args([
+            "bench",
+            &format!("http://{}", g.addr),
+            "-r",
+            "GET /noop",
+            "-c",
+            "1,2",
+            "-d",
+            "0.3",
+            "--warmup",
+            "0.1",
+        ])
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let steps = report["steps"].as_array().expect("steps");
+    assert_eq!(steps.len(), 2);
+    for step in steps {
+        assert!(step["requests"].as_u64().unwrap() > 0, "{step}");
+        assert_eq!(
+            step["requests"], step["status"]["2xx"],
+            "every request was a 2xx: {step}"
+        );
+    }
+}

@@ -37,6 +37,43 @@ use schedule::Schedule;
 /// Fails only when the run cannot start: the server does not resolve or
 /// accept a connection, or an option cannot become a request. Errors during
 /// the steps are figures of the report.
+/// The whole command (`switchyard bench URL`, `switchyard-load URL`): runs
+/// the steps on a runtime of its own and prints the table or the JSON.
+/// Exit status: 0; 1 when the run cannot start; 2 when `--fail-on-break` is
+/// set and a step broke the thresholds.
+pub fn main(options: Options) -> std::process::ExitCode {
+    use std::io::Write;
+    let inner = || -> anyhow::Result<std::process::ExitCode> {
+        // Two workers at most, so that on the 2-core machines this project is
+        // measured on the generator cannot take every core from the server; it
+        // reports its own CPU use, so a figure it limited is flagged as such.
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(cores.min(2))
+            .enable_all()
+            .build()
+            .context("cannot build the tokio runtime")?;
+        let (json, fail_on_break) = (options.json, options.fail_on_break);
+        let report = runtime.block_on(run(options))?;
+        if json {
+            let mut stdout = std::io::stdout().lock();
+            serde_json::to_writer_pretty(&mut stdout, &report)?;
+            writeln!(stdout)?;
+        } else {
+            print_table(&report);
+        }
+        Ok(if fail_on_break && report.break_at.is_some() {
+            std::process::ExitCode::from(2)
+        } else {
+            std::process::ExitCode::SUCCESS
+        })
+    };
+    inner().unwrap_or_else(|err| {
+        eprintln!("switchyard bench: {err:#}");
+        std::process::ExitCode::FAILURE
+    })
+}
+
 pub async fn run(opts: Options) -> anyhow::Result<Report> {
     anyhow::ensure!(!opts.concurrency.is_empty(), "no concurrency steps");
     let server = Server::connect(&opts)
