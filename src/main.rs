@@ -70,7 +70,7 @@ enum Command {
     /// Load a running server step by step: req/s, latency, errors, where it
     /// breaks and where it saturates (see bench/README.md). The scenario
     /// suite against the in-process baseline is `switchyard-suite`.
-    Bench(switchyard_bench::load::Options),
+    Bench(Box<switchyard_bench::load::Options>),
     /// Validate a configuration file and exit.
     Check {
         #[arg(short, long)]
@@ -119,7 +119,7 @@ fn main() -> ExitCode {
         }
         Command::Status { json, runtime_dir } => status::main(json, runtime_dir),
         Command::New { path, sdk } => scaffold::main(&path, sdk),
-        Command::Bench(options) => switchyard_bench::load::main(options),
+        Command::Bench(options) => switchyard_bench::load::main(*options),
         Command::Check { config } => match load_config(Some(&config)) {
             Ok(_) => {
                 println!("{}: ok", config.display());
