@@ -29,7 +29,9 @@ pub(crate) struct Config {
 pub(crate) struct ListenerConfig {
     /// Address to listen on. Port 0 picks a free port (printed at start).
     pub(crate) bind: SocketAddr,
-    /// Runtime threads of the listener process (0: one per core).
+    /// Listener processes sharing the port (each with its own return pipes).
+    pub(crate) workers: u32,
+    /// Runtime threads of each listener process (0: one per core).
     pub(crate) threads: usize,
     /// Return pipes to the broker (0: one per thread).
     pub(crate) pipes: usize,
@@ -91,6 +93,7 @@ impl Default for ListenerConfig {
     fn default() -> Self {
         ListenerConfig {
             bind: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            workers: 1,
             threads: 0,
             pipes: 0,
             max_header_bytes: 16 * 1024,
@@ -348,6 +351,9 @@ impl Config {
         }
         if l.request_timeout_ms == 0 {
             problems.push("listener.request_timeout_ms: must be positive".to_owned());
+        }
+        if l.workers == 0 || l.workers > 64 {
+            problems.push("listener.workers: must be between 1 and 64".to_owned());
         }
         let ws = &l.ws;
         for (key, value) in [

@@ -199,7 +199,15 @@ async fn up(config: Config, runtime_dir: Option<PathBuf>) -> anyhow::Result<Exit
             }
         }
     }
-    children.push(Child::new(Role::Listener, "listener", Some(OwnedFd::from(tcp))));
+    // Every listener process accepts on the same supervisor-owned socket:
+    // the kernel hands each connection to one of them.
+    let tcp = OwnedFd::from(tcp);
+    for instance in 0..config.listener.workers {
+        let mut child = Child::new(Role::Listener, "listener", Some(tcp.try_clone()?));
+        child.instance = instance;
+        children.push(child);
+    }
+    drop(tcp);
     let mut sup = Supervisor {
         config,
         spec_json,
@@ -473,7 +481,7 @@ impl Supervisor {
         let grace = self.config.shutdown_grace();
         // Our copy of the TCP socket goes first: the listener's close then
         // really stops new connections.
-        if let Some(listener) = self.children.iter_mut().find(|c| c.role == Role::Listener) {
+        for listener in self.children.iter_mut().filter(|c| c.role == Role::Listener) {
             listener.socket = None;
         }
         let stages: [(&[Role], ToChild, Duration); 4] = [
