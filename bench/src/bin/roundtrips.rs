@@ -1,0 +1,185 @@
+//! `switchyard-roundtrips`: closed-loop request/response round trips per
+//! second over WebSocket and gRPC unary (through `switchyard-client`, one
+//! connection per client) against a running group, next to gRPC unary
+//! against an in-process tonic server answering the same call itself (the
+//! zero-hop baseline), rounds alternating.
+//!
+//! ```text
+//! switchyard-roundtrips http://127.0.0.1:8080 [--clients 1,8,32] [--duration 4] [--runs 3]
+//! ```
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Parser;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use switchyard_proto::grpc::events_server::{Events, EventsServer};
+use switchyard_proto::grpc::{CallReply, CallRequest, ClientMessage, Push, ServerMessage, SubscribeRequest};
+use tonic::codegen::Service;
+use tonic::codegen::tokio_stream;
+use tonic::{Request, Response, Status, Streaming};
+
+#[derive(Parser)]
+#[command(name = "switchyard-roundtrips")]
+struct Cli {
+    /// The running group, e.g. http://127.0.0.1:8080.
+    url: String,
+    /// Concurrent clients per step.
+    #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
+    clients: Vec<usize>,
+    /// Seconds per measurement.
+    #[arg(long, default_value_t = 4.0)]
+    duration: f64,
+    /// Rounds (median and min-max reported).
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+}
+
+/// The baseline: answers `demo.Noop` as the demo manager would, in-process.
+struct Baseline;
+
+#[tonic::async_trait]
+impl Events for Baseline {
+    async fn call(&self, _: Request<CallRequest>) -> Result<Response<CallReply>, Status> {
+        Ok(Response::new(CallReply {
+            status: 200,
+            content_type: "application/json".into(),
+            payload: br#"{"ok":true}"#.to_vec().into(),
+        }))
+    }
+    type SubscribeStream = tokio_stream::Empty<Result<Push, Status>>;
+    async fn subscribe(&self, _: Request<SubscribeRequest>) -> Result<Response<Self::SubscribeStream>, Status> {
+        Err(Status::unimplemented("baseline"))
+    }
+    type SessionStream = tokio_stream::Empty<Result<ServerMessage, Status>>;
+    async fn session(&self, _: Request<Streaming<ClientMessage>>) -> Result<Response<Self::SessionStream>, Status> {
+        Err(Status::unimplemented("baseline"))
+    }
+}
+
+/// Serves the baseline on its own runtime thread; returns its URL.
+fn start_baseline() -> anyhow::Result<String> {
+    let std_listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    std_listener.set_nonblocking(true)?;
+    let url = format!("http://{}", std_listener.local_addr()?);
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+        runtime.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(std_listener).expect("listener");
+            let server = EventsServer::new(Baseline);
+            loop {
+                let Ok((stream, _)) = listener.accept().await else { continue };
+                let _ = stream.set_nodelay(true);
+                let server = server.clone();
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |req| {
+                        let mut server = server.clone();
+                        async move { server.call(req).await }
+                    });
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+    });
+    Ok(url)
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Transport {
+    Ws,
+    Grpc,
+}
+
+/// Round trips per second with `clients` connections for `duration`.
+async fn measure(transport: Transport, url: &str, clients: usize, duration: Duration) -> anyhow::Result<f64> {
+    let done = Arc::new(AtomicBool::new(false));
+    let count = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        let (done, count) = (done.clone(), count.clone());
+        match transport {
+            Transport::Ws => {
+                let ws_url = format!("{}/ws", url.replacen("http://", "ws://", 1));
+                let client = switchyard_client::Client::connect(&ws_url).await.context("websocket connect")?;
+                tasks.push(tokio::spawn(async move {
+                    while !done.load(Ordering::Relaxed) {
+                        let _: serde_json::Value =
+                            client.call("demo.Noop", &serde_json::json!({})).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+                        count.fetch_add(1, Ordering::Relaxed);
+                    }
+                    anyhow::Ok(())
+                }));
+            }
+            Transport::Grpc => {
+                let client = switchyard_client::GrpcClient::connect(url).await.context("grpc connect")?;
+                tasks.push(tokio::spawn(async move {
+                    while !done.load(Ordering::Relaxed) {
+                        let _: serde_json::Value =
+                            client.call("demo.Noop", &serde_json::json!({})).await.map_err(|e| anyhow::anyhow!("{e}"))?;
+                        count.fetch_add(1, Ordering::Relaxed);
+                    }
+                    anyhow::Ok(())
+                }));
+            }
+        }
+    }
+    // Warm-up, then count.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let start_count = count.load(Ordering::Relaxed);
+    let started = Instant::now();
+    tokio::time::sleep(duration).await;
+    let done_count = count.load(Ordering::Relaxed);
+    let elapsed = started.elapsed().as_secs_f64();
+    done.store(true, Ordering::Relaxed);
+    for task in tasks {
+        task.await??;
+    }
+    Ok((done_count - start_count) as f64 / elapsed)
+}
+
+fn summary(mut xs: Vec<f64>) -> String {
+    xs.sort_by(f64::total_cmp);
+    let median = xs[xs.len() / 2];
+    format!("{median:.0} ({:.0}–{:.0})", xs[0], xs[xs.len() - 1])
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let baseline = start_baseline()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let duration = Duration::from_secs_f64(cli.duration);
+    println!("| clients | WebSocket rt/s | gRPC unary rt/s | baseline gRPC unary rt/s (in-process tonic) | gRPC / baseline |");
+    println!("|---:|---:|---:|---:|---:|");
+    for &clients in &cli.clients {
+        let (mut ws, mut grpc, mut base) = (Vec::new(), Vec::new(), Vec::new());
+        for run in 0..cli.runs {
+            eprintln!("switchyard-roundtrips: {clients} clients, round {}/{}", run + 1, cli.runs);
+            runtime.block_on(async {
+                // Flip the order every round so drift hits both sides.
+                if run % 2 == 0 {
+                    base.push(measure(Transport::Grpc, &baseline, clients, duration).await?);
+                    grpc.push(measure(Transport::Grpc, &cli.url, clients, duration).await?);
+                    ws.push(measure(Transport::Ws, &cli.url, clients, duration).await?);
+                } else {
+                    ws.push(measure(Transport::Ws, &cli.url, clients, duration).await?);
+                    grpc.push(measure(Transport::Grpc, &cli.url, clients, duration).await?);
+                    base.push(measure(Transport::Grpc, &baseline, clients, duration).await?);
+                }
+                anyhow::Ok(())
+            })?;
+        }
+        let ratio = {
+            let mut g = grpc.clone();
+            let mut b = base.clone();
+            g.sort_by(f64::total_cmp);
+            b.sort_by(f64::total_cmp);
+            g[g.len() / 2] / b[b.len() / 2]
+        };
+        println!("| {clients} | {} | {} | {} | {ratio:.2} |", summary(ws), summary(grpc), summary(base));
+    }
+    Ok(())
+}
