@@ -118,3 +118,27 @@ fn nothing_of_the_group_is_left_in_dev_shm_after_kill_9_and_stop() {
     let new: Vec<String> = listing().into_iter().filter(|n| !before.contains(n)).collect();
     assert!(new.is_empty(), "left in /dev/shm: {new:?}");
 }
+
+#[test]
+fn single_ranges_get_206_and_unsatisfiable_ones_416() {
+    let g = Group::start("range");
+    // 1 MiB: the body crosses in shared memory; the range is a slice of it.
+    let range = |spec: &str| {
+        let req =
+            format!("GET /payload/1048576 HTTP/1.1\r\nhost: t\r\nconnection: close\r\nrange: {spec}\r\n\r\n");
+        raw(g.addr, req.as_bytes()).unwrap()
+    };
+    let r = range("bytes=1000-1999");
+    assert_eq!(r.status, 206);
+    assert_eq!(r.header("content-range"), Some("bytes 1000-1999/1048576"));
+    assert_eq!(r.body, vec![b'x'; 1000]);
+    let r = range("bytes=-10");
+    assert_eq!((r.status, r.body.len()), (206, 10));
+    assert_eq!(r.header("content-range"), Some("bytes 1048566-1048575/1048576"));
+    let r = range("bytes=2000000-");
+    assert_eq!(r.status, 416);
+    assert_eq!(r.header("content-range"), Some("bytes */1048576"));
+    // Several ranges: the whole body, as RFC 9110 allows.
+    let r = range("bytes=0-1,5-6");
+    assert_eq!((r.status, r.body.len()), (200, 1048576));
+}

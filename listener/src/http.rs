@@ -80,6 +80,16 @@ async fn route(state: &State, req: Request<Incoming>) -> Reply {
         );
     }
     let (parts, body) = req.into_parts();
+    // A single byte range of a GET is served from the whole response.
+    let range = (parts.method == http::Method::GET)
+        .then(|| {
+            parts
+                .headers
+                .get(header::RANGE)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        })
+        .flatten();
     let body = match Limited::new(body, limit).collect().await {
         Ok(collected) => collected.to_bytes(),
         Err(err) if err.is::<http_body_util::LengthLimitError>() => {
@@ -145,10 +155,62 @@ async fn route(state: &State, req: Request<Incoming>) -> Reply {
         Ok(Err(_)) => return error(StatusCode::SERVICE_UNAVAILABLE, "the request was dropped"),
         Err(_) => return error(StatusCode::GATEWAY_TIMEOUT, "the request deadline passed"),
     };
-    into_http(response)
+    into_http(response, range.as_deref())
 }
 
-fn into_http(env: Envelope) -> Reply {
+/// What a `Range` header asks of a body of `len` bytes.
+#[derive(Debug, PartialEq, Eq)]
+enum RangeAsk {
+    /// One satisfiable range, inclusive.
+    Bytes(u64, u64),
+    /// A single range that lies outside the body.
+    Unsatisfiable,
+    /// Not a single byte range we serve (several ranges, other units,
+    /// garbage): the whole body is served, as RFC 9110 allows.
+    Ignore,
+}
+
+fn parse_range(header: &str, len: u64) -> RangeAsk {
+    let Some(spec) = header.trim().strip_prefix("bytes=") else {
+        return RangeAsk::Ignore;
+    };
+    if spec.contains(',') {
+        return RangeAsk::Ignore;
+    }
+    let Some((first, last)) = spec.trim().split_once('-') else {
+        return RangeAsk::Ignore;
+    };
+    let (first, last) = (first.trim(), last.trim());
+    match (first.parse::<u64>(), last.parse::<u64>()) {
+        // bytes=a-b
+        (Ok(a), Ok(b)) if a <= b => {
+            if a >= len {
+                RangeAsk::Unsatisfiable
+            } else {
+                RangeAsk::Bytes(a, b.min(len - 1))
+            }
+        }
+        // bytes=a-
+        (Ok(a), Err(_)) if last.is_empty() => {
+            if a >= len {
+                RangeAsk::Unsatisfiable
+            } else {
+                RangeAsk::Bytes(a, len - 1)
+            }
+        }
+        // bytes=-n: the last n bytes
+        (Err(_), Ok(n)) if first.is_empty() => {
+            if n == 0 || len == 0 {
+                RangeAsk::Unsatisfiable
+            } else {
+                RangeAsk::Bytes(len.saturating_sub(n), len - 1)
+            }
+        }
+        _ => RangeAsk::Ignore,
+    }
+}
+
+fn into_http(env: Envelope, range: Option<&str>) -> Reply {
     let status = StatusCode::from_u16(env.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     // A shared-memory body is mapped, not copied: hyper writes straight
     // from the mapping, which is released when the response is sent.
@@ -159,9 +221,36 @@ fn into_http(env: Envelope) -> Reply {
             return error(StatusCode::SERVICE_UNAVAILABLE, "response body unavailable");
         }
     };
+    // A single range of a whole 200 body: 206 with that slice (no copy), or
+    // 416 when it lies outside the body.
+    let (status, body, content_range) = match range.map(|r| parse_range(r, body.len() as u64)) {
+        Some(RangeAsk::Bytes(first, last)) if status == StatusCode::OK => {
+            let len = body.len();
+            let slice = body.slice(first as usize..=last as usize);
+            (
+                StatusCode::PARTIAL_CONTENT,
+                slice,
+                Some(format!("bytes {first}-{last}/{len}")),
+            )
+        }
+        Some(RangeAsk::Unsatisfiable) if status == StatusCode::OK => {
+            let mut reply = error(
+                StatusCode::RANGE_NOT_SATISFIABLE,
+                "the range lies outside the body",
+            );
+            if let Ok(v) = HeaderValue::from_str(&format!("bytes */{}", body.len())) {
+                reply.headers_mut().insert(header::CONTENT_RANGE, v);
+            }
+            return reply;
+        }
+        _ => (status, body, None),
+    };
     let mut reply = Response::new(Full::new(body));
     *reply.status_mut() = status;
     let headers = reply.headers_mut();
+    if let Some(v) = content_range.and_then(|v| HeaderValue::from_str(&v).ok()) {
+        headers.insert(header::CONTENT_RANGE, v);
+    }
     for (name, value) in env.meta.iter() {
         match (
             HeaderName::from_bytes(name.as_bytes()),
@@ -195,4 +284,24 @@ pub(crate) fn error(status: StatusCode, detail: &str) -> Reply {
         HeaderValue::from_static(problem::PROBLEM_JSON),
     );
     reply
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{RangeAsk, parse_range};
+
+    #[test]
+    fn ranges() {
+        assert_eq!(parse_range("bytes=0-9", 100), RangeAsk::Bytes(0, 9));
+        assert_eq!(parse_range("bytes=90-200", 100), RangeAsk::Bytes(90, 99));
+        assert_eq!(parse_range("bytes=50-", 100), RangeAsk::Bytes(50, 99));
+        assert_eq!(parse_range("bytes=-10", 100), RangeAsk::Bytes(90, 99));
+        assert_eq!(parse_range("bytes=-500", 100), RangeAsk::Bytes(0, 99));
+        assert_eq!(parse_range("bytes=100-", 100), RangeAsk::Unsatisfiable);
+        assert_eq!(parse_range("bytes=-0", 100), RangeAsk::Unsatisfiable);
+        assert_eq!(parse_range("bytes=0-1,5-6", 100), RangeAsk::Ignore);
+        assert_eq!(parse_range("items=0-1", 100), RangeAsk::Ignore);
+        assert_eq!(parse_range("bytes=9-1", 100), RangeAsk::Ignore);
+        assert_eq!(parse_range("bytes=x-y", 100), RangeAsk::Ignore);
+    }
 }
