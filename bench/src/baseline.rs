@@ -95,8 +95,9 @@ impl Route {
     /// The route of `path` and the one method it answers, as the listener's
     /// route table would match the demo's routes.
     fn of(path: &str) -> Option<(Route, Method)> {
-        let one_segment =
-            |rest: &str| (!rest.is_empty() && !rest.contains('/')).then(|| percent_decode(rest));
+        let one_segment = |rest: &str| {
+            (!rest.is_empty() && !rest.contains('/')).then(|| switchyard_listener::percent_decode(rest))
+        };
         match path {
             "/noop" => Some((Route::Noop, Method::GET)),
             "/echo" => Some((Route::Echo, Method::POST)),
@@ -234,30 +235,6 @@ fn title(status: StatusCode) -> &'static str {
         422 => "Unprocessable Content",
         _ => status.canonical_reason().unwrap_or("Error"),
     }
-}
-
-/// Decodes `%XX` escapes like the listener: invalid escapes and non-UTF-8
-/// results are kept raw.
-fn percent_decode(s: &str) -> String {
-    if !s.contains('%') {
-        return s.to_owned();
-    }
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' && i + 2 < bytes.len() {
-            let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok();
-            if let Some(b) = hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
-                out.push(b);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8(out).unwrap_or_else(|_| s.to_owned())
 }
 
 #[cfg(test)]

@@ -29,6 +29,7 @@ mod pipes;
 mod routes;
 mod ws;
 
+pub use routes::percent_decode;
 pub use ws::WsConfig;
 
 use std::convert::Infallible;

@@ -81,7 +81,7 @@ impl Routes {
 }
 
 /// Decodes `%XX` escapes; invalid escapes and non-UTF-8 results are kept raw.
-fn percent_decode(s: &str) -> String {
+pub fn percent_decode(s: &str) -> String {
     if !s.contains('%') {
         return s.to_owned();
     }

@@ -50,11 +50,17 @@ impl Events for Baseline {
         }))
     }
     type SubscribeStream = tokio_stream::Empty<Result<Push, Status>>;
-    async fn subscribe(&self, _: Request<SubscribeRequest>) -> Result<Response<Self::SubscribeStream>, Status> {
+    async fn subscribe(
+        &self,
+        _: Request<SubscribeRequest>,
+    ) -> Result<Response<Self::SubscribeStream>, Status> {
         Err(Status::unimplemented("baseline"))
     }
     type SessionStream = tokio_stream::Empty<Result<ServerMessage, Status>>;
-    async fn session(&self, _: Request<Streaming<ClientMessage>>) -> Result<Response<Self::SessionStream>, Status> {
+    async fn session(
+        &self,
+        _: Request<Streaming<ClientMessage>>,
+    ) -> Result<Response<Self::SessionStream>, Status> {
         Err(Status::unimplemented("baseline"))
     }
 }
@@ -65,12 +71,17 @@ fn start_baseline() -> anyhow::Result<String> {
     std_listener.set_nonblocking(true)?;
     let url = format!("http://{}", std_listener.local_addr()?);
     std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
         runtime.block_on(async move {
             let listener = tokio::net::TcpListener::from_std(std_listener).expect("listener");
             let server = EventsServer::new(Baseline);
             loop {
-                let Ok((stream, _)) = listener.accept().await else { continue };
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
                 let _ = stream.set_nodelay(true);
                 let server = server.clone();
                 tokio::spawn(async move {
@@ -94,6 +105,43 @@ enum Transport {
     Grpc,
 }
 
+/// One connection of either transport, with the same call.
+enum Client {
+    Ws(switchyard_client::Client),
+    Grpc(switchyard_client::GrpcClient),
+}
+
+impl Client {
+    async fn connect(transport: Transport, url: &str) -> anyhow::Result<Client> {
+        Ok(match transport {
+            Transport::Ws => {
+                let ws_url = format!("{}/ws", url.replacen("http://", "ws://", 1));
+                Client::Ws(
+                    switchyard_client::Client::connect(&ws_url)
+                        .await
+                        .context("websocket connect")?,
+                )
+            }
+            Transport::Grpc => Client::Grpc(
+                switchyard_client::GrpcClient::connect(url)
+                    .await
+                    .context("grpc connect")?,
+            ),
+        })
+    }
+
+    /// One `demo.Noop` round trip.
+    async fn noop(&self) -> anyhow::Result<()> {
+        let empty = serde_json::json!({});
+        let _: serde_json::Value = match self {
+            Client::Ws(c) => c.call("demo.Noop", &empty).await,
+            Client::Grpc(c) => c.call("demo.Noop", &empty).await,
+        }
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+        Ok(())
+    }
+}
+
 /// Round trips per second with `clients` connections for `duration`.
 async fn measure(transport: Transport, url: &str, clients: usize, duration: Duration) -> anyhow::Result<f64> {
     let done = Arc::new(AtomicBool::new(false));
@@ -101,31 +149,14 @@ async fn measure(transport: Transport, url: &str, clients: usize, duration: Dura
     let mut tasks = Vec::new();
     for _ in 0..clients {
         let (done, count) = (done.clone(), count.clone());
-        match transport {
-            Transport::Ws => {
-                let ws_url = format!("{}/ws", url.replacen("http://", "ws://", 1));
-                let client = switchyard_client::Client::connect(&ws_url).await.context("websocket connect")?;
-                tasks.push(tokio::spawn(async move {
-                    while !done.load(Ordering::Relaxed) {
-                        let _: serde_json::Value =
-                            client.call("demo.Noop", &serde_json::json!({})).await.map_err(|e| anyhow::anyhow!("{e}"))?;
-                        count.fetch_add(1, Ordering::Relaxed);
-                    }
-                    anyhow::Ok(())
-                }));
+        let client = Client::connect(transport, url).await?;
+        tasks.push(tokio::spawn(async move {
+            while !done.load(Ordering::Relaxed) {
+                client.noop().await?;
+                count.fetch_add(1, Ordering::Relaxed);
             }
-            Transport::Grpc => {
-                let client = switchyard_client::GrpcClient::connect(url).await.context("grpc connect")?;
-                tasks.push(tokio::spawn(async move {
-                    while !done.load(Ordering::Relaxed) {
-                        let _: serde_json::Value =
-                            client.call("demo.Noop", &serde_json::json!({})).await.map_err(|e| anyhow::anyhow!("{e}"))?;
-                        count.fetch_add(1, Ordering::Relaxed);
-                    }
-                    anyhow::Ok(())
-                }));
-            }
-        }
+            anyhow::Ok(())
+        }));
     }
     // Warm-up, then count.
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -150,14 +181,23 @@ fn summary(mut xs: Vec<f64>) -> String {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let baseline = start_baseline()?;
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
     let duration = Duration::from_secs_f64(cli.duration);
-    println!("| clients | WebSocket rt/s | gRPC unary rt/s | baseline gRPC unary rt/s (in-process tonic) | gRPC / baseline |");
+    println!(
+        "| clients | WebSocket rt/s | gRPC unary rt/s | baseline gRPC unary rt/s (in-process tonic) | gRPC / baseline |"
+    );
     println!("|---:|---:|---:|---:|---:|");
     for &clients in &cli.clients {
         let (mut ws, mut grpc, mut base) = (Vec::new(), Vec::new(), Vec::new());
         for run in 0..cli.runs {
-            eprintln!("switchyard-roundtrips: {clients} clients, round {}/{}", run + 1, cli.runs);
+            eprintln!(
+                "switchyard-roundtrips: {clients} clients, round {}/{}",
+                run + 1,
+                cli.runs
+            );
             runtime.block_on(async {
                 // Flip the order every round so drift hits both sides.
                 if run % 2 == 0 {
@@ -179,7 +219,12 @@ fn main() -> anyhow::Result<()> {
             b.sort_by(f64::total_cmp);
             g[g.len() / 2] / b[b.len() / 2]
         };
-        println!("| {clients} | {} | {} | {} | {ratio:.2} |", summary(ws), summary(grpc), summary(base));
+        println!(
+            "| {clients} | {} | {} | {} | {ratio:.2} |",
+            summary(ws),
+            summary(grpc),
+            summary(base)
+        );
     }
     Ok(())
 }
