@@ -123,31 +123,37 @@ fn many_concurrent_clients_get_their_own_answers() {
 #[test]
 fn switchyard_bench_steps_load_against_the_running_group() {
     let g = Group::start("bench-cmd");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
-        .args([
-            "bench",
-            &format!("http://{}", g.addr),
-            "-r",
-            "GET /noop",
-            "-c",
-            "1,2",
-            "-d",
-            "0.3",
-            "--warmup",
-            "0.1",
-        ])
-        .arg("--json")
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let steps = report["steps"].as_array().expect("steps");
-    assert_eq!(steps.len(), 2);
-    for step in steps {
-        assert!(step["requests"].as_u64().unwrap() > 0, "{step}");
-        assert_eq!(
-            step["requests"], step["status"]["2xx"],
-            "every request was a 2xx: {step}"
+    // HTTP/1.1 on a route; WebSocket and gRPC calling the same event.
+    for transport in [&["-r", "GET /noop"][..], &["--ws"], &["--grpc"]] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
+            .args([
+                "bench",
+                &format!("http://{}", g.addr),
+                "-c",
+                "1,2",
+                "-d",
+                "0.3",
+                "--warmup",
+                "0.1",
+                "--json",
+            ])
+            .args(transport)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{transport:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
         );
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let steps = report["steps"].as_array().expect("steps");
+        assert_eq!(steps.len(), 2);
+        for step in steps {
+            assert!(step["requests"].as_u64().unwrap() > 0, "{transport:?}: {step}");
+            assert_eq!(
+                step["requests"], step["status"]["2xx"],
+                "{transport:?}: every request was a 2xx: {step}"
+            );
+        }
     }
 }

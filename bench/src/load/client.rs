@@ -41,6 +41,8 @@ const MAX_LATENCY_US: u64 = 3_600_000_000;
 pub(super) struct Server {
     addr: SocketAddr,
     http2: bool,
+    /// Set for WebSocket or gRPC: the event every request calls and its data.
+    event: Option<EventCall>,
     origin: Uri,
     token: Option<HeaderValue>,
     headers: Vec<(http::HeaderName, HeaderValue)>,
@@ -78,6 +80,7 @@ impl Server {
                     return Ok(Server {
                         addr,
                         http2: opts.http2,
+                        event: EventCall::from_options(opts)?,
                         origin,
                         token,
                         headers: opts.headers.clone(),
@@ -90,9 +93,14 @@ impl Server {
         Err(last_error)
     }
 
-    /// "HTTP/1.1" or "h2".
+    /// "HTTP/1.1", "h2", "WebSocket" or "gRPC".
     pub(super) fn protocol(&self) -> &'static str {
-        if self.http2 { "h2" } else { "HTTP/1.1" }
+        match &self.event {
+            Some(EventCall { grpc: true, .. }) => "gRPC",
+            Some(_) => "WebSocket",
+            None if self.http2 => "h2",
+            None => "HTTP/1.1",
+        }
     }
 
     /// Everything about `route`'s requests that does not change between them.
@@ -142,7 +150,7 @@ impl Server {
     pub(super) async fn fetch(&self, path: &str) -> anyhow::Result<(StatusCode, Bytes)> {
         let request = self.prepare(&Route::get(path), None)?.request();
         let exchange = async {
-            let mut conn = Conn::open(self.addr, self.http2).await?;
+            let mut conn = Conn::open_http(self.addr, self.http2).await?;
             conn.ready().await?;
             let response = conn.send(request).await?;
             let status = response.status();
@@ -269,6 +277,47 @@ pub(super) async fn client(
     tally
 }
 
+/// A request over WebSocket or gRPC: one event type, one body.
+struct EventCall {
+    grpc: bool,
+    event: String,
+    data: serde_json::Value,
+}
+
+impl EventCall {
+    fn from_options(opts: &Options) -> anyhow::Result<Option<EventCall>> {
+        if !opts.ws && !opts.grpc {
+            return Ok(None);
+        }
+        let data = match &opts.body {
+            Some(body) => serde_json::from_slice(body).context("--body must be JSON for --ws and --grpc")?,
+            None => serde_json::json!({}),
+        };
+        Ok(Some(EventCall {
+            grpc: opts.grpc,
+            event: opts.event.clone(),
+            data,
+        }))
+    }
+}
+
+/// A call's outcome as an HTTP status: 200, the event's error status, or a
+/// transport failure.
+async fn call_event(conn: &Conn, call: &EventCall) -> Result<StatusCode, Failure> {
+    let result: Result<serde_json::Value, switchyard_client::ClientError> = match &conn.sender {
+        Sender::Ws(client) => client.call(&call.event, &call.data).await,
+        Sender::Grpc(client) => client.call(&call.event, &call.data).await,
+        _ => return Err(Failure::Exchange),
+    };
+    match result {
+        Ok(_) => Ok(StatusCode::OK),
+        Err(switchyard_client::ClientError::Status { status, .. }) => {
+            Ok(StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR))
+        }
+        Err(_) => Err(Failure::Exchange),
+    }
+}
+
 enum Failure {
     /// No connection could be made.
     Connect,
@@ -294,14 +343,21 @@ async fn attempt(
     let open = match conn {
         Some(open) => open,
         None => {
-            let mut fresh = Conn::open(server.addr, server.http2)
-                .await
-                .map_err(|_| Failure::Connect)?;
+            let mut fresh = Conn::open(server).await.map_err(|_| Failure::Connect)?;
             fresh.ready().await.map_err(|_| Failure::Connect)?;
             conn.insert(fresh)
         }
     };
     let sent = Instant::now();
+    if let Some(call) = &server.event {
+        return match call_event(open, call).await {
+            Ok(status) => Ok((status, sent)),
+            Err(failure) => {
+                *conn = None;
+                Err(failure)
+            }
+        };
+    }
     match exchange(open, prepared.request()).await {
         Ok(status) => Ok((status, sent)),
         Err(_) => {
@@ -325,16 +381,44 @@ async fn exchange(conn: &mut Conn, request: Request<Full<Bytes>>) -> hyper::Resu
 /// A client connection and the task that drives it.
 struct Conn {
     sender: Sender,
-    driver: AbortHandle,
+    driver: Option<AbortHandle>,
 }
 
 enum Sender {
     H1(http1::SendRequest<Full<Bytes>>),
     H2(http2::SendRequest<Full<Bytes>>),
+    Ws(switchyard_client::Client),
+    Grpc(switchyard_client::GrpcClient),
 }
 
 impl Conn {
-    async fn open(addr: SocketAddr, http2: bool) -> anyhow::Result<Conn> {
+    async fn open(server: &Server) -> anyhow::Result<Conn> {
+        let (addr, http2) = (server.addr, server.http2);
+        match &server.event {
+            Some(EventCall { grpc: true, .. }) => {
+                let client = switchyard_client::GrpcClient::connect(&format!("http://{addr}"))
+                    .await
+                    .map_err(|e| anyhow!("{e}"))?;
+                return Ok(Conn {
+                    sender: Sender::Grpc(client),
+                    driver: None,
+                });
+            }
+            Some(_) => {
+                let client = switchyard_client::Client::connect(&format!("ws://{addr}/ws"))
+                    .await
+                    .map_err(|e| anyhow!("{e}"))?;
+                return Ok(Conn {
+                    sender: Sender::Ws(client),
+                    driver: None,
+                });
+            }
+            None => {}
+        }
+        Conn::open_http(addr, http2).await
+    }
+
+    async fn open_http(addr: SocketAddr, http2: bool) -> anyhow::Result<Conn> {
         let stream = TcpStream::connect(addr).await?;
         // Small requests must not wait for Nagle's algorithm.
         stream.set_nodelay(true)?;
@@ -346,13 +430,18 @@ impl Conn {
             let (sender, connection) = http1::handshake(io).await?;
             (Sender::H1(sender), tokio::spawn(connection).abort_handle())
         };
-        Ok(Conn { sender, driver })
+        Ok(Conn {
+            sender,
+            driver: Some(driver),
+        })
     }
 
     async fn ready(&mut self) -> hyper::Result<()> {
         match &mut self.sender {
             Sender::H1(sender) => sender.ready().await,
             Sender::H2(sender) => sender.ready().await,
+            // The clients reconnect on their own.
+            Sender::Ws(_) | Sender::Grpc(_) => Ok(()),
         }
     }
 
@@ -360,6 +449,7 @@ impl Conn {
         match &mut self.sender {
             Sender::H1(sender) => sender.send_request(request).await,
             Sender::H2(sender) => sender.send_request(request).await,
+            Sender::Ws(_) | Sender::Grpc(_) => unreachable!("event transports go through call_event"),
         }
     }
 }
@@ -369,6 +459,8 @@ impl Drop for Conn {
     /// aborting the driver closes the socket instead of waiting on a server
     /// that may never answer.
     fn drop(&mut self) {
-        self.driver.abort();
+        if let Some(driver) = &self.driver {
+            driver.abort();
+        }
     }
 }

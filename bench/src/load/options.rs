@@ -61,8 +61,22 @@ pub struct Options {
     pub body: Option<Bytes>,
 
     /// HTTP/2 with prior knowledge (h2c): one HTTP/2 connection per client.
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["ws", "grpc"])]
     pub http2: bool,
+
+    /// WebSocket request/response (`/ws`, switchyard-client): each client
+    /// one connection, calling `--event` with `--body` (or `{}`) as its data.
+    #[arg(long, conflicts_with = "grpc")]
+    pub ws: bool,
+
+    /// gRPC unary `Call` (switchyard-client): each client one channel,
+    /// calling `--event` with `--body` (or `{}`) as its payload.
+    #[arg(long)]
+    pub grpc: bool,
+
+    /// The event type `--ws` and `--grpc` call.
+    #[arg(long, default_value = "demo.Noop")]
+    pub event: String,
 
     /// Print the report as JSON instead of a table.
     #[arg(long)]
