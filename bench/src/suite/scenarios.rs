@@ -318,12 +318,38 @@ fn workers(ctx: &Ctx) -> anyhow::Result<Outcome> {
 
 fn listener_workers(ctx: &Ctx) -> anyhow::Result<Outcome> {
     // The key decides: once `switchyard check` takes it, the feature is there.
-    Ok(Outcome::Skipped(
-        match check_config(&ctx.switchyard, "[listener]\nworkers = 2\n")? {
-            Err(_) => "listener.workers has not landed".to_owned(),
-            Ok(()) => "listener.workers has landed, but this suite does not drive it yet".to_owned(),
-        },
-    ))
+    let (two, one) = (
+        "[listener]\nworkers = 2\n".to_owned(),
+        "[listener]\nworkers = 1\n".to_owned(),
+    );
+    if let Err(message) = check_config(&ctx.switchyard, &two)? {
+        return Ok(Outcome::Skipped(format!(
+            "listener.workers has not landed: {message}"
+        )));
+    }
+    let load = Load {
+        route: "/noop".to_owned(),
+        rows: vec![("8".to_owned(), 8), ("32".to_owned(), 32)],
+    };
+    let comparison = compare(
+        ctx,
+        "listener-workers",
+        "clients",
+        [
+            Contender::group("2 listener processes", two),
+            Contender::group("1 listener process", one),
+        ],
+        &[load],
+    )?;
+    let mut body = String::from(
+        "- GET /noop; both contenders are the demo group, with `listener.workers` 2 vs 1 \
+         (each listener process with one runtime thread per core); no baseline\n\n",
+    );
+    body.push_str(&render_comparison(&comparison));
+    Ok(Outcome::Done {
+        title: "listener-workers: 1 vs 2 listener processes".to_owned(),
+        body,
+    })
 }
 
 fn not_available(route: &str) -> Outcome {
