@@ -103,12 +103,21 @@ fn start_baseline() -> anyhow::Result<String> {
 enum Transport {
     Ws,
     Grpc,
+    /// gRPC bidi: calls on one `Session` stream per client.
+    GrpcSession,
 }
 
 /// One connection of either transport, with the same call.
 enum Client {
     Ws(switchyard_client::Client),
     Grpc(switchyard_client::GrpcClient),
+    Session(tokio::sync::Mutex<SessionLink>),
+}
+
+/// One `Session` stream: calls out, replies in, in order.
+struct SessionLink {
+    tx: tokio::sync::mpsc::Sender<ClientMessage>,
+    rx: Streaming<ServerMessage>,
 }
 
 impl Client {
@@ -127,6 +136,20 @@ impl Client {
                     .await
                     .context("grpc connect")?,
             ),
+            Transport::GrpcSession => {
+                let client = switchyard_client::GrpcClient::connect(url)
+                    .await
+                    .context("grpc connect")?;
+                let (tx, out) = tokio::sync::mpsc::channel(16);
+                let outbound = tokio_stream::wrappers::ReceiverStream::new(out);
+                let rx = client
+                    .raw()
+                    .session(outbound)
+                    .await
+                    .context("session")?
+                    .into_inner();
+                Client::Session(tokio::sync::Mutex::new(SessionLink { tx, rx }))
+            }
         })
     }
 
@@ -136,6 +159,29 @@ impl Client {
         let _: serde_json::Value = match self {
             Client::Ws(c) => c.call("demo.Noop", &empty).await,
             Client::Grpc(c) => c.call("demo.Noop", &empty).await,
+            Client::Session(link) => {
+                let mut link = link.lock().await;
+                let call = CallRequest {
+                    r#type: "demo.Noop".into(),
+                    content_type: "application/json".into(),
+                    payload: b"{}".to_vec().into(),
+                    deadline_ms: 0,
+                };
+                let message = ClientMessage {
+                    id: "c".into(),
+                    kind: Some(switchyard_proto::grpc::client_message::Kind::Call(call)),
+                };
+                link.tx.send(message).await.context("session closed")?;
+                let reply = link.rx.message().await?.context("session ended")?;
+                anyhow::ensure!(
+                    matches!(
+                        reply.kind,
+                        Some(switchyard_proto::grpc::server_message::Kind::Reply(_))
+                    ),
+                    "not a reply: {reply:?}"
+                );
+                return Ok(());
+            }
         }
         .map_err(|e| anyhow::anyhow!("{e}"))?;
         Ok(())
@@ -187,11 +233,11 @@ fn main() -> anyhow::Result<()> {
         .build()?;
     let duration = Duration::from_secs_f64(cli.duration);
     println!(
-        "| clients | WebSocket rt/s | gRPC unary rt/s | baseline gRPC unary rt/s (in-process tonic) | gRPC / baseline |"
+        "| clients | WebSocket rt/s | gRPC unary rt/s | gRPC bidi (Session) rt/s | baseline gRPC unary rt/s (in-process tonic) | gRPC unary / baseline |"
     );
-    println!("|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|");
     for &clients in &cli.clients {
-        let (mut ws, mut grpc, mut base) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut ws, mut grpc, mut bidi, mut base) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for run in 0..cli.runs {
             eprintln!(
                 "switchyard-roundtrips: {clients} clients, round {}/{}",
@@ -203,9 +249,11 @@ fn main() -> anyhow::Result<()> {
                 if run % 2 == 0 {
                     base.push(measure(Transport::Grpc, &baseline, clients, duration).await?);
                     grpc.push(measure(Transport::Grpc, &cli.url, clients, duration).await?);
+                    bidi.push(measure(Transport::GrpcSession, &cli.url, clients, duration).await?);
                     ws.push(measure(Transport::Ws, &cli.url, clients, duration).await?);
                 } else {
                     ws.push(measure(Transport::Ws, &cli.url, clients, duration).await?);
+                    bidi.push(measure(Transport::GrpcSession, &cli.url, clients, duration).await?);
                     grpc.push(measure(Transport::Grpc, &cli.url, clients, duration).await?);
                     base.push(measure(Transport::Grpc, &baseline, clients, duration).await?);
                 }
@@ -220,9 +268,10 @@ fn main() -> anyhow::Result<()> {
             g[g.len() / 2] / b[b.len() / 2]
         };
         println!(
-            "| {clients} | {} | {} | {} | {ratio:.2} |",
+            "| {clients} | {} | {} | {} | {} | {ratio:.2} |",
             summary(ws),
             summary(grpc),
+            summary(bidi),
             summary(base)
         );
     }
