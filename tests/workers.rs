@@ -175,9 +175,9 @@ fn a_job_past_its_deadline_gets_504_and_its_worker_is_replaced() {
     assert_eq!(manager_pid(&g, "compute"), manager);
 }
 
-#[test]
-fn a_full_thread_pool_answers_503_with_retry_after_and_nothing_hangs() {
-    // One thread, no waiting room: while it sleeps every other job is refused.
+/// A group whose `payload` manager has one worker thread and no waiting
+/// room, with that thread busy for a minute: every job is refused at once.
+fn saturated_pool(tag: &'static str) -> Group {
     let config = "\
 [listener]
 request_timeout_ms = 120000
@@ -189,11 +189,18 @@ name = \"payload\"
 size = 1
 queue = 0
 ";
-    let mut g = Group::builder("workers-full").config(config).start();
+    let mut g = Group::builder(tag).config(config).start();
     let addr = g.addr;
     // Never joined: the group's shutdown ends it.
-    let _busy = std::thread::spawn(move || get(addr, "/sleep/60000"));
+    std::thread::spawn(move || get(addr, "/sleep/60000"));
     g.wait_line("sleeping 60000 ms");
+    g
+}
+
+#[test]
+fn a_full_thread_pool_answers_503_with_retry_after_and_nothing_hangs() {
+    let g = saturated_pool("workers-full");
+    let addr = g.addr;
 
     let burst: Vec<_> = (0..8)
         .map(|_| std::thread::spawn(move || get(addr, "/sleep/1").unwrap()))
@@ -234,21 +241,8 @@ fn group_rss_kib(g: &Group) -> u64 {
 
 #[test]
 fn an_over_capacity_burst_gets_503s_and_memory_stays_bounded() {
-    let config = "\
-[listener]
-request_timeout_ms = 120000
-[group]
-shutdown_grace_ms = 100
-[[managers]]
-name = \"payload\"
-[managers.workers]
-size = 1
-queue = 0
-";
-    let mut g = Group::builder("workers-burst").config(config).start();
+    let g = saturated_pool("workers-burst");
     let addr = g.addr;
-    let _busy = std::thread::spawn(move || get(addr, "/sleep/60000"));
-    g.wait_line("sleeping 60000 ms");
     let before = group_rss_kib(&g);
     // 16 clients, 8 000 requests the pool cannot take: every one is
     // refused at once, none waits, and nothing piles up anywhere.
