@@ -62,6 +62,9 @@ pub(crate) struct WsLimits {
     pub(crate) ping_ms: u64,
     /// Requests of one connection in flight at once.
     pub(crate) max_in_flight: usize,
+    /// Whether clients may emit notifications into the group (off: any
+    /// client could otherwise reach every subscribed manager).
+    pub(crate) notify: bool,
 }
 
 impl Default for WsLimits {
@@ -73,6 +76,7 @@ impl Default for WsLimits {
             queue: d.queue,
             ping_ms: d.ping_interval.as_millis() as u64,
             max_in_flight: d.max_in_flight,
+            notify: d.notify,
         }
     }
 }
@@ -85,6 +89,7 @@ impl WsLimits {
             queue: self.queue,
             ping_interval: Duration::from_millis(self.ping_ms),
             max_in_flight: self.max_in_flight,
+            notify: self.notify,
         }
     }
 }

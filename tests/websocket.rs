@@ -474,3 +474,26 @@ async fn ws_echo_returns_text_and_binary_unchanged() {
         }
     }
 }
+
+#[tokio::test]
+async fn client_notifications_reach_subscribers_only_when_allowed() {
+    // Allowed: one client's notification is pushed to another's subscription.
+    let g = Group::builder("ws-notify")
+        .config(&format!("{}[listener.ws]\nnotify = true\n", config(1000, 0)))
+        .start();
+    let listener = Client::connect(&url(&g, "/ws")).await.unwrap();
+    let mut sub = listener.subscribe("client.*").await.unwrap();
+    let sender = Client::connect(&url(&g, "/ws")).await.unwrap();
+    sender.notify("client.ping", &json!({"n": 7})).await.unwrap();
+    let push = next_push(&mut sub).await;
+    assert_eq!(push.event, "client.ping");
+    assert_eq!(push.data, json!({"n": 7}));
+
+    // Off by default: refused with 403, nothing pushed.
+    let g = group("ws-notify-off");
+    let client = Client::connect(&url(&g, "/ws")).await.unwrap();
+    match client.notify("client.ping", &json!({})).await {
+        Err(ClientError::Status { status: 403, .. }) => {}
+        other => panic!("expected 403, got {other:?}"),
+    }
+}

@@ -180,6 +180,16 @@ impl Client {
         )?)
     }
 
+    /// Emits a notification of type `ty` with `event` as its JSON data into
+    /// the group: subscribed managers and matching clients receive it. The
+    /// server must allow it (`listener.ws.notify`); otherwise the answer is
+    /// a 403 [`ClientError::Status`].
+    pub async fn notify<E: Serialize>(&self, ty: &str, event: &E) -> Result<(), ClientError> {
+        let id = self.next_id("n");
+        let message = serde_json::json!({ "id": id, "notify": ty, "data": serde_json::to_value(event)? });
+        self.ask(&id, message).await.map(drop)
+    }
+
     /// Subscribes to notifications matching `pattern` (`order.created`,
     /// `order.*`, `*`).
     pub async fn subscribe(&self, pattern: &str) -> Result<Subscription, ClientError> {

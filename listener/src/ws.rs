@@ -50,6 +50,10 @@ pub struct WsConfig {
     /// Requests of one connection in flight at once; the connection is not
     /// read further until one completes.
     pub max_in_flight: usize,
+    /// Whether clients may emit notifications (`{"notify": type, "data"}`)
+    /// into the group. Off by default: it lets any client reach every
+    /// subscribed manager.
+    pub notify: bool,
 }
 
 impl Default for WsConfig {
@@ -60,6 +64,7 @@ impl Default for WsConfig {
             queue: 1024,
             ping_interval: Duration::from_secs(20),
             max_in_flight: 256,
+            notify: false,
         }
     }
 }
@@ -273,6 +278,8 @@ async fn session(state: Arc<State>, ws: Ws) {
             ))
         } else if let Some(which) = m.get("unsubscribe") {
             Some(unsubscribe(&state, id, msg_id.as_ref(), which))
+        } else if let Some(ty) = m.get("notify") {
+            Some(notify(&state, msg_id.as_ref(), ty, m.get("data")))
         } else if let Some(Value::String(ty)) = m.get("type") {
             let Ok(permit) = in_flight.clone().acquire_owned().await else {
                 break;
@@ -292,7 +299,7 @@ async fn session(state: Arc<State>, ws: Ws) {
             Some(error_message(
                 msg_id.as_ref(),
                 400,
-                "a message has `type` (a request), `subscribe` or `unsubscribe`",
+                "a message has `type` (a request), `subscribe`, `unsubscribe` or `notify`",
             ))
         };
         if let Some(reply) = reply
@@ -410,6 +417,37 @@ fn problem_bytes(status: u16, detail: &str) -> (u16, Bytes) {
 }
 
 /// A `/ws` request: `{"id","type","data"}` → `{"id","status","data"|"error"}`.
+/// A client-sent notification: into the group like a manager's `notify`
+/// (to subscribed managers and matching clients), when the listener allows it.
+fn notify(state: &State, id: Option<&Value>, ty: &Value, data: Option<&Value>) -> Message {
+    if !state.ws.notify {
+        return error_message(id, 403, "client notifications are disabled (listener.ws.notify)");
+    }
+    let Value::String(ty) = ty else {
+        return error_message(id, 400, "`notify` takes an event type name");
+    };
+    let body = Bytes::from(
+        data.cloned()
+            .unwrap_or(Value::Object(Default::default()))
+            .to_string(),
+    );
+    let mut env = Envelope::notification(EventType::of(ty), body);
+    env.meta.push("content-type", "application/json");
+    env.meta.push("event", ty.as_str());
+    // Fire and forget: the in-flight entry the pool parks is dropped at once.
+    match state.pool.send(env) {
+        Ok(_) => {
+            let mut out = serde_json::Map::new();
+            if let Some(id) = id {
+                out.insert("id".into(), id.clone());
+            }
+            out.insert("notified".into(), Value::String(ty.clone()));
+            Message::text(Value::Object(out).to_string())
+        }
+        Err(_) => error_message(id, 503, "the broker is not available"),
+    }
+}
+
 async fn request(state: &State, ty: &str, id: Option<&Value>, data: &Value) -> Message {
     let body = Bytes::from(data.to_string());
     let (status, body) = round_trip(state, EventType::of(ty), Some("application/json"), body).await;
