@@ -497,3 +497,52 @@ async fn client_notifications_reach_subscribers_only_when_allowed() {
         other => panic!("expected 403, got {other:?}"),
     }
 }
+
+#[tokio::test]
+async fn binary_bincode_requests_get_bincode_replies() {
+    use switchyard_proto::codec;
+    use switchyard_proto::control::{WsBinaryReply, WsBinaryRequest};
+    #[derive(serde::Serialize)]
+    struct Hello {
+        name: String,
+    }
+    #[derive(serde::Deserialize)]
+    struct Greeting {
+        message: String,
+    }
+    async fn ask(ws: &mut Raw, id: &str, name: &str) -> WsBinaryReply {
+        let payload = codec::encode(&Hello { name: name.into() }).unwrap();
+        let request = WsBinaryRequest {
+            id: id.into(),
+            event_type: "demo.Hello".into(),
+            payload,
+        };
+        ws.send(Message::Binary(codec::encode(&request).unwrap().into()))
+            .await
+            .unwrap();
+        loop {
+            match tokio::time::timeout(PATIENCE, ws.next()).await.unwrap() {
+                Some(Ok(Message::Binary(bytes))) => return codec::decode(&bytes).unwrap(),
+                Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
+                other => panic!("expected a binary reply, got {other:?}"),
+            }
+        }
+    }
+    let g = group("ws-binary");
+    let mut ws = raw(&g, "/ws").await;
+    let reply = ask(&mut ws, "b1", "Ada").await;
+    assert_eq!((reply.id.as_str(), reply.status), ("b1", 200));
+    assert_eq!(reply.content_type, "application/x-bincode");
+    let greeting: Greeting = codec::decode(&reply.payload).unwrap();
+    assert_eq!(greeting.message, "Hello, Ada!");
+    // Validation still names the field; the error body is problem+json.
+    let reply = ask(&mut ws, "b2", "").await;
+    assert_eq!(reply.status, 422);
+    assert!(String::from_utf8_lossy(&reply.payload).contains("\"field\":\"name\""));
+    // Bytes that are not a request: an error message, the connection stays.
+    ws.send(Message::Binary(vec![0xff, 0x00, 0x13].into()))
+        .await
+        .unwrap();
+    assert_eq!(next_json(&mut ws).await["status"], 400);
+    assert_eq!(ask(&mut ws, "b3", "Bob").await.status, 200);
+}

@@ -20,6 +20,7 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use serde_json::Value;
+use switchyard_proto::control::{WsBinaryReply, WsBinaryRequest};
 use switchyard_proto::{Deadline, Envelope, EventType, Payload, problem};
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio_tungstenite::WebSocketStream;
@@ -243,10 +244,26 @@ async fn session(state: Arc<State>, ws: Ws) {
                 break;
             }
             Some(Ok(Message::Text(t))) => t,
-            Some(Ok(Message::Binary(_))) => {
-                let e = error_message(None, 415, "send JSON text messages on /ws");
-                if tx.send(e).await.is_err() {
-                    break;
+            Some(Ok(Message::Binary(bytes))) => {
+                // A bincode request: answered with a bincode reply.
+                match switchyard_proto::codec::decode::<WsBinaryRequest>(&bytes) {
+                    Ok(request) => {
+                        let Ok(permit) = in_flight.clone().acquire_owned().await else {
+                            break;
+                        };
+                        let (state, tx) = (state.clone(), tx.clone());
+                        tokio::spawn(async move {
+                            let reply = binary_request(&state, request).await;
+                            let _ = tx.send(reply).await;
+                            drop(permit);
+                        });
+                    }
+                    Err(_) => {
+                        let e = error_message(None, 400, "a binary message is a bincode WsBinaryRequest");
+                        if tx.send(e).await.is_err() {
+                            break;
+                        }
+                    }
                 }
                 continue;
             }
@@ -394,6 +411,10 @@ pub(crate) async fn call(
     env.deadline = Deadline::after(timeout);
     if let Some(ct) = content_type {
         env.meta.push("content-type", ct);
+        // A bincode request gets a bincode answer; anything else, JSON.
+        if ct == "application/x-bincode" {
+            env.meta.push("accept", ct);
+        }
     }
     let in_flight = match state.pool.send(env) {
         Ok(f) => f,
@@ -414,6 +435,30 @@ pub(crate) async fn call(
 
 fn problem_bytes(status: u16, detail: &str) -> (u16, Bytes) {
     (status, problem::problem(status, detail).1)
+}
+
+/// A binary `/ws` request → its binary reply.
+async fn binary_request(state: &State, request: WsBinaryRequest) -> Message {
+    const BINCODE: &str = "application/x-bincode";
+    let ty = EventType::of(&request.event_type);
+    let (status, content_type, body) = call(
+        state,
+        ty,
+        Some(BINCODE),
+        Bytes::from(request.payload),
+        state.config.request_timeout,
+    )
+    .await;
+    let reply = WsBinaryReply {
+        id: request.id,
+        status,
+        content_type: content_type.unwrap_or_default(),
+        payload: body.to_vec(),
+    };
+    match switchyard_proto::codec::encode(&reply) {
+        Ok(bytes) => Message::Binary(Bytes::from(bytes)),
+        Err(_) => error_message(None, 500, "internal error"),
+    }
 }
 
 /// A `/ws` request: `{"id","type","data"}` → `{"id","status","data"|"error"}`.

@@ -304,3 +304,24 @@ pub struct ManagerHealth {
     pub name: String,
     pub instances_up: u32,
 }
+
+/// A binary `/ws` request: the bincode of this, with `payload` the bincode
+/// of the event (docs/websocket.md). The manager receives it as
+/// `application/x-bincode` and answers in bincode.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WsBinaryRequest {
+    pub id: String,
+    /// The event type's name, e.g. `demo.Hello`.
+    pub event_type: String,
+    pub payload: Vec<u8>,
+}
+
+/// The answer to a [`WsBinaryRequest`], as the bincode of this: the reply's
+/// bincode on success, a problem+json body on an error status.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WsBinaryReply {
+    pub id: String,
+    pub status: u16,
+    pub content_type: String,
+    pub payload: Vec<u8>,
+}
