@@ -46,23 +46,38 @@ async fn thread_pool_runs_jobs_refuses_when_full_and_times_out() {
     let done = next(&mut rx).await;
     assert_eq!((done.id, done.status, &done.body[..]), (1, 200, &b"cba"[..]));
 
-    // One running (blocked), one queued, the third refused.
+    // One running (blocked), one queued, the third refused. No deadline is
+    // short here: a loaded machine must not turn "queued" into "expired".
     pool.submit(job(2, b"block", PATIENCE)).unwrap();
     // Wait until the thread took job 2, so the queue is empty.
     while pool.queued() != 0 {
         tokio::task::yield_now().await;
     }
-    pool.submit(job(3, b"xy", Duration::from_millis(1))).unwrap();
+    pool.submit(job(3, b"xy", PATIENCE)).unwrap();
     assert_eq!(pool.submit(job(4, b"z", PATIENCE)), Err(Refused::Full));
-    // Job 3's deadline passes while it waits behind job 2.
+    open.send(()).unwrap();
+    assert_eq!(next(&mut rx).await.id, 2);
     let done = next(&mut rx).await;
-    assert_eq!((done.id, done.status), (3, 504));
+    assert_eq!((done.id, done.status, &done.body[..]), (3, 200, &b"yx"[..]));
+
+    // A deadline that passes while the job waits behind a blocked one.
+    pool.submit(job(6, b"block", PATIENCE)).unwrap();
+    while pool.queued() != 0 {
+        tokio::task::yield_now().await;
+    }
+    pool.submit(job(7, b"late", Duration::from_millis(1))).unwrap();
+    let done = next(&mut rx).await;
+    assert_eq!((done.id, done.status), (7, 504));
     open.send(()).unwrap();
     let done = next(&mut rx).await;
-    assert_eq!((done.id, done.status), (2, 200));
-    // Job 3 is skipped, not run late: nothing else arrives.
-    pool.submit(job(5, b"q", PATIENCE)).unwrap();
-    assert_eq!(next(&mut rx).await.id, 5);
+    assert_eq!((done.id, done.status), (6, 200));
+    // Job 7 is skipped, not run late: the next result is job 8's. (Its
+    // expired entry holds the queue's one slot until the thread drains it.)
+    while pool.queued() != 0 {
+        tokio::task::yield_now().await;
+    }
+    pool.submit(job(8, b"q", PATIENCE)).unwrap();
+    assert_eq!(next(&mut rx).await.id, 8);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
