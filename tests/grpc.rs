@@ -369,3 +369,32 @@ async fn reflection_lists_the_services() {
         other => panic!("expected a file descriptor, got {other:?}"),
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notify_reaches_subscribers_only_when_allowed() {
+    use futures_util::StreamExt;
+    let g = Group::builder("grpc-notify")
+        .config(&config("[listener.ws]\nnotify = true\n"))
+        .start();
+    let client = switchyard_client::GrpcClient::connect(&url(&g)).await.unwrap();
+    let mut sub = within(client.subscribe("client.*")).await.unwrap();
+    within(client.notify("client.ping", &serde_json::json!({"n": 3})))
+        .await
+        .unwrap();
+    let push = within(sub.next()).await.expect("a push");
+    assert_eq!(push.event, "client.ping");
+    assert_eq!(push.data, serde_json::json!({"n": 3}));
+    drop((sub, client, g));
+
+    // Off by default: PERMISSION_DENIED.
+    let g = group("grpc-notify-off");
+    let mut events = EventsClient::new(channel(&g).await);
+    let refused = within(events.notify(switchyard_proto::grpc::NotifyRequest {
+        r#type: "client.ping".into(),
+        content_type: String::new(),
+        payload: b"{}".to_vec().into(),
+    }))
+    .await
+    .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+}

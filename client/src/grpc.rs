@@ -27,7 +27,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use switchyard_proto::grpc::events_client::EventsClient;
-use switchyard_proto::grpc::{CallRequest, SubscribeRequest};
+use switchyard_proto::grpc::{CallRequest, NotifyRequest, SubscribeRequest};
 use tokio::sync::mpsc;
 use tonic::transport::Channel;
 
@@ -89,6 +89,19 @@ impl GrpcClient {
             .map_err(from_status)?
             .into_inner();
         Ok(serde_json::from_slice(&reply.payload)?)
+    }
+
+    /// Emits a notification of type `ty` with `event` as its JSON payload
+    /// into the group (subscribed managers, matching clients). The server
+    /// must allow it (`listener.ws.notify`); otherwise PERMISSION_DENIED.
+    pub async fn notify<E: Serialize>(&self, ty: &str, event: &E) -> Result<(), ClientError> {
+        let request = NotifyRequest {
+            r#type: ty.to_owned(),
+            content_type: "application/json".to_owned(),
+            payload: serde_json::to_vec(event)?.into(),
+        };
+        self.events.clone().notify(request).await.map_err(from_status)?;
+        Ok(())
     }
 
     /// Subscribes to notifications matching `pattern` (`order.created`,

@@ -21,8 +21,8 @@ use serde_json::Value;
 use switchyard_proto::EventType;
 use switchyard_proto::grpc::events_server::{Events, EventsServer};
 use switchyard_proto::grpc::{
-    Ack, CallReply, CallRequest, ClientMessage, Push, ServerMessage, SubscribeRequest, client_message,
-    code_for_status, server_message,
+    Ack, CallReply, CallRequest, ClientMessage, NotifyRequest, Push, ServerMessage, SubscribeRequest,
+    client_message, code_for_status, server_message,
 };
 use tokio::sync::{Semaphore, mpsc, watch};
 use tonic::body::Body;
@@ -296,6 +296,19 @@ type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl Events for EventsService {
+    async fn notify(&self, request: tonic::Request<NotifyRequest>) -> Result<tonic::Response<Ack>, Status> {
+        let request = request.into_inner();
+        if !(request.content_type.is_empty() || request.content_type.starts_with("application/json")) {
+            return Err(Status::invalid_argument("notifications are JSON"));
+        }
+        if serde_json::from_slice::<serde::de::IgnoredAny>(&request.payload).is_err() {
+            return Err(Status::invalid_argument("the payload is not valid JSON"));
+        }
+        crate::ws::emit_notification(&self.state, &request.r#type, request.payload)
+            .map(|()| tonic::Response::new(Ack { count: 1 }))
+            .map_err(|refused| Status::new(code_for_status(refused.status), refused.detail))
+    }
+
     async fn call(&self, request: tonic::Request<CallRequest>) -> Result<tonic::Response<CallReply>, Status> {
         call(&self.state, request.into_inner())
             .await

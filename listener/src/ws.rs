@@ -461,13 +461,34 @@ async fn binary_request(state: &State, request: WsBinaryRequest) -> Message {
     }
 }
 
-/// A `/ws` request: `{"id","type","data"}` → `{"id","status","data"|"error"}`.
-/// A client-sent notification: into the group like a manager's `notify`
-/// (to subscribed managers and matching clients), when the listener allows it.
-fn notify(state: &State, id: Option<&Value>, ty: &Value, data: Option<&Value>) -> Message {
+/// Why a client's notification was not emitted: an event status.
+pub(crate) struct NotifyRefused {
+    pub(crate) status: u16,
+    pub(crate) detail: &'static str,
+}
+
+/// Emits a client-sent notification (JSON `body`) into the group like a
+/// manager's `notify`: to subscribed managers and matching clients, when
+/// the listener allows it (`listener.ws.notify`). Shared by `/ws` and gRPC.
+pub(crate) fn emit_notification(state: &State, ty: &str, body: Bytes) -> Result<(), NotifyRefused> {
     if !state.ws.notify {
-        return error_message(id, 403, "client notifications are disabled (listener.ws.notify)");
+        return Err(NotifyRefused {
+            status: 403,
+            detail: "client notifications are disabled (listener.ws.notify)",
+        });
     }
+    let mut env = Envelope::notification(EventType::of(ty), body);
+    env.meta.push("content-type", "application/json");
+    env.meta.push("event", ty);
+    // Fire and forget: the in-flight entry the pool parks is dropped at once.
+    state.pool.send(env).map(drop).map_err(|_| NotifyRefused {
+        status: 503,
+        detail: "the broker is not available",
+    })
+}
+
+/// A `/ws` notification: `{"id","notify","data"}` → `{"id","notified"}`.
+fn notify(state: &State, id: Option<&Value>, ty: &Value, data: Option<&Value>) -> Message {
     let Value::String(ty) = ty else {
         return error_message(id, 400, "`notify` takes an event type name");
     };
@@ -476,12 +497,8 @@ fn notify(state: &State, id: Option<&Value>, ty: &Value, data: Option<&Value>) -
             .unwrap_or(Value::Object(Default::default()))
             .to_string(),
     );
-    let mut env = Envelope::notification(EventType::of(ty), body);
-    env.meta.push("content-type", "application/json");
-    env.meta.push("event", ty.as_str());
-    // Fire and forget: the in-flight entry the pool parks is dropped at once.
-    match state.pool.send(env) {
-        Ok(_) => {
+    match emit_notification(state, ty, body) {
+        Ok(()) => {
             let mut out = serde_json::Map::new();
             if let Some(id) = id {
                 out.insert("id".into(), id.clone());
@@ -489,10 +506,11 @@ fn notify(state: &State, id: Option<&Value>, ty: &Value, data: Option<&Value>) -
             out.insert("notified".into(), Value::String(ty.clone()));
             Message::text(Value::Object(out).to_string())
         }
-        Err(_) => error_message(id, 503, "the broker is not available"),
+        Err(refused) => error_message(id, refused.status, refused.detail),
     }
 }
 
+/// A `/ws` request: `{"id","type","data"}` → `{"id","status","data"|"error"}`.
 async fn request(state: &State, ty: &str, id: Option<&Value>, data: &Value) -> Message {
     let body = Bytes::from(data.to_string());
     let (status, body) = round_trip(state, EventType::of(ty), Some("application/json"), body).await;

@@ -16,7 +16,9 @@ use anyhow::Context;
 use clap::Parser;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use switchyard_proto::grpc::events_server::{Events, EventsServer};
-use switchyard_proto::grpc::{CallReply, CallRequest, ClientMessage, Push, ServerMessage, SubscribeRequest};
+use switchyard_proto::grpc::{
+    Ack, CallReply, CallRequest, ClientMessage, NotifyRequest, Push, ServerMessage, SubscribeRequest,
+};
 use tonic::codegen::Service;
 use tonic::codegen::tokio_stream;
 use tonic::{Request, Response, Status, Streaming};
@@ -54,6 +56,9 @@ impl Events for Baseline {
         &self,
         _: Request<SubscribeRequest>,
     ) -> Result<Response<Self::SubscribeStream>, Status> {
+        Err(Status::unimplemented("baseline"))
+    }
+    async fn notify(&self, _: Request<NotifyRequest>) -> Result<Response<Ack>, Status> {
         Err(Status::unimplemented("baseline"))
     }
     type SessionStream = tokio_stream::Empty<Result<ServerMessage, Status>>;
