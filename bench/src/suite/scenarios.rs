@@ -202,13 +202,7 @@ fn managers(ctx: &Ctx) -> anyhow::Result<Outcome> {
     let Some(found) = probe(ctx, PROBE)? else {
         return Ok(not_available("GET /cpu-inline/{ms}"));
     };
-    let with_instances = |n: u32| -> anyhow::Result<String> {
-        let mut managers = found.managers.clone();
-        for m in managers.iter_mut().filter(|m| m.name == found.manager) {
-            m.instances = n;
-        }
-        config_toml(&managers)
-    };
+    let with_instances = |n: u32| found.config_with(|m| m.instances = n);
     let (two, one) = (with_instances(2)?, with_instances(1)?);
     for config in [&two, &one] {
         if let Err(message) = check_config(&ctx.switchyard, config)? {
@@ -263,16 +257,14 @@ fn workers(ctx: &Ctx) -> anyhow::Result<Outcome> {
         .and_then(|m| m.workers.clone());
     // The same size for both kinds, so that only the kind differs.
     let (size, queue) = pool.map_or((2, 256), |p| (p.size, p.queue));
-    let with_pool = |kind: &str| -> anyhow::Result<String> {
-        let mut managers = found.managers.clone();
-        for m in managers.iter_mut().filter(|m| m.name == found.manager) {
+    let with_pool = |kind: &str| {
+        found.config_with(|m| {
             m.workers = Some(Pool {
                 kind: kind.to_owned(),
                 size,
                 queue,
-            });
-        }
-        config_toml(&managers)
+            })
+        })
     };
     let (process, thread) = (with_pool("process")?, with_pool("thread")?);
     for config in [&process, &thread] {
@@ -363,6 +355,18 @@ fn not_available(route: &str) -> Outcome {
 struct Found {
     manager: String,
     managers: Vec<ManagerEntry>,
+}
+
+impl Found {
+    /// The default group's configuration with the probed manager changed by `edit`.
+    fn config_with(&self, edit: impl Fn(&mut ManagerEntry)) -> anyhow::Result<String> {
+        let mut managers = self.managers.clone();
+        managers
+            .iter_mut()
+            .filter(|m| m.name == self.manager)
+            .for_each(edit);
+        config_toml(&managers)
+    }
 }
 
 /// Starts the default group and asks it for `path`, a demo route that
