@@ -39,6 +39,9 @@ pub(crate) struct ListenerConfig {
     pub(crate) max_header_bytes: usize,
     /// Largest request body in bytes; larger gets 413.
     pub(crate) max_body_bytes: usize,
+    /// Largest body of an upload route (streamed, never buffered whole);
+    /// larger gets 413.
+    pub(crate) max_upload_bytes: u64,
     /// Milliseconds a client has to send its request head.
     pub(crate) header_read_timeout_ms: u64,
     /// Milliseconds from request to response before 504.
@@ -103,6 +106,7 @@ impl Default for ListenerConfig {
             pipes: 0,
             max_header_bytes: 16 * 1024,
             max_body_bytes: 1024 * 1024,
+            max_upload_bytes: 4 << 30,
             header_read_timeout_ms: 10_000,
             request_timeout_ms: 30_000,
             ws: WsLimits::default(),

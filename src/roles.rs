@@ -166,6 +166,7 @@ async fn serve(role: Role, name: String, instance: u32, spec: Spec) -> anyhow::R
                 queue_capacity,
                 max_header_bytes: l.max_header_bytes,
                 max_body_bytes: l.max_body_bytes,
+                max_upload_bytes: l.max_upload_bytes,
                 header_read_timeout: Duration::from_millis(l.header_read_timeout_ms),
                 request_timeout: Duration::from_millis(l.request_timeout_ms),
                 shm_threshold: config.group.shm_threshold_bytes,

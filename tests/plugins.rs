@@ -162,7 +162,7 @@ fn a_plugin_with_another_abi_version_is_refused_before_anything_starts() {
     );
     assert!(out.contains("managers[1].plugin"), "names the key: {out}");
     assert!(
-        out.contains("ABI v999") && out.contains("ABI v2"),
+        out.contains("ABI v999") && out.contains("ABI v3"),
         "names both versions: {out}"
     );
     assert!(!out.contains("started role"), "no process was started: {out}");

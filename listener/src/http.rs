@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Request, Response, StatusCode, header};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Either, Full, Limited};
 use hyper::body::Incoming;
 use switchyard_proto::{Deadline, Envelope, Payload, problem};
 
@@ -19,7 +19,9 @@ pub(crate) struct State {
     pub(crate) ws: crate::ws::WsConfig,
 }
 
-type Reply = Response<Full<Bytes>>;
+/// A whole body, or one streamed from a manager's pipe.
+pub(crate) type Body = Either<Full<Bytes>, crate::stream::PipeBody>;
+type Reply = Response<Body>;
 
 pub(crate) async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Reply, Infallible> {
     Ok(match req.uri().path() {
@@ -66,6 +68,9 @@ async fn route(state: &State, req: Request<Incoming>) -> Reply {
         Lookup::NotFound => return error(StatusCode::NOT_FOUND, "no route matches this path"),
     };
     drop(routes);
+    if matched.entry.route.stream_body {
+        return crate::stream::upload(state, req, matched).await;
+    }
 
     let limit = state.config.max_body_bytes;
     let declared = req
@@ -122,6 +127,12 @@ async fn route(state: &State, req: Request<Incoming>) -> Reply {
         }
     };
     env.deadline = Deadline::after(state.config.request_timeout);
+    request_meta(&mut env, &parts, matched.params);
+    exchange(state, env, range.as_deref()).await
+}
+
+/// The request's content type, query and path parameters, as event meta.
+pub(crate) fn request_meta(env: &mut Envelope, parts: &http::request::Parts, params: Vec<(String, String)>) {
     if let Some(ct) = parts
         .headers
         .get(header::CONTENT_TYPE)
@@ -132,10 +143,13 @@ async fn route(state: &State, req: Request<Incoming>) -> Reply {
     if let Some(query) = parts.uri.query() {
         env.meta.push("query", query);
     }
-    for (name, value) in matched.params {
+    for (name, value) in params {
         env.meta.push(format!("p.{name}"), value);
     }
+}
 
+/// Sends the request event and turns its response event into HTTP.
+pub(crate) async fn exchange(state: &State, env: Envelope, range: Option<&str>) -> Reply {
     let in_flight = match state.pool.send(env) {
         Ok(f) => f,
         Err(SendFailure::Busy) => {
@@ -155,12 +169,12 @@ async fn route(state: &State, req: Request<Incoming>) -> Reply {
         Ok(Err(_)) => return error(StatusCode::SERVICE_UNAVAILABLE, "the request was dropped"),
         Err(_) => return error(StatusCode::GATEWAY_TIMEOUT, "the request deadline passed"),
     };
-    into_http(response, range.as_deref())
+    into_http(response, range)
 }
 
 /// What a `Range` header asks of a body of `len` bytes.
 #[derive(Debug, PartialEq, Eq)]
-enum RangeAsk {
+pub(crate) enum RangeAsk {
     /// One satisfiable range, inclusive.
     Bytes(u64, u64),
     /// A single range that lies outside the body.
@@ -170,7 +184,7 @@ enum RangeAsk {
     Ignore,
 }
 
-fn parse_range(header: &str, len: u64) -> RangeAsk {
+pub(crate) fn parse_range(header: &str, len: u64) -> RangeAsk {
     let Some(spec) = header.trim().strip_prefix("bytes=") else {
         return RangeAsk::Ignore;
     };
@@ -210,8 +224,13 @@ fn parse_range(header: &str, len: u64) -> RangeAsk {
     }
 }
 
-fn into_http(env: Envelope, range: Option<&str>) -> Reply {
+fn into_http(mut env: Envelope, range: Option<&str>) -> Reply {
     let status = StatusCode::from_u16(env.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    if matches!(env.payload, Payload::Stream(_))
+        && let Payload::Stream(handle) = std::mem::take(&mut env.payload)
+    {
+        return crate::stream::download(status, &env.meta, handle, range);
+    }
     // A shared-memory body is mapped, not copied: hyper writes straight
     // from the mapping, which is released when the response is sent.
     let body = match env.payload.bytes() {
@@ -245,13 +264,19 @@ fn into_http(env: Envelope, range: Option<&str>) -> Reply {
         }
         _ => (status, body, None),
     };
-    let mut reply = Response::new(Full::new(body));
+    let mut reply = Response::new(Either::Left(Full::new(body)));
     *reply.status_mut() = status;
-    let headers = reply.headers_mut();
     if let Some(v) = content_range.and_then(|v| HeaderValue::from_str(&v).ok()) {
-        headers.insert(header::CONTENT_RANGE, v);
+        reply.headers_mut().insert(header::CONTENT_RANGE, v);
     }
-    for (name, value) in env.meta.iter() {
+    copy_headers(&env.meta, &mut reply);
+    reply
+}
+
+/// The response event's meta as HTTP headers (invalid ones are skipped).
+pub(crate) fn copy_headers(meta: &switchyard_proto::Meta, reply: &mut Reply) {
+    let headers = reply.headers_mut();
+    for (name, value) in meta.iter() {
         match (
             HeaderName::from_bytes(name.as_bytes()),
             HeaderValue::from_str(value),
@@ -262,11 +287,10 @@ fn into_http(env: Envelope, range: Option<&str>) -> Reply {
             _ => tracing::debug!(name, "skipping invalid response header"),
         }
     }
-    reply
 }
 
 fn json(status: StatusCode, value: serde_json::Value) -> Reply {
-    let mut reply = Response::new(Full::new(Bytes::from(value.to_string())));
+    let mut reply = Response::new(Either::Left(Full::new(Bytes::from(value.to_string()))));
     *reply.status_mut() = status;
     reply
         .headers_mut()
@@ -277,7 +301,7 @@ fn json(status: StatusCode, value: serde_json::Value) -> Reply {
 /// A problem+json error produced by the listener itself.
 pub(crate) fn error(status: StatusCode, detail: &str) -> Reply {
     let (_, body) = problem::problem(status.as_u16(), detail);
-    let mut reply = Response::new(Full::new(body));
+    let mut reply = Response::new(Either::Left(Full::new(body)));
     *reply.status_mut() = status;
     reply.headers_mut().insert(
         header::CONTENT_TYPE,

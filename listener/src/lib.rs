@@ -27,6 +27,7 @@ mod grpc;
 mod http;
 mod pipes;
 mod routes;
+mod stream;
 mod ws;
 
 pub use routes::percent_decode;
@@ -69,6 +70,9 @@ pub struct Config {
     pub max_header_bytes: usize,
     /// Largest request body, in bytes; larger gets 413.
     pub max_body_bytes: usize,
+    /// Largest body of an upload route (streamed through a pipe, never
+    /// buffered whole), in bytes; larger gets 413.
+    pub max_upload_bytes: u64,
     /// Time a client has to send the whole request head (slowloris guard).
     pub header_read_timeout: Duration,
     /// Deadline of a request from arrival to response; past it, 504.

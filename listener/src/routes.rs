@@ -114,6 +114,7 @@ mod tests {
             route: HttpRoute {
                 method: method.into(),
                 path: path.into(),
+                stream_body: false,
             },
             event_type: EventType::of(path),
             type_name: path.into(),

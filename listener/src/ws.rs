@@ -70,7 +70,7 @@ impl Default for WsConfig {
     }
 }
 
-type Reply = Response<Full<Bytes>>;
+type Reply = Response<crate::http::Body>;
 type Ws = WebSocketStream<TokioIo<hyper::upgrade::Upgraded>>;
 
 /// Whether the request asks for a WebSocket upgrade.
@@ -123,7 +123,7 @@ pub(crate) fn upgrade(state: Arc<State>, mut req: Request<Incoming>, echo: bool)
             session(state, ws).await
         }
     });
-    let mut reply = Response::new(Full::new(Bytes::new()));
+    let mut reply = Response::new(http_body_util::Either::Left(Full::new(Bytes::new())));
     *reply.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
     let headers = reply.headers_mut();
     headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));

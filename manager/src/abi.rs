@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use switchyard_proto::codec;
 
-use crate::messages::{CreateArgs, Description, FromPlugin, JobOutput, LogLevel, ToPlugin};
+use crate::messages::{CreateArgs, Description, FromPlugin, JobOutput, LogLevel, RawStream, ToPlugin};
 use crate::registry::Manager;
 use crate::runtime::Runtime;
 
@@ -24,7 +24,9 @@ use crate::runtime::Runtime;
 /// encoding of [`crate::messages`].
 ///
 /// v2: jobs (`FromPlugin::Job`, `ToPlugin::JobResult`, `ManagerEntry::run_job`).
-pub const ABI_VERSION: u32 = 2;
+/// v3: streaming bodies (`RawStream` in requests and responses,
+/// `ToPlugin::Wake`, `HostApi::wake`).
+pub const ABI_VERSION: u32 = 3;
 
 /// Symbol of `extern "C" fn() -> u32`.
 pub const ABI_SYMBOL: &[u8] = b"switchyard_plugin_abi_version\0";
@@ -54,13 +56,16 @@ impl Buffer {
     }
 }
 
-/// What the host offers the plugin: functions the plugin may call at any
-/// time on the host's thread (today: logging, so that a slow handler's log
-/// lines appear while it runs, not after).
+/// What the host offers the plugin: logging, so that a slow handler's log
+/// lines appear while it runs, not after; and a wake-up for plugin threads.
 #[repr(C)]
 pub struct HostApi {
     /// Logs a UTF-8 message. `level`: 0 error, 1 warn, 2 info, 3 debug.
+    /// Callable from any thread.
     pub log: unsafe extern "C" fn(level: u32, correlation: u64, message: *const u8, len: usize),
+    /// Asks the host to step the plugin soon (with `ToPlugin::Wake` if
+    /// nothing else is pending). Callable from any thread, at any time.
+    pub wake: unsafe extern "C" fn(),
 }
 
 unsafe extern "C" fn host_log(level: u32, correlation: u64, message: *const u8, len: usize) {
@@ -69,8 +74,38 @@ unsafe extern "C" fn host_log(level: u32, correlation: u64, message: *const u8, 
     crate::host::log(LogLevel::from_code(level), correlation, &message);
 }
 
+unsafe extern "C" fn host_wake() {
+    crate::host::wake();
+}
+
 /// The host side's [`HostApi`].
-pub static HOST_API: HostApi = HostApi { log: host_log };
+pub static HOST_API: HostApi = HostApi {
+    log: host_log,
+    wake: host_wake,
+};
+
+/// Hands a pipe's descriptors across the boundary: they leave Rust's
+/// ownership here and must be [`adopt_stream`]ed exactly once on the other
+/// side (same process, so the numbers stay valid).
+pub(crate) fn release_stream(handle: switchyard_proto::StreamHandle) -> std::io::Result<RawStream> {
+    use std::os::fd::IntoRawFd;
+    let (ring, wake, length) = handle.into_parts().map_err(std::io::Error::other)?;
+    Ok(RawStream {
+        ring: ring.into_raw_fd(),
+        wake: wake.into_raw_fd(),
+        length,
+    })
+}
+
+/// Takes ownership of descriptors released by [`release_stream`].
+pub(crate) fn adopt_stream(raw: RawStream) -> switchyard_proto::StreamHandle {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    // SAFETY: `raw` came from `release_stream` in this process, and the
+    // message carrying it is consumed once: nothing else owns or closes
+    // these descriptors.
+    let (ring, wake) = unsafe { (OwnedFd::from_raw_fd(raw.ring), OwnedFd::from_raw_fd(raw.wake)) };
+    switchyard_proto::StreamHandle::from_parts(ring, wake, raw.length)
+}
 
 /// One manager type a plugin library provides.
 #[repr(C)]
@@ -147,13 +182,16 @@ unsafe extern "C" fn create<M: Manager>(
     // SAFETY: the host passes a readable `len`-byte buffer for the call's
     // duration, and a HostApi that lives as long as the process.
     let (bytes, host): (&[u8], &'static HostApi) = unsafe { (std::slice::from_raw_parts(args, len), &*host) };
-    let log: crate::runtime::LogSink = Box::new(move |level: LogLevel, correlation: u64, message: &str| {
+    let log: crate::runtime::LogSink = Arc::new(move |level: LogLevel, correlation: u64, message: &str| {
         // SAFETY: the host's log function takes a readable buffer for the call.
         unsafe { (host.log)(level.code(), correlation, message.as_ptr(), message.len()) }
     });
+    // SAFETY: the host's wake function may be called from any thread.
+    let wake: crate::runtime::WakeHost = Arc::new(move || unsafe { (host.wake)() });
     let made = catch_unwind(AssertUnwindSafe(|| {
         let args: CreateArgs = codec::decode(bytes).map_err(|e| format!("bad create arguments: {e}"))?;
-        let (runtime, description) = Runtime::<M>::create(args, Some(log)).map_err(|e| e.message)?;
+        let (runtime, description) =
+            Runtime::<M>::create(args, Some(log), Some(wake)).map_err(|e| e.message)?;
         let encoded = codec::encode(&description).map_err(|e| e.to_string())?;
         Ok::<_, String>((runtime, encoded))
     }));

@@ -153,6 +153,14 @@ async fn connect(
     }
 }
 
+/// Set by plugin threads (`HostApi::wake`): step the plugin soon.
+static WAKE: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
+/// Asks the host loop to step the plugin (from any thread).
+pub(crate) fn wake() {
+    WAKE.notify_one();
+}
+
 struct Host {
     /// Local request id → the request's return address.
     requests: HashMap<u64, (Origin, u64, EventType)>,
@@ -196,6 +204,7 @@ impl Host {
                         return Ok(());
                     }
                 },
+                _ = WAKE.notified() => inputs.push(ToPlugin::Wake),
                 Some(done) = results.recv() => {
                     inputs.push(job_result(done));
                     while let Ok(done) = results.try_recv() {
@@ -203,7 +212,22 @@ impl Host {
                     }
                 }
             }
-            for env in batch.drain(..) {
+            for mut env in batch.drain(..) {
+                // A request's pipe goes to the plugin as it is (an upload).
+                let mut stream = None;
+                if env.kind == Kind::Request
+                    && matches!(env.payload, Payload::Stream(_))
+                    && let Payload::Stream(handle) = std::mem::take(&mut env.payload)
+                {
+                    match crate::abi::release_stream(handle) {
+                        Ok(raw) => stream = Some(raw),
+                        Err(err) => {
+                            tracing::warn!(%err, "cannot take a request body stream");
+                            let _ = sink.send(Envelope::error_to(&env, 503, "request body unavailable"));
+                            continue;
+                        }
+                    }
+                }
                 // Inline bytes, or the shared-memory body mapped (no copy).
                 let body = match env.payload.bytes() {
                     Ok(bytes) => bytes,
@@ -226,6 +250,7 @@ impl Host {
                             event_type: env.event_type,
                             meta: env.meta,
                             body,
+                            stream,
                         });
                     }
                     Kind::Response => {
@@ -292,14 +317,22 @@ impl Host {
                     status,
                     meta,
                     body,
+                    stream,
                 } => {
+                    // Adopted first: an unknown request's stream is closed
+                    // (its producer then stops), not leaked.
+                    let stream = stream.map(crate::abi::adopt_stream);
                     let Some((origin, correlation, event_type)) = self.requests.remove(&correlation) else {
                         tracing::warn!(correlation, "plugin answered an unknown request");
                         continue;
                     };
                     let mut env = Envelope::request(event_type, correlation, Bytes::new());
                     env.origin = origin;
-                    match Payload::for_body(body, config.shm_threshold) {
+                    let payload = match stream {
+                        Some(handle) => Ok(Payload::Stream(handle)),
+                        None => Payload::for_body(body, config.shm_threshold),
+                    };
+                    match payload {
                         Ok(payload) => {
                             let mut reply = Envelope::response_to(&env, status, meta, Bytes::new());
                             reply.payload = payload;

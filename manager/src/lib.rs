@@ -15,6 +15,8 @@
 //! - [`Reply`], [`Response`], [`Error`]: what handlers return.
 //! - [`Manager`], [`Registry`], [`State`]: declaring handlers.
 //! - [`Context`]: notifications, calls to other managers, config, logs.
+//! - [`Streamed`], [`BodyReader`]: bodies streamed through shared-memory
+//!   pipes (downloads and uploads of any size, on their own threads).
 //! - `runtime`: the plugin side of the boundary, with a small executor.
 //! - [`abi`]: the C ABI, the export macros and the loader (all the unsafe code).
 //! - [`host`]: the manager host process loop.
@@ -31,12 +33,14 @@ mod extract;
 mod registry;
 mod reply;
 mod runtime;
+mod stream;
 
 pub use context::{Context, DEFAULT_CALL_TIMEOUT};
 pub use event::{Event, Invalid, Request, validate};
 pub use messages::LogLevel;
 pub use registry::{Config, Manager, Registry, State, TICK, TICK_PERIOD};
 pub use reply::{BINCODE, Binary, Error, FieldError, Format, JSON, Json, Reply, Response};
-pub use runtime::{LogSink, Runtime};
+pub use runtime::{LogSink, Runtime, WakeHost};
+pub use stream::{BodyReader, BodyWriter, MAX_STREAMS, Streamed};
 pub use switchyard_manager_macros::{Event, Reply};
 pub use switchyard_proto::EventType;

@@ -41,15 +41,28 @@ impl Description {
     }
 }
 
+/// A streaming pipe's end handed across the boundary: descriptor numbers of
+/// this process, whose ownership moves with the message (the receiving side
+/// adopts them exactly once; see [`crate::abi`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RawStream {
+    pub ring: i32,
+    pub wake: i32,
+    pub length: Option<u64>,
+}
+
 /// Host → plugin.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum ToPlugin {
     /// A request to answer with exactly one [`FromPlugin::Response`].
+    /// `stream`: the body arrives through a pipe (an upload route); `body`
+    /// is then empty.
     Request {
         correlation: u64,
         event_type: EventType,
         meta: Meta,
         body: Bytes,
+        stream: Option<RawStream>,
     },
     /// A notification the manager subscribed to.
     Notification {
@@ -67,16 +80,22 @@ pub enum ToPlugin {
     /// The result of a [`FromPlugin::Job`]: status 200 and the bincode
     /// result, or an error status and a UTF-8 message.
     JobResult { job: u64, status: u16, body: Bytes },
+    /// Nothing new from the host: a plugin thread asked to be stepped
+    /// (`HostApi::wake`), e.g. because an upload handler finished.
+    Wake,
 }
 
 /// Plugin → host.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum FromPlugin {
+    /// `stream`: the body follows through a pipe whose producer runs on a
+    /// plugin thread; `body` is then empty.
     Response {
         correlation: u64,
         status: u16,
         meta: Meta,
         body: Bytes,
+        stream: Option<RawStream>,
     },
     /// A request to another manager; its answer comes back as a CallResult.
     Call {

@@ -108,11 +108,18 @@ pub(crate) enum RequestHandler<M> {
 /// process that loaded the plugin.
 pub(crate) type JobFn = Arc<dyn Fn(&[u8]) -> Result<Vec<u8>, Error> + Send + Sync>;
 
+/// An upload handler, prepared: the event is decoded (on the manager's
+/// thread); what is left runs on a stream thread with the body.
+pub(crate) type UploadWork = Box<dyn FnOnce() -> Result<Response, Error> + Send>;
+pub(crate) type UploadHandler =
+    Box<dyn Fn(&Request<'_>, crate::stream::BodyReader, crate::reply::Format) -> Result<UploadWork, Error>>;
+
 pub(crate) type NotificationHandler<M> = Box<dyn Fn(&mut M, &Request<'_>, &mut Context) -> Result<(), Error>>;
 
 /// The handlers of a manager.
 pub struct Registry<M> {
     pub(crate) requests: HashMap<EventType, RequestHandler<M>>,
+    pub(crate) uploads: HashMap<EventType, UploadHandler>,
     pub(crate) notifications: HashMap<EventType, NotificationHandler<M>>,
     pub(crate) handles: Vec<HandledType>,
     pub(crate) subscribes: Vec<EventType>,
@@ -146,6 +153,7 @@ impl<M: Manager> Registry<M> {
     pub(crate) fn new() -> Self {
         Registry {
             requests: HashMap::new(),
+            uploads: HashMap::new(),
             notifications: HashMap::new(),
             handles: Vec::new(),
             subscribes: Vec::new(),
@@ -155,6 +163,10 @@ impl<M: Manager> Registry<M> {
     }
 
     fn declare<E: Event>(&mut self) -> EventType {
+        self.declare_with::<E>(false)
+    }
+
+    fn declare_with<E: Event>(&mut self, stream_body: bool) -> EventType {
         let event_type = EventType::of(E::NAME);
         self.handles.retain(|h| h.event_type != event_type);
         self.handles.push(HandledType {
@@ -163,6 +175,7 @@ impl<M: Manager> Registry<M> {
             route: E::ROUTE.map(|(method, path)| HttpRoute {
                 method: method.to_owned(),
                 path: path.to_owned(),
+                stream_body,
             }),
         });
         event_type
@@ -175,6 +188,7 @@ impl<M: Manager> Registry<M> {
         handler: fn(&mut M, E, &mut Context) -> Result<R, Error>,
     ) -> &mut Self {
         let event_type = self.declare::<E>();
+        self.uploads.remove(&event_type);
         self.requests.insert(
             event_type,
             RequestHandler::Sync(Box::new(move |manager, request, cx| {
@@ -195,6 +209,7 @@ impl<M: Manager> Registry<M> {
         Fut: Future<Output = Result<R, Error>> + 'static,
     {
         let event_type = self.declare::<E>();
+        self.uploads.remove(&event_type);
         self.requests.insert(
             event_type,
             RequestHandler::Async(Box::new(move |state, request, cx| {
@@ -203,6 +218,52 @@ impl<M: Manager> Registry<M> {
                 let fut = handler(state, event, cx);
                 Ok(Box::pin(async move { fut.await?.into_response(format) }))
             })),
+        );
+        self
+    }
+
+    /// An upload handler for `E`: the request body is not buffered but read
+    /// as it arrives, through `body`, on a thread of its own (at most
+    /// [`MAX_STREAMS`](crate::MAX_STREAMS) at once), so uploads of any size
+    /// take flat memory and never hold up the manager's other requests. It
+    /// gets the event's path and query fields, but no manager state. Over
+    /// HTTP the listener streams the body through a shared-memory pipe; from
+    /// WebSocket, gRPC or a manager call the whole body arrives at once,
+    /// behind the same [`BodyReader`](crate::BodyReader).
+    ///
+    /// ```
+    /// # use serde::{Deserialize, Serialize};
+    /// # use switchyard_manager::{BodyReader, Config, Error, Event, Manager, Registry, Reply};
+    /// #[derive(Serialize, Deserialize, Event)]
+    /// #[event(name = "files.Put", http = "PUT /files/{name}")]
+    /// struct Put { name: String }
+    ///
+    /// #[derive(Serialize, Reply)]
+    /// struct Stored { name: String, bytes: u64 }
+    ///
+    /// fn put(ev: Put, body: &mut BodyReader) -> Result<Stored, Error> {
+    ///     let bytes = std::io::copy(body, &mut std::io::sink())?;
+    ///     Ok(Stored { name: ev.name, bytes })
+    /// }
+    /// # struct Files;
+    /// # impl Manager for Files {
+    /// #     const NAME: &'static str = "files";
+    /// #     fn create(_: &Config) -> Result<Self, Error> { Ok(Files) }
+    /// fn register(r: &mut Registry<Self>) { r.upload(put); }
+    /// # }
+    /// ```
+    pub fn upload<E: Event + Send, R: Reply + 'static>(
+        &mut self,
+        handler: fn(E, &mut crate::stream::BodyReader) -> Result<R, Error>,
+    ) -> &mut Self {
+        let event_type = self.declare_with::<E>(true);
+        self.requests.remove(&event_type);
+        self.uploads.insert(
+            event_type,
+            Box::new(move |request, mut body, format| {
+                let event = decode::<E>(request)?;
+                Ok(Box::new(move || handler(event, &mut body)?.into_response(format)))
+            }),
         );
         self
     }

@@ -2,7 +2,7 @@
 
 use bytes::Bytes;
 use serde::Serialize;
-use switchyard_proto::{Meta, codec, problem};
+use switchyard_proto::{Meta, StreamHandle, codec, problem};
 
 /// Content type of bincode bodies (manager-to-manager calls, or HTTP clients
 /// that ask for it with `Accept`).
@@ -27,12 +27,15 @@ impl Format {
     }
 }
 
-/// A response as it leaves the manager: status, meta (headers), body.
+/// A response as it leaves the manager: status, meta (headers), body, or a
+/// stream that follows the headers ([`Streamed`](crate::Streamed)).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Response {
     pub status: u16,
     pub meta: Meta,
     pub body: Bytes,
+    /// The body comes through this pipe instead (`body` is then empty).
+    pub stream: Option<StreamHandle>,
 }
 
 impl Response {
@@ -44,6 +47,7 @@ impl Response {
             status,
             meta,
             body: body.into(),
+            stream: None,
         }
     }
 
@@ -102,6 +106,7 @@ impl Reply for () {
             status: 204,
             meta: Meta::default(),
             body: Bytes::new(),
+            stream: None,
         })
     }
 }
@@ -194,6 +199,7 @@ impl Error {
             status: self.status,
             meta,
             body,
+            stream: None,
         }
     }
 

@@ -25,7 +25,13 @@ use crate::registry::{Config, JobFn, LocalFuture, Manager, Registry, RequestHand
 use crate::reply::{Error, Format, Response};
 
 /// Where a plugin's log lines go (the host's logger, across the ABI).
-pub type LogSink = Box<dyn Fn(LogLevel, u64, &str)>;
+pub type LogSink = Arc<dyn Fn(LogLevel, u64, &str) + Send + Sync>;
+
+/// Asks the host to step the runtime soon (from any thread).
+pub type WakeHost = Arc<dyn Fn() + Send + Sync>;
+
+/// Upload handlers that finished on their threads, waiting to be answered.
+type Finished = Arc<Mutex<Vec<(u64, Result<Response, Error>)>>>;
 
 struct Task {
     future: LocalFuture<()>,
@@ -62,6 +68,9 @@ pub struct Runtime<M: Manager> {
     ready: Arc<ReadyQueue>,
     /// Per timer of the registry: its interval and when it is next due.
     timers: Vec<(Duration, Instant)>,
+    /// Without one (in-process tests) upload handlers run inline.
+    wake: Option<WakeHost>,
+    finished: Finished,
 }
 
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
@@ -75,7 +84,11 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 impl<M: Manager> Runtime<M> {
     /// Creates the manager with its config. An error is the reason the
     /// manager cannot start.
-    pub fn create(args: CreateArgs, log: Option<LogSink>) -> Result<(Self, Description), Error> {
+    pub fn create(
+        args: CreateArgs,
+        log: Option<LogSink>,
+        wake: Option<WakeHost>,
+    ) -> Result<(Self, Description), Error> {
         let value: serde_json::Value = if args.config_json.is_empty() {
             serde_json::Value::Null
         } else {
@@ -122,6 +135,8 @@ impl<M: Manager> Runtime<M> {
             tasks: HashMap::new(),
             next_task: 0,
             ready: Arc::default(),
+            wake,
+            finished: Arc::default(),
         };
         Ok((runtime, description))
     }
@@ -135,7 +150,12 @@ impl<M: Manager> Runtime<M> {
                     event_type,
                     meta,
                     body,
-                } => self.on_request(correlation, event_type, &meta, &body),
+                    stream,
+                } => {
+                    let stream = stream.map(crate::abi::adopt_stream);
+                    self.on_request(correlation, event_type, &meta, body, stream)
+                }
+                ToPlugin::Wake => {}
                 ToPlugin::Notification {
                     event_type,
                     meta,
@@ -165,6 +185,10 @@ impl<M: Manager> Runtime<M> {
             }
         }
         self.run_ready();
+        let finished = std::mem::take(&mut *self.finished.lock().unwrap_or_else(|p| p.into_inner()));
+        for (correlation, result) in finished {
+            self.respond(correlation, result);
+        }
         std::mem::take(&mut *self.shared.outbox.borrow_mut())
     }
 
@@ -180,14 +204,32 @@ impl<M: Manager> Runtime<M> {
         respond(&self.shared, self.expose_errors, correlation, result);
     }
 
-    fn on_request(&mut self, correlation: u64, event_type: EventType, meta: &Meta, body: &[u8]) {
+    fn on_request(
+        &mut self,
+        correlation: u64,
+        event_type: EventType,
+        meta: &Meta,
+        body: Bytes,
+        stream: Option<switchyard_proto::StreamHandle>,
+    ) {
+        if self.registry.uploads.contains_key(&event_type) {
+            return self.on_upload(correlation, event_type, meta, body, stream);
+        }
+        if stream.is_some() {
+            return self.respond(
+                correlation,
+                Err(Error::internal(
+                    "a streamed body reached a handler that is not an upload",
+                )),
+            );
+        }
         let Some(handler) = self.registry.requests.get(&event_type) else {
             return self.respond(
                 correlation,
                 Err(Error::not_found("this manager has no handler for the event type")),
             );
         };
-        let request = Request::new(meta, body);
+        let request = Request::new(meta, &body);
         let mut cx = self.context(correlation, Format::from_meta(meta));
         match handler {
             RequestHandler::Sync(handler) => {
@@ -218,6 +260,66 @@ impl<M: Manager> Runtime<M> {
                     }
                 }
             }
+        }
+    }
+
+    /// Decodes an upload's event here, then reads its body and runs the
+    /// handler on a stream thread; the answer comes back through
+    /// `finished` and a wake-up of the host.
+    fn on_upload(
+        &mut self,
+        correlation: u64,
+        event_type: EventType,
+        meta: &Meta,
+        body: Bytes,
+        stream: Option<switchyard_proto::StreamHandle>,
+    ) {
+        let handler = &self.registry.uploads[&event_type];
+        let reader = match stream {
+            Some(handle) => crate::stream::BodyReader::pipe(handle),
+            None => Ok(crate::stream::BodyReader::whole(body)),
+        };
+        let request = Request::new(meta, &[]);
+        let prepared = catch_unwind(AssertUnwindSafe(|| {
+            reader.and_then(|reader| handler(&request, reader, Format::from_meta(meta)))
+        }));
+        let work = match prepared {
+            Ok(Ok(work)) => work,
+            Ok(Err(err)) => return self.respond(correlation, Err(err)),
+            Err(panic) => {
+                let err = self.panicked(correlation, &*panic);
+                return self.respond(correlation, Err(err));
+            }
+        };
+        let run = move || {
+            catch_unwind(AssertUnwindSafe(work)).unwrap_or_else(|panic| {
+                Err(Error::internal(format!(
+                    "the upload handler panicked: {}",
+                    panic_message(&*panic)
+                )))
+            })
+        };
+        let Some(wake) = self.wake.clone() else {
+            // In-process tests: the body is already whole, run it here.
+            let result = run();
+            return self.respond(correlation, result);
+        };
+        let (finished, log) = (self.finished.clone(), self.shared.log.clone());
+        let spawned = crate::stream::spawn_stream_thread(move || {
+            let result = run();
+            if let (Err(err), Some(log)) = (&result, &log)
+                && err.status == 500
+            {
+                log(LogLevel::Error, correlation, &err.message);
+            }
+            finished
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push((correlation, result));
+            wake();
+        });
+        if let Err(err) = spawned {
+            self.respond(correlation, Err(err));
         }
     }
 
@@ -368,11 +470,21 @@ pub(crate) fn run_job<M: Manager>(job_type: EventType, input: &[u8]) -> JobOutpu
 }
 
 fn respond(shared: &Shared, expose_errors: bool, correlation: u64, result: Result<Response, Error>) {
-    let response = result.unwrap_or_else(|err| err.to_response(expose_errors));
+    let mut response = result.unwrap_or_else(|err| err.to_response(expose_errors));
+    let stream = match response.stream.take().map(crate::abi::release_stream) {
+        None => None,
+        Some(Ok(raw)) => Some(raw),
+        Some(Err(err)) => {
+            response =
+                Error::unavailable(format!("cannot hand over a stream: {err}")).to_response(expose_errors);
+            None
+        }
+    };
     shared.outbox.borrow_mut().push(FromPlugin::Response {
         correlation,
         status: response.status,
         meta: response.meta,
         body: response.body,
+        stream,
     });
 }

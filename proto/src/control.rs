@@ -271,6 +271,9 @@ pub struct HandledType {
 pub struct HttpRoute {
     pub method: String,
     pub path: String,
+    /// The handler reads the body as a stream (an upload): the listener
+    /// pipes it through shared memory instead of buffering it.
+    pub stream_body: bool,
 }
 
 /// The routes the listener serves and the health of the managers behind them.

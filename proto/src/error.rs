@@ -30,6 +30,10 @@ pub enum Error {
     /// Creating or mapping a shared-memory body would exceed the budget.
     #[error("shared-memory budget exhausted ({len} more bytes would pass {budget})")]
     ShmBudget { len: u64, budget: u64 },
+    /// A streaming pipe ended before its end: the other side gave up or
+    /// its process died.
+    #[error("stream aborted: {0}")]
+    PipeAborted(&'static str),
     #[error(transparent)]
     Io(#[from] io::Error),
 }

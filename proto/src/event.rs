@@ -9,6 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
+pub use crate::pipe::StreamHandle;
 pub use crate::shm::ShmBody;
 
 /// A routable event type: a name such as `shop.Checkout`, interned to a
@@ -125,11 +126,13 @@ impl Meta {
 }
 
 /// An event's body: inline bytes (a zero-copy slice of the received frame),
-/// or a sealed shared-memory body whose descriptor travels with the frame.
+/// a sealed shared-memory body whose descriptor travels with the frame, or a
+/// streaming pipe whose bytes arrive over time ([`crate::pipe`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Payload {
     Inline(Bytes),
     Shm(ShmBody),
+    Stream(StreamHandle),
 }
 
 impl Default for Payload {
@@ -143,23 +146,35 @@ impl Payload {
     pub fn inline(&self) -> Option<&Bytes> {
         match self {
             Payload::Inline(b) => Some(b),
-            Payload::Shm(_) => None,
+            Payload::Shm(_) | Payload::Stream(_) => None,
         }
     }
 
-    /// The body's bytes: the inline slice, or the shared memory mapped.
+    /// The body's bytes: the inline slice, or the shared memory mapped. A
+    /// stream has no bytes yet: it must be opened ([`StreamHandle::open`]).
     pub fn bytes(&self) -> crate::Result<Bytes> {
         match self {
             Payload::Inline(b) => Ok(b.clone()),
             Payload::Shm(body) => body.map(),
+            Payload::Stream(_) => Err(crate::Error::Malformed("a streamed body read as bytes")),
         }
     }
 
-    /// The body's length in bytes.
+    /// The body's length in bytes (a stream's announced length, or 0).
     pub fn len(&self) -> usize {
         match self {
             Payload::Inline(b) => b.len(),
             Payload::Shm(body) => body.len() as usize,
+            Payload::Stream(handle) => handle.length().unwrap_or(0) as usize,
+        }
+    }
+
+    /// How many descriptors travel with this payload.
+    pub fn fd_count(&self) -> usize {
+        match self {
+            Payload::Inline(_) => 0,
+            Payload::Shm(_) => 1,
+            Payload::Stream(_) => 2,
         }
     }
 
@@ -262,7 +277,7 @@ impl Envelope {
     pub fn decode_control(&self) -> crate::Result<crate::control::Control> {
         match &self.payload {
             Payload::Inline(bytes) => crate::codec::decode(bytes),
-            Payload::Shm(_) => Err(crate::Error::Malformed("control frame with shm payload")),
+            _ => Err(crate::Error::Malformed("control frame with shm payload")),
         }
     }
 }

@@ -21,6 +21,7 @@ use std::collections::VecDeque;
 use std::os::fd::OwnedFd;
 
 use crate::event::{Deadline, Envelope, EventType, Kind, Meta, Origin, Payload};
+use crate::pipe::StreamHandle;
 use crate::shm::ShmBody;
 use crate::{Error, Result, codec};
 
@@ -40,8 +41,19 @@ struct HeaderRef<'a> {
     deadline: Deadline,
     status: u16,
     meta: &'a Meta,
-    /// Length of a shared-memory body; its descriptor travels out of band.
-    shm: Option<u64>,
+    body: BodyHead,
+}
+
+/// Where the body is. Shared-memory bodies and pipes have their descriptors
+/// out of band, in the order of their frames.
+#[derive(Serialize, Deserialize)]
+enum BodyHead {
+    /// Inline bytes after the header.
+    Inline,
+    /// A sealed memfd of this many bytes (one descriptor).
+    Shm(u64),
+    /// A streaming pipe of this length if known (two descriptors: ring, wake).
+    Stream(Option<u64>),
 }
 
 // Field order and types must match `HeaderRef`: bincode is positional.
@@ -54,15 +66,16 @@ struct HeaderOwned {
     deadline: Deadline,
     status: u16,
     meta: Meta,
-    shm: Option<u64>,
+    body: BodyHead,
 }
 
 /// Appends the prefix and header of `env` to `out`, and returns the inline
 /// payload that must follow them on the wire.
 pub fn encode_head<'e>(env: &'e Envelope, out: &mut BytesMut, max: usize) -> Result<&'e [u8]> {
-    let (shm, payload): (Option<u64>, &[u8]) = match &env.payload {
-        Payload::Inline(b) => (None, b),
-        Payload::Shm(body) => (Some(body.len()), &[]),
+    let (body, payload): (BodyHead, &[u8]) = match &env.payload {
+        Payload::Inline(b) => (BodyHead::Inline, b),
+        Payload::Shm(body) => (BodyHead::Shm(body.len()), &[]),
+        Payload::Stream(handle) => (BodyHead::Stream(handle.length()), &[]),
     };
     let head = HeaderRef {
         event_type: env.event_type,
@@ -72,7 +85,7 @@ pub fn encode_head<'e>(env: &'e Envelope, out: &mut BytesMut, max: usize) -> Res
         deadline: env.deadline,
         status: env.status,
         meta: &env.meta,
-        shm,
+        body,
     };
     let start = out.len();
     out.put_bytes(0, PREFIX_LEN);
@@ -131,15 +144,21 @@ pub fn parse(frame: Bytes, fds: &mut VecDeque<OwnedFd>) -> Result<Envelope> {
         .filter(|&end| end <= frame.len())
         .ok_or(Error::Malformed("header longer than frame"))?;
     let head: HeaderOwned = codec::decode(&frame[PREFIX_LEN..header_end])?;
-    let payload = match head.shm {
-        Some(len) if header_end == frame.len() => {
+    let payload = match head.body {
+        BodyHead::Inline => Payload::Inline(frame.slice(header_end..)),
+        _ if header_end != frame.len() => return Err(Error::Malformed("shm frame with inline bytes")),
+        BodyHead::Shm(len) => {
             let fd = fds
                 .pop_front()
                 .ok_or(Error::Malformed("shm frame without a descriptor"))?;
             Payload::Shm(ShmBody::adopt(fd, len)?)
         }
-        Some(_) => return Err(Error::Malformed("shm frame with inline bytes")),
-        None => Payload::Inline(frame.slice(header_end..)),
+        BodyHead::Stream(length) => {
+            let (Some(ring), Some(wake)) = (fds.pop_front(), fds.pop_front()) else {
+                return Err(Error::Malformed("stream frame without its two descriptors"));
+            };
+            Payload::Stream(StreamHandle::from_parts(ring, wake, length))
+        }
     };
     Ok(Envelope {
         event_type: head.event_type,

@@ -39,10 +39,10 @@ pub fn in_use() -> u64 {
 
 /// Accounts `len` bytes against the budget until dropped.
 #[derive(Debug)]
-struct Reservation(u64);
+pub(crate) struct Reservation(u64);
 
 impl Reservation {
-    fn take(len: u64) -> Result<Reservation> {
+    pub(crate) fn take(len: u64) -> Result<Reservation> {
         let budget = BUDGET.load(Ordering::Relaxed);
         let mut current = IN_USE.load(Ordering::Relaxed);
         loop {

@@ -17,7 +17,7 @@ use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use crate::{Envelope, Error, Payload, Result, ShmBody, fdpass, frame};
+use crate::{Envelope, Error, Payload, Result, fdpass, frame};
 
 /// Most frames one writer batch takes from its queue.
 const MAX_BATCH: usize = 512;
@@ -139,8 +139,8 @@ struct Batch {
     scratch: BytesMut,
     segments: Vec<Segment>,
     run_start: usize,
-    /// Kept alive (and their descriptors open) until sent.
-    shm: Vec<ShmBody>,
+    /// Bodies kept alive (and their descriptors open) until sent.
+    shm: Vec<Payload>,
 }
 
 impl Batch {
@@ -152,7 +152,7 @@ impl Batch {
             }
         };
         match &env.payload {
-            Payload::Shm(body) => self.shm.push(body.clone()),
+            Payload::Shm(_) | Payload::Stream(_) => self.shm.push(env.payload.clone()),
             Payload::Inline(_) if payload.len() < COPY_BELOW => self.scratch.extend_from_slice(payload),
             Payload::Inline(bytes) => {
                 self.segments
@@ -182,7 +182,15 @@ impl Batch {
             if first && !self.shm.is_empty() {
                 // The descriptors ride on the first bytes of the batch, so
                 // they reach the reader no later than their frames.
-                let fds: Vec<RawFd> = self.shm.iter().map(|b| b.fd().as_raw_fd()).collect();
+                let fds: Vec<RawFd> = self
+                    .shm
+                    .iter()
+                    .flat_map(|payload| match payload {
+                        Payload::Shm(body) => vec![body.fd().as_raw_fd()],
+                        Payload::Stream(handle) => handle.fds().iter().map(|fd| fd.as_raw_fd()).collect(),
+                        Payload::Inline(_) => Vec::new(),
+                    })
+                    .collect();
                 let socket = io.socket();
                 let n = loop {
                     socket.writable().await?;
@@ -226,7 +234,9 @@ async fn write_loop<W: AsyncWrite + FdSocket + Unpin>(
             return Ok(());
         }
         for env in queued.drain(..) {
-            if matches!(env.payload, Payload::Shm(_)) && batch.shm.len() == fdpass::MAX_FDS {
+            let fds = env.payload.fd_count();
+            let queued_fds: usize = batch.shm.iter().map(Payload::fd_count).sum();
+            if fds > 0 && queued_fds + fds > fdpass::MAX_FDS {
                 batch.flush(&mut io).await?;
             }
             batch.push(&env, max_frame);
@@ -422,7 +432,7 @@ mod tests {
             let payload = if i % 3 == 0 {
                 Payload::Inline(Bytes::from(vec![i as u8; 10]))
             } else {
-                Payload::Shm(ShmBody::create(&vec![i as u8; 70_000 + i as usize]).unwrap())
+                Payload::Shm(crate::ShmBody::create(&vec![i as u8; 70_000 + i as usize]).unwrap())
             };
             let mut env = Envelope::request(EventType::of("t"), i, Bytes::new());
             env.payload = payload;

@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use switchyard_proto::control::{
-    Control, HandledType, HttpRoute, ManagerDescription, ManagerHealth, RouteEntry, RouteTable,
+    Control, HandledType, ManagerDescription, ManagerHealth, RouteEntry, RouteTable,
 };
 use switchyard_proto::transport::FrameSink;
 use switchyard_proto::{Deadline, Envelope, EventType, Origin};
@@ -105,14 +105,11 @@ impl Table {
                     manager: description.name.clone(),
                 },
             );
-            if let Some(HttpRoute { method, path }) = &handled.route {
+            if let Some(route) = &handled.route {
                 self.routes.insert(
-                    (method.clone(), path.clone()),
+                    (route.method.clone(), route.path.clone()),
                     RouteEntry {
-                        route: HttpRoute {
-                            method: method.clone(),
-                            path: path.clone(),
-                        },
+                        route: route.clone(),
                         event_type: handled.event_type,
                         type_name: handled.name.clone(),
                         manager: description.name.clone(),

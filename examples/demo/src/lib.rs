@@ -3,7 +3,9 @@
 //! A plugin library with three managers, so that the group shows routing
 //! between processes and both kinds of worker pool: `basics` answers
 //! `/noop`, `/echo`, `/hello/{name}` and `/panic`; `payload` answers
-//! `/payload/{size}` and `/sleep/{ms}` (a blocking job on its thread pool);
+//! `/payload/{size}`, `/stream/{size}` (a body streamed through a
+//! shared-memory pipe), `POST /upload` (a body read as it streams in) and
+//! `/sleep/{ms}` (a blocking job on its thread pool);
 //! `compute` answers `/cpu/{ms}` (CPU work in its process pool),
 //! `/cpu-inline/{ms}` (the same work in the manager itself) and
 //! `/crash/{mode}` (a job that panics or aborts its worker process).
@@ -14,7 +16,8 @@
 
 use serde::{Deserialize, Serialize};
 use switchyard_manager::{
-    Binary, Config, Context, Error, Event, Json, Manager, Registry, Reply, Request, State,
+    Binary, BodyReader, Config, Context, Error, Event, Json, Manager, Registry, Reply, Request, State,
+    Streamed,
 };
 
 /// `GET /noop` → `{"ok":true}`.
@@ -161,23 +164,47 @@ impl Manager for Payloads {
     }
     fn register(r: &mut Registry<Self>) {
         r.request(Self::payload)
-            .request(Self::upload)
+            .request(Self::stream)
+            .upload(upload)
             .request(Self::echo_bytes)
             .request_async(Self::sleep)
             .job(sleep_job);
     }
 }
 
-/// `POST /upload` → `{"length": n, "sha256": "<hex>"}` of the raw body.
-#[derive(Deserialize, Serialize)]
-pub struct Upload(pub bytes::Bytes);
+/// `GET /stream/{size}` → `size` bytes (any size; the pattern of
+/// [`stream_byte`]) produced on a thread and streamed through a pipe.
+#[derive(Deserialize, Serialize, Event)]
+#[event(name = "demo.Stream", http = "GET /stream/{size}")]
+pub struct Stream {
+    pub size: u64,
+}
 
-impl Event for Upload {
-    const NAME: &'static str = "demo.Upload";
-    const ROUTE: Option<(&'static str, &'static str)> = Some(("POST", "/upload"));
-    fn from_request(request: &Request<'_>) -> Result<Self, Error> {
-        Result::Ok(Upload(bytes::Bytes::copy_from_slice(request.body)))
+/// Largest `/stream/{size}`: 64 GiB, far past any one segment.
+pub const MAX_STREAM: u64 = 64 << 30;
+
+/// Byte `i` of every `/stream/{size}` body: a pattern that catches a lost,
+/// repeated or reordered chunk.
+pub fn stream_byte(i: u64) -> u8 {
+    (i % 251) as u8
+}
+
+/// `POST /upload` → `{"length": n, "sha256": "<hex>"}` of the raw body, read
+/// as it streams in (any size up to `listener.max_upload_bytes`).
+#[derive(Deserialize, Serialize, Event)]
+#[event(name = "demo.Upload", http = "POST /upload")]
+pub struct Upload {}
+
+fn upload(_: Upload, body: &mut BodyReader) -> Result<Uploaded, Error> {
+    use sha2::Digest;
+    let mut hasher = sha2::Sha256::new();
+    let mut length = 0u64;
+    while let Some(chunk) = body.chunk()? {
+        hasher.update(&chunk);
+        length += chunk.len() as u64;
     }
+    let sha256 = hasher.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    Result::Ok(Uploaded { length, sha256 })
 }
 
 #[derive(Serialize, Deserialize, Reply)]
@@ -212,14 +239,26 @@ impl Payloads {
         Result::Ok(Binary(self.buffer.slice(..size)))
     }
 
-    fn upload(&mut self, ev: Upload, _: &mut Context) -> Result<Uploaded, Error> {
-        use sha2::Digest;
-        let digest = sha2::Sha256::digest(&ev.0);
-        let sha256 = digest.iter().map(|b| format!("{b:02x}")).collect();
-        Result::Ok(Uploaded {
-            length: ev.0.len() as u64,
-            sha256,
-        })
+    fn stream(&mut self, ev: Stream, _: &mut Context) -> Result<Streamed, Error> {
+        if ev.size > MAX_STREAM {
+            return Err(Error::bad_request(format!(
+                "size must be at most {MAX_STREAM} bytes"
+            )));
+        }
+        Result::Ok(Streamed::new(Some(ev.size), move |out| {
+            use std::io::Write;
+            // One period of the pattern, 251 × 261 bytes (~64 KiB), written
+            // from the right phase each time.
+            let period: Vec<u8> = (0..251 * 262).map(stream_byte).collect();
+            let mut at = 0u64;
+            while at < ev.size {
+                let phase = (at % 251) as usize;
+                let n = (ev.size - at).min(251 * 261) as usize;
+                out.write_all(&period[phase..phase + n])?;
+                at += n as u64;
+            }
+            Result::Ok(())
+        }))
     }
 
     fn echo_bytes(&mut self, ev: EchoBytes, _: &mut Context) -> Result<Binary, Error> {
@@ -492,6 +531,26 @@ mod tests {
         assert_eq!(r.text(), r#"{"slept_ms":1}"#);
         assert_eq!(m.jobs_run, 1, "the sleep ran as a job");
         assert_eq!(m.logs[0].1, "sleeping 1 ms");
+
+        // Streams: produced on their thread, read whole by the harness.
+        let r = m.http::<Stream>(&[("size", "200000")], "", b"");
+        assert_eq!((r.status, r.body.len(), r.aborted), (200, 200_000, false));
+        assert!(
+            r.body
+                .iter()
+                .enumerate()
+                .all(|(i, b)| *b == stream_byte(i as u64))
+        );
+        assert_eq!(m.http::<Stream>(&[("size", "0")], "", b"").body.len(), 0);
+        // An upload handler gets the whole body when it is not streamed.
+        let r = m.http::<Upload>(&[], "application/octet-stream", b"abc");
+        assert_eq!(r.status, 200, "{}", r.text());
+        let up: Uploaded = r.json();
+        assert_eq!(up.length, 3);
+        assert_eq!(
+            up.sha256,
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
     }
 
     #[test]

@@ -27,6 +27,24 @@ pub struct TestResponse {
     pub status: u16,
     pub meta: Meta,
     pub body: Bytes,
+    /// A streamed body ended with an error (what a client would see as a
+    /// cut connection); `body` holds what arrived before.
+    pub aborted: bool,
+}
+
+/// Reads a streamed response to its end: the bytes, and whether it broke off.
+fn read_stream(handle: switchyard_proto::StreamHandle) -> (Bytes, bool) {
+    let Ok(mut end) = handle.open() else {
+        return (Bytes::new(), true);
+    };
+    let mut body = Vec::new();
+    loop {
+        match end.read_blocking(switchyard_proto::pipe::DEFAULT_CAPACITY) {
+            Ok(chunk) if chunk.is_empty() => return (Bytes::from(body), false),
+            Ok(chunk) => body.extend_from_slice(&chunk),
+            Err(_) => return (Bytes::from(body), true),
+        }
+    }
 }
 
 impl TestResponse {
@@ -112,7 +130,7 @@ impl<M: Manager> TestManager<M> {
             config_json: config.to_string(),
             expose_errors: true,
         };
-        let (runtime, _) = Runtime::<M>::create(args, None)?;
+        let (runtime, _) = Runtime::<M>::create(args, None, None)?;
         Ok(TestManager {
             runtime,
             next: 1,
@@ -227,6 +245,7 @@ impl<M: Manager> TestManager<M> {
             event_type,
             meta,
             body,
+            stream: None,
         }]);
         self.drive(outputs, Some(correlation))
             .expect("the manager answered")
@@ -245,8 +264,20 @@ impl<M: Manager> TestManager<M> {
                         status,
                         meta,
                         body,
+                        stream,
                     } if Some(correlation) == want => {
-                        answer = Some(TestResponse { status, meta, body });
+                        let (body, aborted) = match stream {
+                            // A streamed body is read whole, as its producer
+                            // writes it on its thread.
+                            Some(raw) => read_stream(crate::abi::adopt_stream(raw)),
+                            None => (body, false),
+                        };
+                        answer = Some(TestResponse {
+                            status,
+                            meta,
+                            body,
+                            aborted,
+                        });
                     }
                     FromPlugin::Response { .. } => {}
                     FromPlugin::Call {
