@@ -122,6 +122,8 @@ async fn serve(role: Role, name: String, instance: u32, spec: Spec) -> anyhow::R
                 instance,
                 config_json: serde_json::to_string(&m.config)?,
                 expose_errors: config.group.expose_errors,
+                shm_threshold: config.group.shm_threshold_bytes as u64,
+                shm_budget: config.group.shm_budget_bytes,
             };
             let (plugin, description) = m.library()?.instantiate(m.kind(), &args)?;
             let w = &m.workers;

@@ -427,6 +427,10 @@ pub(crate) async fn call(
         Err(_) => return problem_bytes(504, "the request deadline passed"),
     };
     let content_type = response.meta.get("content-type").map(str::to_owned);
+    if matches!(response.payload, switchyard_proto::Payload::Stream(_)) {
+        // Dropping the pipe stops its producer.
+        return problem_bytes(501, "streamed responses are served over HTTP only");
+    }
     match response.payload.bytes() {
         Ok(b) => (response.status, content_type, b),
         Err(_) => problem_bytes(503, "response body unavailable"),

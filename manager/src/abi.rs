@@ -16,7 +16,9 @@ use std::sync::Arc;
 
 use switchyard_proto::codec;
 
-use crate::messages::{CreateArgs, Description, FromPlugin, JobOutput, LogLevel, RawStream, ToPlugin};
+use crate::messages::{
+    CreateArgs, Description, FromPlugin, JobOutput, LogLevel, RawBody, RawStream, ToPlugin,
+};
 use crate::registry::Manager;
 use crate::runtime::Runtime;
 
@@ -95,6 +97,30 @@ pub(crate) fn release_stream(handle: switchyard_proto::StreamHandle) -> std::io:
         wake: wake.into_raw_fd(),
         length,
     })
+}
+
+/// Hands a pool segment's body across the boundary (a duplicate of the
+/// descriptor; the pool keeps its own).
+pub(crate) fn release_pooled(body: &switchyard_proto::ShmBody) -> std::io::Result<RawBody> {
+    use std::os::fd::IntoRawFd;
+    Ok(RawBody::Pooled {
+        fd: body.fd_clone().map_err(std::io::Error::other)?.into_raw_fd(),
+        len: body.len(),
+    })
+}
+
+/// Takes ownership of a response body's descriptors released by
+/// [`release_stream`] or [`release_pooled`].
+pub(crate) fn adopt_body(raw: RawBody) -> switchyard_proto::Result<switchyard_proto::Payload> {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    match raw {
+        RawBody::Stream(raw) => Ok(switchyard_proto::Payload::Stream(adopt_stream(raw))),
+        RawBody::Pooled { fd, len } => {
+            // SAFETY: as in `adopt_stream`: released once, adopted once.
+            let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+            switchyard_proto::ShmBody::adopt_pooled(fd, len).map(switchyard_proto::Payload::Shm)
+        }
+    }
 }
 
 /// Takes ownership of descriptors released by [`release_stream`].

@@ -36,6 +36,9 @@ pub(crate) struct Shared {
     /// Where log lines go at once; without one they are queued as
     /// [`FromPlugin::Log`] outputs (in-process tests).
     pub(crate) log: Option<crate::runtime::LogSink>,
+    /// Response bodies at least this large go into `segments`.
+    pub(crate) shm_threshold: usize,
+    pub(crate) segments: RefCell<switchyard_proto::pool::SegmentPool>,
 }
 
 impl Shared {

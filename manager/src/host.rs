@@ -317,19 +317,19 @@ impl Host {
                     status,
                     meta,
                     body,
-                    stream,
+                    handle,
                 } => {
                     // Adopted first: an unknown request's stream is closed
                     // (its producer then stops), not leaked.
-                    let stream = stream.map(crate::abi::adopt_stream);
+                    let handle = handle.map(crate::abi::adopt_body);
                     let Some((origin, correlation, event_type)) = self.requests.remove(&correlation) else {
                         tracing::warn!(correlation, "plugin answered an unknown request");
                         continue;
                     };
                     let mut env = Envelope::request(event_type, correlation, Bytes::new());
                     env.origin = origin;
-                    let payload = match stream {
-                        Some(handle) => Ok(Payload::Stream(handle)),
+                    let payload = match handle {
+                        Some(adopted) => adopted,
                         None => Payload::for_body(body, config.shm_threshold),
                     };
                     match payload {

@@ -18,6 +18,12 @@ pub struct CreateArgs {
     pub config_json: String,
     /// Whether 5xx error messages may reach clients.
     pub expose_errors: bool,
+    /// Response bodies this large or larger leave the plugin in shared
+    /// memory (`u64::MAX`: never, as in in-process tests).
+    pub shm_threshold: u64,
+    /// The process's shared-memory budget (a plugin library has its own
+    /// copy of the accounting).
+    pub shm_budget: u64,
 }
 
 /// What the plugin declares once created.
@@ -49,6 +55,16 @@ pub struct RawStream {
     pub ring: i32,
     pub wake: i32,
     pub length: Option<u64>,
+}
+
+/// A response body handed across the boundary as descriptors (ownership
+/// moves with the message, as for [`RawStream`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RawBody {
+    /// A streaming pipe.
+    Stream(RawStream),
+    /// `len` bytes in a reusable pool segment (`switchyard_proto::pool`).
+    Pooled { fd: i32, len: u64 },
 }
 
 /// Host → plugin.
@@ -88,14 +104,15 @@ pub enum ToPlugin {
 /// Plugin → host.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum FromPlugin {
-    /// `stream`: the body follows through a pipe whose producer runs on a
-    /// plugin thread; `body` is then empty.
+    /// `handle`: the body is in shared memory instead — a pool segment the
+    /// plugin wrote (no copy across the boundary), or a pipe whose producer
+    /// runs on a plugin thread; `body` is then empty.
     Response {
         correlation: u64,
         status: u16,
         meta: Meta,
         body: Bytes,
-        stream: Option<RawStream>,
+        handle: Option<RawBody>,
     },
     /// A request to another manager; its answer comes back as a CallResult.
     Call {

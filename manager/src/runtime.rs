@@ -20,7 +20,7 @@ use switchyard_proto::{EventType, Meta};
 
 use crate::context::{Context, Shared};
 use crate::event::Request;
-use crate::messages::{CreateArgs, Description, FromPlugin, JobOutput, LogLevel, ToPlugin};
+use crate::messages::{CreateArgs, Description, FromPlugin, JobOutput, LogLevel, RawBody, ToPlugin};
 use crate::registry::{Config, JobFn, LocalFuture, Manager, Registry, RequestHandler, State};
 use crate::reply::{Error, Format, Response};
 
@@ -29,6 +29,12 @@ pub type LogSink = Arc<dyn Fn(LogLevel, u64, &str) + Send + Sync>;
 
 /// Asks the host to step the runtime soon (from any thread).
 pub type WakeHost = Arc<dyn Fn() + Send + Sync>;
+
+/// Shared memory a plugin keeps for reuse by large response bodies.
+const SEGMENT_POOL_BYTES: usize = 64 * 1024 * 1024;
+/// A pooled body not released by its consumer within this long is taken
+/// for lost (its segment is replaced, never rewritten under a reader).
+const SEGMENT_LEASE: Duration = Duration::from_secs(120);
 
 /// Upload handlers that finished on their threads, waiting to be answered.
 type Finished = Arc<Mutex<Vec<(u64, Result<Response, Error>)>>>;
@@ -100,6 +106,10 @@ impl<M: Manager> Runtime<M> {
             instance: args.instance,
             value: value.clone(),
         };
+        if args.shm_budget > 0 {
+            // A plugin library has its own copy of the accounting.
+            switchyard_proto::shm::set_budget(args.shm_budget);
+        }
         let manager = M::create(&config)?;
         let mut registry = Registry::new();
         M::register(&mut registry);
@@ -116,6 +126,11 @@ impl<M: Manager> Runtime<M> {
             name: args.name,
             instance: args.instance,
             log,
+            shm_threshold: usize::try_from(args.shm_threshold).unwrap_or(usize::MAX),
+            segments: RefCell::new(switchyard_proto::pool::SegmentPool::new(
+                SEGMENT_POOL_BYTES,
+                SEGMENT_LEASE,
+            )),
         });
         let now = Instant::now();
         let timers = registry
@@ -471,20 +486,30 @@ pub(crate) fn run_job<M: Manager>(job_type: EventType, input: &[u8]) -> JobOutpu
 
 fn respond(shared: &Shared, expose_errors: bool, correlation: u64, result: Result<Response, Error>) {
     let mut response = result.unwrap_or_else(|err| err.to_response(expose_errors));
-    let stream = match response.stream.take().map(crate::abi::release_stream) {
+    let mut handle = match response.stream.take().map(crate::abi::release_stream) {
         None => None,
-        Some(Ok(raw)) => Some(raw),
+        Some(Ok(raw)) => Some(RawBody::Stream(raw)),
         Some(Err(err)) => {
             response =
                 Error::unavailable(format!("cannot hand over a stream: {err}")).to_response(expose_errors);
             None
         }
     };
+    // A large body is written once, here, into a reusable segment: it
+    // crosses the boundary and the hops after it as a descriptor.
+    if handle.is_none()
+        && response.body.len() >= shared.shm_threshold
+        && let Ok(Some(pooled)) = shared.segments.borrow_mut().place(&response.body)
+        && let Ok(raw) = crate::abi::release_pooled(&pooled)
+    {
+        handle = Some(raw);
+        response.body = Bytes::new();
+    }
     shared.outbox.borrow_mut().push(FromPlugin::Response {
         correlation,
         status: response.status,
         meta: response.meta,
         body: response.body,
-        stream,
+        handle,
     });
 }

@@ -52,6 +52,8 @@ enum BodyHead {
     Inline,
     /// A sealed memfd of this many bytes (one descriptor).
     Shm(u64),
+    /// A body of this many bytes in a reusable pool segment (one descriptor).
+    Pooled(u64),
     /// A streaming pipe of this length if known (two descriptors: ring, wake).
     Stream(Option<u64>),
 }
@@ -74,6 +76,7 @@ struct HeaderOwned {
 pub fn encode_head<'e>(env: &'e Envelope, out: &mut BytesMut, max: usize) -> Result<&'e [u8]> {
     let (body, payload): (BodyHead, &[u8]) = match &env.payload {
         Payload::Inline(b) => (BodyHead::Inline, b),
+        Payload::Shm(body) if body.is_pooled() => (BodyHead::Pooled(body.len()), &[]),
         Payload::Shm(body) => (BodyHead::Shm(body.len()), &[]),
         Payload::Stream(handle) => (BodyHead::Stream(handle.length()), &[]),
     };
@@ -152,6 +155,12 @@ pub fn parse(frame: Bytes, fds: &mut VecDeque<OwnedFd>) -> Result<Envelope> {
                 .pop_front()
                 .ok_or(Error::Malformed("shm frame without a descriptor"))?;
             Payload::Shm(ShmBody::adopt(fd, len)?)
+        }
+        BodyHead::Pooled(len) => {
+            let fd = fds
+                .pop_front()
+                .ok_or(Error::Malformed("shm frame without a descriptor"))?;
+            Payload::Shm(ShmBody::adopt_pooled(fd, len)?)
         }
         BodyHead::Stream(length) => {
             let (Some(ring), Some(wake)) = (fds.pop_front(), fds.pop_front()) else {

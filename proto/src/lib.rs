@@ -18,6 +18,7 @@
 //!   table, registration).
 //! - [`supervision`]: the child ↔ supervisor control channel.
 //! - [`shm`]: sealed memfd bodies whose descriptors travel with frames.
+//! - [`pool`]: reusable shared-memory segments for response bodies.
 //! - [`pipe`]: streaming shared-memory pipes (a ring and a wake socket).
 //! - [`problem`]: `application/problem+json` bodies for synthesized errors.
 //! - [`process`]: what every child process shares: logging, runtime paths.
@@ -27,6 +28,7 @@ pub mod control;
 pub mod event;
 pub mod frame;
 pub mod pipe;
+pub mod pool;
 pub mod problem;
 pub mod process;
 pub mod shm;

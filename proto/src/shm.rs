@@ -65,15 +65,18 @@ impl Drop for Reservation {
 
 #[derive(Debug)]
 struct Segment {
-    fd: OwnedFd,
+    fd: Arc<OwnedFd>,
     _reservation: Option<Reservation>,
 }
 
-/// A sealed shared-memory body. Cloning shares the descriptor.
+/// A shared-memory body. Cloning shares the descriptor.
 #[derive(Clone, Debug)]
 pub struct ShmBody {
     segment: Arc<Segment>,
     len: u64,
+    /// In a reusable pool segment ([`crate::pool`]) rather than a one-shot
+    /// sealed memfd.
+    pooled: bool,
 }
 
 impl PartialEq for ShmBody {
@@ -109,10 +112,11 @@ impl ShmBody {
         fcntl(&fd, FcntlArg::F_ADD_SEALS(SEALS)).map_err(std::io::Error::from)?;
         Ok(ShmBody {
             segment: Arc::new(Segment {
-                fd,
+                fd: Arc::new(fd),
                 _reservation: Some(reservation),
             }),
             len,
+            pooled: false,
         })
     }
 
@@ -131,11 +135,35 @@ impl ShmBody {
         }
         Ok(ShmBody {
             segment: Arc::new(Segment {
+                fd: Arc::new(fd),
+                _reservation: None,
+            }),
+            len,
+            pooled: false,
+        })
+    }
+
+    /// A body in a pool segment (made by [`crate::pool::SegmentPool`]).
+    pub(crate) fn pooled(fd: Arc<OwnedFd>, len: u64) -> ShmBody {
+        ShmBody {
+            segment: Arc::new(Segment {
                 fd,
                 _reservation: None,
             }),
             len,
-        })
+            pooled: true,
+        }
+    }
+
+    /// Adopts a received pool segment holding a body of `len` bytes.
+    pub fn adopt_pooled(fd: OwnedFd, len: u64) -> Result<ShmBody> {
+        crate::pool::check(&fd, len)?;
+        Ok(ShmBody::pooled(Arc::new(fd), len))
+    }
+
+    /// Whether the body is in a reusable pool segment.
+    pub fn is_pooled(&self) -> bool {
+        self.pooled
     }
 
     /// The body's length in bytes.
@@ -151,6 +179,10 @@ impl ShmBody {
     /// Maps the body read-only; the mapping lives as long as the returned
     /// `Bytes` (and its clones), and counts against the budget meanwhile.
     pub fn map(&self) -> Result<Bytes> {
+        if self.pooled {
+            // Mapped once per segment; freed for reuse when the bytes drop.
+            return crate::pool::map(&self.segment.fd, self.len);
+        }
         if self.len == 0 {
             return Ok(Bytes::new());
         }
@@ -169,6 +201,12 @@ impl ShmBody {
             map,
             _reservation: reservation,
         }))
+    }
+
+    /// A duplicate of the body's descriptor (to hand to another owner in
+    /// this process).
+    pub fn fd_clone(&self) -> Result<OwnedFd> {
+        Ok(self.segment.fd.try_clone()?)
     }
 
     pub(crate) fn fd(&self) -> BorrowedFd<'_> {

@@ -129,6 +129,8 @@ impl<M: Manager> TestManager<M> {
             instance: 0,
             config_json: config.to_string(),
             expose_errors: true,
+            shm_threshold: u64::MAX,
+            shm_budget: 0,
         };
         let (runtime, _) = Runtime::<M>::create(args, None, None)?;
         Ok(TestManager {
@@ -264,12 +266,18 @@ impl<M: Manager> TestManager<M> {
                         status,
                         meta,
                         body,
-                        stream,
+                        handle,
                     } if Some(correlation) == want => {
-                        let (body, aborted) = match stream {
+                        let (body, aborted) = match handle {
                             // A streamed body is read whole, as its producer
                             // writes it on its thread.
-                            Some(raw) => read_stream(crate::abi::adopt_stream(raw)),
+                            Some(crate::messages::RawBody::Stream(raw)) => {
+                                read_stream(crate::abi::adopt_stream(raw))
+                            }
+                            Some(pooled) => match crate::abi::adopt_body(pooled).and_then(|p| p.bytes()) {
+                                Ok(bytes) => (bytes, false),
+                                Err(_) => (Bytes::new(), true),
+                            },
                             None => (body, false),
                         };
                         answer = Some(TestResponse {

@@ -1,0 +1,327 @@
+//! Reusable shared-memory segments for response bodies.
+//!
+//! A one-shot sealed memfd ([`crate::shm`]) costs the kernel a fresh page
+//! per 4 KiB on both ends: allocated and zeroed when the producer writes,
+//! mapped and unmapped by the consumer, freed when the last holder closes
+//! it. For a 1 MiB response that was most of the group's CPU (measured:
+//! ~60 % of the producer's time in shmem page allocation, most of the
+//! listener's in map, unmap and page freeing; BENCHMARKS.md).
+//!
+//! So a producer keeps a [`SegmentPool`]: memfds it created once and keeps
+//! mapped, each with a one-page header holding a busy flag. A body is copied
+//! into a free segment, which is marked busy and sent as a descriptor like a
+//! sealed body. The consumer maps each segment once (a small cache keyed by
+//! inode) and, when the last reference to the body's bytes is dropped, marks
+//! the segment free again — no message goes back. A segment whose body was
+//! lost on the way (a dropped frame, a dead consumer) stays busy; past a
+//! lease the producer forgets it and makes another, so a loss costs memory
+//! for a while, never a wrong byte.
+//!
+//! Only point-to-point bodies (responses) use the pool: a body delivered to
+//! several consumers would be freed by the first one.
+//!
+//! Trust: segments are not sealed against writes (they are rewritten), so
+//! a misbehaving producer could change a body while it is being sent — it
+//! could only garble its own response. They are sealed against shrinking
+//! and growing, so a consumer's mapping can never fault.
+
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use nix::fcntl::{FcntlArg, SealFlag, fcntl};
+use nix::sys::memfd::{MFdFlags, memfd_create};
+
+use crate::shm::{Reservation, ShmBody};
+use crate::{Error, Result};
+
+/// Bytes before a segment's body: the header, padded to a page.
+pub(crate) const HEADER: usize = 4096;
+const MAGIC: u64 = u64::from_le_bytes(*b"SWYSEG01");
+const OFF_MAGIC: usize = 0;
+const OFF_STATE: usize = 8;
+const FREE: u32 = 0;
+const BUSY: u32 = 1;
+
+/// Smallest segment (header included); sizes are powers of two above it.
+const MIN_SEGMENT: usize = 128 * 1024;
+/// Bodies larger than this go as one-shot sealed segments.
+pub const MAX_POOLED_BODY: usize = 8 * 1024 * 1024 - HEADER;
+
+/// A producer's reusable segments.
+pub struct SegmentPool {
+    segments: Vec<PoolSegment>,
+    bytes: usize,
+    max_bytes: usize,
+    lease: Duration,
+}
+
+struct PoolSegment {
+    fd: Arc<OwnedFd>,
+    map: memmap2::MmapRaw,
+    size: usize,
+    /// When it was last handed out.
+    sent: Instant,
+    _reservation: Reservation,
+}
+
+impl PoolSegment {
+    fn state(&self) -> &AtomicU32 {
+        // SAFETY: the header page is inside the mapping, the offset is
+        // 4-aligned in a page-aligned mapping, and every process accesses
+        // the word only atomically.
+        unsafe { &*(self.map.as_mut_ptr().add(OFF_STATE) as *const AtomicU32) }
+    }
+}
+
+impl SegmentPool {
+    /// A pool holding at most `max_bytes` of segments; a segment busy for
+    /// longer than `lease` is given up as lost.
+    pub fn new(max_bytes: usize, lease: Duration) -> SegmentPool {
+        SegmentPool {
+            segments: Vec::new(),
+            bytes: 0,
+            max_bytes,
+            lease,
+        }
+    }
+
+    /// Copies `body` into a free segment and returns it as a body to send;
+    /// `None` when the body is too large for the pool or the pool is full
+    /// of busy segments (the caller then makes a one-shot body).
+    pub fn place(&mut self, body: &[u8]) -> Result<Option<ShmBody>> {
+        if body.len() > MAX_POOLED_BODY {
+            return Ok(None);
+        }
+        let size = (body.len() + HEADER).next_power_of_two().max(MIN_SEGMENT);
+        let now = Instant::now();
+        let lease = self.lease;
+        // Lost segments (busy past the lease) leave the pool for good.
+        let before = self.segments.len();
+        self.segments
+            .retain(|s| s.state().load(Ordering::Acquire) == FREE || now.duration_since(s.sent) < lease);
+        if self.segments.len() != before {
+            self.bytes = self.segments.iter().map(|s| s.size).sum();
+        }
+        let index = match self
+            .segments
+            .iter()
+            .position(|s| s.size == size && s.state().load(Ordering::Acquire) == FREE)
+        {
+            Some(i) => i,
+            None if self.bytes + size <= self.max_bytes => {
+                self.segments.push(create(size)?);
+                self.bytes += size;
+                self.segments.len() - 1
+            }
+            None => return Ok(None),
+        };
+        let segment = &mut self.segments[index];
+        segment.state().store(BUSY, Ordering::Relaxed);
+        segment.sent = now;
+        // SAFETY: the body range lies inside the mapping (size ≥ HEADER +
+        // len), and the segment is ours alone while FREE: no consumer reads
+        // it until we send it below.
+        unsafe {
+            std::ptr::copy_nonoverlapping(body.as_ptr(), segment.map.as_mut_ptr().add(HEADER), body.len());
+        }
+        Ok(Some(ShmBody::pooled(segment.fd.clone(), body.len() as u64)))
+    }
+
+    /// Segments in the pool and how many are free (tests, status).
+    pub fn counts(&self) -> (usize, usize) {
+        let free = self
+            .segments
+            .iter()
+            .filter(|s| s.state().load(Ordering::Acquire) == FREE)
+            .count();
+        (self.segments.len(), free)
+    }
+}
+
+fn create(size: usize) -> Result<PoolSegment> {
+    let reservation = Reservation::take(size as u64)?;
+    let fd = memfd_create(
+        c"switchyard-segment",
+        MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING,
+    )
+    .map_err(std::io::Error::from)?;
+    let file = std::fs::File::from(fd);
+    file.set_len(size as u64)?;
+    let fd = OwnedFd::from(file);
+    fcntl(
+        &fd,
+        FcntlArg::F_ADD_SEALS(SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_SEAL),
+    )
+    .map_err(std::io::Error::from)?;
+    // Populated once, here: reuses never fault.
+    let map = memmap2::MmapOptions::new().len(size).populate().map_raw(&fd)?;
+    // SAFETY: the header lies inside the fresh mapping; the magic is
+    // written before any consumer can see the segment.
+    unsafe {
+        (*(map.as_mut_ptr().add(OFF_MAGIC) as *const AtomicU64)).store(MAGIC, Ordering::Release);
+    }
+    Ok(PoolSegment {
+        fd: Arc::new(fd),
+        map,
+        size,
+        sent: Instant::now(),
+        _reservation: reservation,
+    })
+}
+
+/// A consumer's mapping of a pool segment, shared by every body it carries.
+struct Mapped {
+    map: memmap2::MmapRaw,
+    size: usize,
+    _reservation: Reservation,
+}
+
+/// Segments this process has mapped, by (device, inode): a segment is
+/// mapped once and reused for every body it carries. Holding the mapping
+/// keeps the inode alive, so a key cannot be reused by another memfd while
+/// it is cached.
+static MAPPED: Mutex<Option<MappingCache>> = Mutex::new(None);
+static USES: AtomicU64 = AtomicU64::new(0);
+/// Mappings kept, in number and bytes; the least recently used beyond
+/// either are dropped (a body still in use keeps its mapping alive).
+const MAX_MAPPED: usize = 64;
+const MAX_MAPPED_BYTES: usize = 128 * 1024 * 1024;
+
+/// (device, inode) → the mapping and when it was last used.
+type MappingCache = HashMap<(u64, u64), (Arc<Mapped>, u64)>;
+
+/// Checks a received pool segment's descriptor for a body of `len` bytes.
+pub(crate) fn check(fd: &OwnedFd, len: u64) -> Result<()> {
+    let seals =
+        fcntl(fd, FcntlArg::F_GET_SEALS).map_err(|_| Error::Malformed("pool segment is not a memfd"))?;
+    if !SealFlag::from_bits_truncate(seals).contains(SealFlag::F_SEAL_SHRINK) {
+        return Err(Error::Malformed("pool segment can shrink"));
+    }
+    let size = nix::sys::stat::fstat(fd).map_err(std::io::Error::from)?.st_size as u64;
+    if size < HEADER as u64 + len {
+        return Err(Error::Malformed("pool segment shorter than its handle"));
+    }
+    Ok(())
+}
+
+/// The `len` body bytes of a received pool segment; the segment is marked
+/// free when the last clone of the returned `Bytes` is dropped.
+pub(crate) fn map(fd: &OwnedFd, len: u64) -> Result<Bytes> {
+    let stat = nix::sys::stat::fstat(fd).map_err(std::io::Error::from)?;
+    let key = (stat.st_dev, stat.st_ino);
+    let use_no = USES.fetch_add(1, Ordering::Relaxed);
+    let mapped = {
+        let mut cache = MAPPED.lock().unwrap_or_else(|p| p.into_inner());
+        let cache = cache.get_or_insert_with(HashMap::new);
+        match cache.get_mut(&key) {
+            Some((mapped, last)) => {
+                *last = use_no;
+                mapped.clone()
+            }
+            None => {
+                let size = stat.st_size as usize;
+                let reservation = Reservation::take(size as u64)?;
+                let map = memmap2::MmapOptions::new().len(size).map_raw(fd)?;
+                // SAFETY: the header page lies inside the mapping (checked
+                // size ≥ HEADER), read atomically.
+                let magic = unsafe {
+                    (*(map.as_mut_ptr().add(OFF_MAGIC) as *const AtomicU64)).load(Ordering::Acquire)
+                };
+                if magic != MAGIC {
+                    return Err(Error::Malformed("pool segment header is not a segment's"));
+                }
+                let mapped = Arc::new(Mapped {
+                    map,
+                    size,
+                    _reservation: reservation,
+                });
+                let mut cached: usize = cache.values().map(|(m, _)| m.size).sum();
+                while cache.len() >= MAX_MAPPED || (!cache.is_empty() && cached + size > MAX_MAPPED_BYTES) {
+                    let Some(oldest) = cache.iter().min_by_key(|(_, (_, last))| *last).map(|(k, _)| *k)
+                    else {
+                        break;
+                    };
+                    if let Some((evicted, _)) = cache.remove(&oldest) {
+                        cached -= evicted.size;
+                    }
+                }
+                cache.insert(key, (mapped.clone(), use_no));
+                mapped
+            }
+        }
+    };
+    if (HEADER as u64).saturating_add(len) > mapped.size as u64 {
+        return Err(Error::Malformed("pool segment shorter than its handle"));
+    }
+    Ok(Bytes::from_owner(Lent {
+        mapped,
+        len: len as usize,
+    }))
+}
+
+/// One body's bytes in a consumer's mapping; frees the segment when dropped.
+struct Lent {
+    mapped: Arc<Mapped>,
+    len: usize,
+}
+
+impl AsRef<[u8]> for Lent {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: HEADER + len ≤ size was checked in `map`; the producer
+        // does not write the segment again until we mark it free on drop.
+        unsafe { std::slice::from_raw_parts(self.mapped.map.as_ptr().add(HEADER), self.len) }
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        // SAFETY: as in `PoolSegment::state`.
+        let state = unsafe { &*(self.mapped.map.as_mut_ptr().add(OFF_STATE) as *const AtomicU32) };
+        state.store(FREE, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segments_are_reused_once_the_consumer_drops_the_body() {
+        let mut pool = SegmentPool::new(1 << 20, Duration::from_secs(60));
+        let a = pool.place(&[1u8; 100_000]).unwrap().unwrap();
+        let bytes = a.map().unwrap();
+        assert_eq!(&bytes[..], &[1u8; 100_000][..]);
+        // Busy while the consumer holds the bytes: a second body takes a
+        // new segment.
+        let b = pool.place(&[2u8; 100_000]).unwrap().unwrap();
+        assert_eq!(pool.counts(), (2, 0));
+        assert_eq!(&b.map().unwrap()[..], &[2u8; 100_000][..]);
+        drop(bytes);
+        assert_eq!(pool.counts(), (2, 2));
+        // Reused: same segment, new bytes.
+        let c = pool.place(&[3u8; 50_000]).unwrap().unwrap();
+        assert_eq!(pool.counts(), (2, 1));
+        assert_eq!(&c.map().unwrap()[..], &[3u8; 50_000][..]);
+    }
+
+    #[test]
+    fn a_full_pool_says_none_and_lost_segments_expire() {
+        let mut pool = SegmentPool::new(MIN_SEGMENT, Duration::ZERO);
+        let lost = pool.place(&[0u8; 1000]).unwrap().unwrap();
+        drop(lost); // sent and never consumed: stays busy
+        // The lease (zero here) is over: the lost segment is given up and a
+        // new one made in its place.
+        assert!(pool.place(&[0u8; 1000]).unwrap().is_some());
+        let mut pool = SegmentPool::new(MIN_SEGMENT, Duration::from_secs(60));
+        let _busy = pool.place(&[0u8; 1000]).unwrap().unwrap();
+        assert!(
+            pool.place(&[0u8; 1000]).unwrap().is_none(),
+            "full of busy segments"
+        );
+        assert!(pool.place(&vec![0u8; MAX_POOLED_BODY + 1]).unwrap().is_none());
+    }
+}
