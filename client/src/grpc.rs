@@ -26,9 +26,16 @@ use futures_util::Stream;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use switchyard_proto::grpc::events_client::EventsClient;
-use switchyard_proto::grpc::{CallRequest, NotifyRequest, SubscribeRequest};
-use tokio::sync::mpsc;
+
+use switchyard_proto::grpc::{
+    CallRequest, ClientMessage, NotifyRequest, ServerMessage, SubscribeRequest, client_message,
+    server_message,
+};
+use tokio::sync::{mpsc, oneshot};
 use tonic::transport::Channel;
 
 use crate::{ClientError, DEFAULT_TIMEOUT, Push};
@@ -130,6 +137,121 @@ impl GrpcClient {
         let task = tokio::spawn(forward(events, request, first, tx));
         Ok(GrpcSubscription { rx, task })
     }
+
+    /// Opens a bidirectional `Session`: calls on one stream, many in flight
+    /// at once, each answered by its id (no HTTP/2 stream per call).
+    pub async fn session(&self) -> Result<GrpcSession, ClientError> {
+        let (tx, out) = mpsc::channel(256);
+        let outbound = tonic::codegen::tokio_stream::wrappers::ReceiverStream::new(out);
+        let inbound = self
+            .events
+            .clone()
+            .session(outbound)
+            .await
+            .map_err(from_status)?
+            .into_inner();
+        let pending: Pending = Arc::default();
+        let task = tokio::spawn(dispatch(inbound, pending.clone()));
+        Ok(GrpcSession {
+            tx,
+            pending,
+            next: AtomicU64::new(1),
+            timeout: self.timeout,
+            task,
+        })
+    }
+}
+
+type Pending = Arc<Mutex<HashMap<String, oneshot::Sender<server_message::Kind>>>>;
+
+/// A `Session` stream used for calls ([`GrpcClient::session`]). Dropping it
+/// ends the stream.
+pub struct GrpcSession {
+    tx: mpsc::Sender<ClientMessage>,
+    pending: Pending,
+    next: AtomicU64,
+    timeout: Duration,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl GrpcSession {
+    /// Like [`GrpcClient::call`], on the session's stream.
+    pub async fn call<E: Serialize, R: DeserializeOwned>(
+        &self,
+        ty: &str,
+        event: &E,
+    ) -> Result<R, ClientError> {
+        let id = self.next.fetch_add(1, Ordering::Relaxed).to_string();
+        let (answer, answered) = oneshot::channel();
+        self.pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id.clone(), answer);
+        let message = ClientMessage {
+            id: id.clone(),
+            kind: Some(client_message::Kind::Call(CallRequest {
+                r#type: ty.to_owned(),
+                content_type: "application/json".to_owned(),
+                payload: serde_json::to_vec(event)?.into(),
+                deadline_ms: self.timeout.as_millis() as u64,
+            })),
+        };
+        let outcome = async {
+            self.tx
+                .send(message)
+                .await
+                .map_err(|_| ClientError::Disconnected)?;
+            answered.await.map_err(|_| ClientError::Disconnected)
+        };
+        let kind = match tokio::time::timeout(self.timeout, outcome).await {
+            Ok(answer) => answer?,
+            Err(_) => {
+                self.pending.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+                return Err(ClientError::Timeout(self.timeout));
+            }
+        };
+        match kind {
+            server_message::Kind::Reply(reply) => Ok(serde_json::from_slice(&reply.payload)?),
+            server_message::Kind::Error(error) => {
+                Err(match serde_json::from_slice::<Value>(&error.details) {
+                    Ok(problem) => ClientError::Status {
+                        status: error.status as u16,
+                        problem,
+                    },
+                    Err(_) => ClientError::Grpc {
+                        code: tonic::Code::from(error.code),
+                        message: error.message,
+                    },
+                })
+            }
+            other => Err(ClientError::Grpc {
+                code: tonic::Code::Internal,
+                message: format!("unexpected answer to a call: {other:?}"),
+            }),
+        }
+    }
+}
+
+impl Drop for GrpcSession {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Hands each answer on the session stream to the call waiting for its id.
+async fn dispatch(mut inbound: tonic::Streaming<ServerMessage>, pending: Pending) {
+    while let Ok(Some(message)) = inbound.message().await {
+        let Some(kind) = message.kind else { continue };
+        let waiter = pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&message.id);
+        if let Some(waiter) = waiter {
+            let _ = waiter.send(kind);
+        }
+    }
+    // The stream ended: every waiting call learns it (its sender drops).
+    pending.lock().unwrap_or_else(|p| p.into_inner()).clear();
 }
 
 /// Forwards pushes; when the stream breaks, subscribes again with backoff

@@ -24,7 +24,7 @@
 
 mod grpc;
 
-pub use grpc::{GrpcClient, GrpcSubscription};
+pub use grpc::{GrpcClient, GrpcSession, GrpcSubscription};
 /// The generated gRPC messages and client of `switchyard.v1.Events`.
 pub use switchyard_proto::grpc as proto;
 

@@ -46,10 +46,11 @@ const OFF_STATE: usize = 8;
 const FREE: u32 = 0;
 const BUSY: u32 = 1;
 
-/// Smallest segment (header included); sizes are powers of two above it.
-const MIN_SEGMENT: usize = 128 * 1024;
+/// Smallest body room of a segment; rooms are powers of two above it, and
+/// a segment is its header page plus its room.
+const MIN_ROOM: usize = 64 * 1024;
 /// Bodies larger than this go as one-shot sealed segments.
-pub const MAX_POOLED_BODY: usize = 8 * 1024 * 1024 - HEADER;
+pub const MAX_POOLED_BODY: usize = 8 * 1024 * 1024;
 
 /// A producer's reusable segments.
 pub struct SegmentPool {
@@ -96,7 +97,7 @@ impl SegmentPool {
         if body.len() > MAX_POOLED_BODY {
             return Ok(None);
         }
-        let size = (body.len() + HEADER).next_power_of_two().max(MIN_SEGMENT);
+        let size = HEADER + body.len().next_power_of_two().max(MIN_ROOM);
         let now = Instant::now();
         let lease = self.lease;
         // Lost segments (busy past the lease) leave the pool for good.
@@ -303,20 +304,20 @@ mod tests {
         drop(bytes);
         assert_eq!(pool.counts(), (2, 2));
         // Reused: same segment, new bytes.
-        let c = pool.place(&[3u8; 50_000]).unwrap().unwrap();
+        let c = pool.place(&[3u8; 70_000]).unwrap().unwrap();
         assert_eq!(pool.counts(), (2, 1));
-        assert_eq!(&c.map().unwrap()[..], &[3u8; 50_000][..]);
+        assert_eq!(&c.map().unwrap()[..], &[3u8; 70_000][..]);
     }
 
     #[test]
     fn a_full_pool_says_none_and_lost_segments_expire() {
-        let mut pool = SegmentPool::new(MIN_SEGMENT, Duration::ZERO);
+        let mut pool = SegmentPool::new(HEADER + MIN_ROOM, Duration::ZERO);
         let lost = pool.place(&[0u8; 1000]).unwrap().unwrap();
         drop(lost); // sent and never consumed: stays busy
         // The lease (zero here) is over: the lost segment is given up and a
         // new one made in its place.
         assert!(pool.place(&[0u8; 1000]).unwrap().is_some());
-        let mut pool = SegmentPool::new(MIN_SEGMENT, Duration::from_secs(60));
+        let mut pool = SegmentPool::new(HEADER + MIN_ROOM, Duration::from_secs(60));
         let _busy = pool.place(&[0u8; 1000]).unwrap().unwrap();
         assert!(
             pool.place(&[0u8; 1000]).unwrap().is_none(),

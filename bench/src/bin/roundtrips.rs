@@ -116,13 +116,7 @@ enum Transport {
 enum Client {
     Ws(switchyard_client::Client),
     Grpc(switchyard_client::GrpcClient),
-    Session(tokio::sync::Mutex<SessionLink>),
-}
-
-/// One `Session` stream: calls out, replies in, in order.
-struct SessionLink {
-    tx: tokio::sync::mpsc::Sender<ClientMessage>,
-    rx: Streaming<ServerMessage>,
+    Session(switchyard_client::GrpcSession),
 }
 
 impl Client {
@@ -141,20 +135,14 @@ impl Client {
                     .await
                     .context("grpc connect")?,
             ),
-            Transport::GrpcSession => {
-                let client = switchyard_client::GrpcClient::connect(url)
+            Transport::GrpcSession => Client::Session(
+                switchyard_client::GrpcClient::connect(url)
                     .await
-                    .context("grpc connect")?;
-                let (tx, out) = tokio::sync::mpsc::channel(16);
-                let outbound = tokio_stream::wrappers::ReceiverStream::new(out);
-                let rx = client
-                    .raw()
-                    .session(outbound)
+                    .context("grpc connect")?
+                    .session()
                     .await
-                    .context("session")?
-                    .into_inner();
-                Client::Session(tokio::sync::Mutex::new(SessionLink { tx, rx }))
-            }
+                    .context("session")?,
+            ),
         })
     }
 
@@ -164,29 +152,7 @@ impl Client {
         let _: serde_json::Value = match self {
             Client::Ws(c) => c.call("demo.Noop", &empty).await,
             Client::Grpc(c) => c.call("demo.Noop", &empty).await,
-            Client::Session(link) => {
-                let mut link = link.lock().await;
-                let call = CallRequest {
-                    r#type: "demo.Noop".into(),
-                    content_type: "application/json".into(),
-                    payload: b"{}".to_vec().into(),
-                    deadline_ms: 0,
-                };
-                let message = ClientMessage {
-                    id: "c".into(),
-                    kind: Some(switchyard_proto::grpc::client_message::Kind::Call(call)),
-                };
-                link.tx.send(message).await.context("session closed")?;
-                let reply = link.rx.message().await?.context("session ended")?;
-                anyhow::ensure!(
-                    matches!(
-                        reply.kind,
-                        Some(switchyard_proto::grpc::server_message::Kind::Reply(_))
-                    ),
-                    "not a reply: {reply:?}"
-                );
-                return Ok(());
-            }
+            Client::Session(c) => c.call("demo.Noop", &empty).await,
         }
         .map_err(|e| anyhow::anyhow!("{e}"))?;
         Ok(())

@@ -96,7 +96,14 @@ impl Server {
     /// "HTTP/1.1", "h2", "WebSocket" or "gRPC".
     pub(super) fn protocol(&self) -> &'static str {
         match &self.event {
-            Some(EventCall { grpc: true, .. }) => "gRPC",
+            Some(EventCall {
+                transport: EventTransport::Grpc,
+                ..
+            }) => "gRPC",
+            Some(EventCall {
+                transport: EventTransport::GrpcBidi,
+                ..
+            }) => "gRPC bidi (Session)",
             Some(_) => "WebSocket",
             None if self.http2 => "h2",
             None => "HTTP/1.1",
@@ -279,22 +286,35 @@ pub(super) async fn client(
 
 /// A request over WebSocket or gRPC: one event type, one body.
 struct EventCall {
-    grpc: bool,
+    transport: EventTransport,
     event: String,
     data: serde_json::Value,
 }
 
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum EventTransport {
+    Ws,
+    Grpc,
+    GrpcBidi,
+}
+
 impl EventCall {
     fn from_options(opts: &Options) -> anyhow::Result<Option<EventCall>> {
-        if !opts.ws && !opts.grpc {
+        let transport = if opts.ws {
+            EventTransport::Ws
+        } else if opts.grpc {
+            EventTransport::Grpc
+        } else if opts.grpc_bidi {
+            EventTransport::GrpcBidi
+        } else {
             return Ok(None);
-        }
+        };
         let data = match &opts.body {
             Some(body) => serde_json::from_slice(body).context("--body must be JSON for --ws and --grpc")?,
             None => serde_json::json!({}),
         };
         Ok(Some(EventCall {
-            grpc: opts.grpc,
+            transport,
             event: opts.event.clone(),
             data,
         }))
@@ -307,6 +327,7 @@ async fn call_event(conn: &Conn, call: &EventCall) -> Result<StatusCode, Failure
     let result: Result<serde_json::Value, switchyard_client::ClientError> = match &conn.sender {
         Sender::Ws(client) => client.call(&call.event, &call.data).await,
         Sender::Grpc(client) => client.call(&call.event, &call.data).await,
+        Sender::GrpcBidi(session) => session.call(&call.event, &call.data).await,
         _ => return Err(Failure::Exchange),
     };
     match result {
@@ -389,22 +410,25 @@ enum Sender {
     H2(http2::SendRequest<Full<Bytes>>),
     Ws(switchyard_client::Client),
     Grpc(switchyard_client::GrpcClient),
+    GrpcBidi(switchyard_client::GrpcSession),
 }
 
 impl Conn {
     async fn open(server: &Server) -> anyhow::Result<Conn> {
         let (addr, http2) = (server.addr, server.http2);
-        match &server.event {
-            Some(EventCall { grpc: true, .. }) => {
+        match server.event.as_ref().map(|e| e.transport) {
+            Some(transport @ (EventTransport::Grpc | EventTransport::GrpcBidi)) => {
                 let client = switchyard_client::GrpcClient::connect(&format!("http://{addr}"))
                     .await
                     .map_err(|e| anyhow!("{e}"))?;
-                return Ok(Conn {
-                    sender: Sender::Grpc(client),
-                    driver: None,
-                });
+                let sender = if transport == EventTransport::GrpcBidi {
+                    Sender::GrpcBidi(client.session().await.map_err(|e| anyhow!("{e}"))?)
+                } else {
+                    Sender::Grpc(client)
+                };
+                return Ok(Conn { sender, driver: None });
             }
-            Some(_) => {
+            Some(EventTransport::Ws) => {
                 let client = switchyard_client::Client::connect(&format!("ws://{addr}/ws"))
                     .await
                     .map_err(|e| anyhow!("{e}"))?;
@@ -441,7 +465,7 @@ impl Conn {
             Sender::H1(sender) => sender.ready().await,
             Sender::H2(sender) => sender.ready().await,
             // The clients reconnect on their own.
-            Sender::Ws(_) | Sender::Grpc(_) => Ok(()),
+            Sender::Ws(_) | Sender::Grpc(_) | Sender::GrpcBidi(_) => Ok(()),
         }
     }
 
@@ -449,7 +473,9 @@ impl Conn {
         match &mut self.sender {
             Sender::H1(sender) => sender.send_request(request).await,
             Sender::H2(sender) => sender.send_request(request).await,
-            Sender::Ws(_) | Sender::Grpc(_) => unreachable!("event transports go through call_event"),
+            Sender::Ws(_) | Sender::Grpc(_) | Sender::GrpcBidi(_) => {
+                unreachable!("event transports go through call_event")
+            }
         }
     }
 }

@@ -61,20 +61,25 @@ pub struct Options {
     pub body: Option<Bytes>,
 
     /// HTTP/2 with prior knowledge (h2c): one HTTP/2 connection per client.
-    #[arg(long, conflicts_with_all = ["ws", "grpc"])]
+    #[arg(long, conflicts_with_all = ["ws", "grpc", "grpc_bidi"])]
     pub http2: bool,
 
     /// WebSocket request/response (`/ws`, switchyard-client): each client
     /// one connection, calling `--event` with `--body` (or `{}`) as its data.
-    #[arg(long, conflicts_with = "grpc")]
+    #[arg(long, conflicts_with_all = ["grpc", "grpc_bidi"])]
     pub ws: bool,
 
     /// gRPC unary `Call` (switchyard-client): each client one channel,
     /// calling `--event` with `--body` (or `{}`) as its payload.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "grpc_bidi")]
     pub grpc: bool,
 
-    /// The event type `--ws` and `--grpc` call.
+    /// gRPC bidirectional `Session` (switchyard-client): each client one
+    /// channel and one session stream, calling `--event` on it.
+    #[arg(long)]
+    pub grpc_bidi: bool,
+
+    /// The event type `--ws`, `--grpc` and `--grpc-bidi` call.
     #[arg(long, default_value = "demo.Noop")]
     pub event: String,
 
