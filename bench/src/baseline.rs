@@ -4,6 +4,12 @@
 //!
 //! Nothing here crosses a process boundary, so what separates this server from
 //! `switchyard up` on the same route is the price of the hops.
+//!
+//! `demo.Noop` is also answered over WebSocket (`/ws`) and gRPC
+//! (`switchyard.v1.Events` `Call` and `Session`, by content type on the same
+//! port), as the listener serves them ([`events`]).
+
+pub mod events;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -12,7 +18,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Either, Full, Limited};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -72,8 +78,28 @@ pub async fn serve(listener: TcpListener, shutdown: impl Future<Output = ()>) {
                 let payloads = payloads.clone();
                 let watcher = graceful.watcher();
                 tokio::spawn(async move {
-                    let service = hyper::service::service_fn(move |req| handle(payloads.clone(), req));
-                    let conn = builder.serve_connection(TokioIo::new(stream), service);
+                    let grpc = events::GrpcBaseline::service();
+                    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+                        let (payloads, mut grpc) = (payloads.clone(), grpc.clone());
+                        async move {
+                            let is_grpc = req
+                                .headers()
+                                .get(header::CONTENT_TYPE)
+                                .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
+                            if is_grpc {
+                                use tonic::codegen::Service;
+                                return grpc.call(req).await.map(|r| r.map(Either::Right));
+                            }
+                            let reply = if req.uri().path() == "/ws" && events::is_upgrade(&req) {
+                                events::upgrade(req)
+                            } else {
+                                let Ok(reply) = handle(payloads, req).await;
+                                reply
+                            };
+                            Ok(reply.map(Either::Left))
+                        }
+                    });
+                    let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
                     // A client hanging up mid-request is not the server's problem.
                     let _ = watcher.watch(conn.into_owned()).await;
                 });

@@ -362,3 +362,45 @@ async fn the_binary_prints_json_and_exits_2_on_a_break() {
     assert!(table.contains("| clients | requests | req/s |"), "{table}");
     assert!(table.contains("break: 1 client"), "{table}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn event_transports_call_the_baselines_ws_and_grpc_endpoints() {
+    let url = baseline().await;
+    for (flag, protocol) in [
+        ("--ws", "WebSocket"),
+        ("--grpc", "gRPC"),
+        ("--grpc-bidi", "gRPC bidi (Session)"),
+    ] {
+        let report = load::run(options(
+            &url,
+            &args(&[flag, "-c", "1,4", "-d", "0.3", "--warmup", "0.1"]),
+        ))
+        .await
+        .unwrap();
+        assert_eq!(report.protocol, protocol);
+        for step in &report.steps {
+            assert!(step.requests > 0, "{flag}: {step:?}");
+            assert_eq!(step.status.ok, step.requests, "{flag}: {step:?}");
+        }
+        // An event type the baseline does not answer is a 404, not an error.
+        let report = load::run(options(
+            &url,
+            &args(&[
+                flag,
+                "--event",
+                "demo.Nope",
+                "-c",
+                "1",
+                "-d",
+                "0.2",
+                "--warmup",
+                "0",
+            ]),
+        ))
+        .await
+        .unwrap();
+        let step = &report.steps[0];
+        assert!(step.requests > 0 && step.status.ok == 0, "{flag}: {step:?}");
+        assert_eq!(step.status.errors(), 0, "{flag}: {step:?}");
+    }
+}

@@ -1,8 +1,10 @@
 //! `switchyard-roundtrips`: closed-loop request/response round trips per
 //! second over WebSocket and gRPC unary (through `switchyard-client`, one
 //! connection per client) against a running group, next to gRPC unary
-//! against an in-process tonic server answering the same call itself (the
-//! zero-hop baseline), rounds alternating.
+//! against the in-process baseline (`switchyard_bench::baseline`, hyper and
+//! tonic answering the same call itself: the zero-hop baseline), rounds
+//! alternating. `switchyard-suite ws grpc` runs the same comparison on fresh
+//! servers with latencies.
 //!
 //! ```text
 //! switchyard-roundtrips http://127.0.0.1:8080 [--clients 1,8,32] [--duration 4] [--runs 3]
@@ -14,14 +16,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Parser;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use switchyard_proto::grpc::events_server::{Events, EventsServer};
-use switchyard_proto::grpc::{
-    Ack, CallReply, CallRequest, ClientMessage, NotifyRequest, Push, ServerMessage, SubscribeRequest,
-};
-use tonic::codegen::Service;
-use tonic::codegen::tokio_stream;
-use tonic::{Request, Response, Status, Streaming};
 
 #[derive(Parser)]
 #[command(name = "switchyard-roundtrips")]
@@ -39,38 +33,9 @@ struct Cli {
     runs: usize,
 }
 
-/// The baseline: answers `demo.Noop` as the demo manager would, in-process.
-struct Baseline;
-
-#[tonic::async_trait]
-impl Events for Baseline {
-    async fn call(&self, _: Request<CallRequest>) -> Result<Response<CallReply>, Status> {
-        Ok(Response::new(CallReply {
-            status: 200,
-            content_type: "application/json".into(),
-            payload: br#"{"ok":true}"#.to_vec().into(),
-        }))
-    }
-    type SubscribeStream = tokio_stream::Empty<Result<Push, Status>>;
-    async fn subscribe(
-        &self,
-        _: Request<SubscribeRequest>,
-    ) -> Result<Response<Self::SubscribeStream>, Status> {
-        Err(Status::unimplemented("baseline"))
-    }
-    async fn notify(&self, _: Request<NotifyRequest>) -> Result<Response<Ack>, Status> {
-        Err(Status::unimplemented("baseline"))
-    }
-    type SessionStream = tokio_stream::Empty<Result<ServerMessage, Status>>;
-    async fn session(
-        &self,
-        _: Request<Streaming<ClientMessage>>,
-    ) -> Result<Response<Self::SessionStream>, Status> {
-        Err(Status::unimplemented("baseline"))
-    }
-}
-
-/// Serves the baseline on its own runtime thread; returns its URL.
+/// Serves the baseline (`switchyard_bench::baseline`, which answers
+/// `demo.Noop` over gRPC and WebSocket in-process) on its own runtime thread;
+/// returns its URL.
 fn start_baseline() -> anyhow::Result<String> {
     let std_listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     std_listener.set_nonblocking(true)?;
@@ -82,23 +47,7 @@ fn start_baseline() -> anyhow::Result<String> {
             .expect("runtime");
         runtime.block_on(async move {
             let listener = tokio::net::TcpListener::from_std(std_listener).expect("listener");
-            let server = EventsServer::new(Baseline);
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
-                };
-                let _ = stream.set_nodelay(true);
-                let server = server.clone();
-                tokio::spawn(async move {
-                    let service = hyper::service::service_fn(move |req| {
-                        let mut server = server.clone();
-                        async move { server.call(req).await }
-                    });
-                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
-                });
-            }
+            switchyard_bench::baseline::serve(listener, std::future::pending()).await;
         });
     });
     Ok(url)

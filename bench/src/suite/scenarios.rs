@@ -46,7 +46,7 @@ pub(crate) enum Outcome {
 
 /// Whether scenario `name` starts Switchyard groups or the baseline.
 pub(crate) fn needs_servers(name: &str) -> bool {
-    !matches!(name, "routing" | "middleware" | "slow" | "ws" | "grpc")
+    !matches!(name, "routing" | "middleware")
 }
 
 pub(crate) fn run(name: &str, ctx: &Ctx) -> anyhow::Result<Outcome> {
@@ -57,13 +57,9 @@ pub(crate) fn run(name: &str, ctx: &Ctx) -> anyhow::Result<Outcome> {
         "managers" => managers(ctx),
         "workers" => workers(ctx),
         "middleware" => Ok(Outcome::Skipped("middleware has not landed".to_owned())),
-        "slow" => Ok(Outcome::Skipped(
-            "not in the suite yet (WebSocket has landed; tests/websocket.rs checks a consumer that does not drain by counts)".to_owned(),
-        )),
-        "ws" | "grpc" => Ok(Outcome::Skipped(
-            "not in the suite yet: measure with switchyard-roundtrips (WebSocket and gRPC unary against an in-process tonic baseline) or switchyard bench --ws/--grpc"
-                .to_owned(),
-        )),
+        "slow" => slow(ctx),
+        "ws" => ws(ctx),
+        "grpc" => grpc(ctx),
         "listener-workers" => listener_workers(ctx),
         other => bail!("no scenario {other}"),
     }
@@ -73,6 +69,7 @@ fn rest(ctx: &Ctx) -> anyhow::Result<Outcome> {
     let load = Load {
         route: "/noop".to_owned(),
         rows: [1, 8, 32].map(|c| (c.to_string(), c)).to_vec(),
+        transport: &[],
     };
     let comparison = compare(
         ctx,
@@ -102,6 +99,7 @@ fn payload(ctx: &Ctx) -> anyhow::Result<Outcome> {
     let loads = [(1024, "1 KiB"), (102_400, "100 KiB"), (1_048_576, "1 MiB")].map(|(size, key)| Load {
         route: format!("/payload/{size}"),
         rows: vec![(key.to_owned(), 8)],
+        transport: &[],
     });
     let comparison = compare(
         ctx,
@@ -130,6 +128,156 @@ fn payload(ctx: &Ctx) -> anyhow::Result<Outcome> {
         body,
     })
 }
+
+/// Round trips per second the event transports must reach at 32 clients
+/// (issue #5).
+const TRANSPORT_TARGET_RPS: f64 = 20_000.0;
+
+/// "≥ 20000/s at 32: met (31234/s)" for contender 0 on row `key`.
+fn absolute_target(c: &Comparison, key: &str) -> String {
+    let Some(best) = c
+        .rows
+        .iter()
+        .find(|r| r.key == key)
+        .and_then(|r| median(&r.samples[0].iter().map(|s| s.rps).collect::<Vec<_>>()))
+    else {
+        return String::new();
+    };
+    let verdict = if best >= TRANSPORT_TARGET_RPS {
+        "met".to_owned()
+    } else {
+        format!("missed by {:.0} %", (1.0 - best / TRANSPORT_TARGET_RPS) * 100.0)
+    };
+    format!(
+        "Target (issue #5) ≥ {TRANSPORT_TARGET_RPS:.0} round trips/s at {key}: {verdict} ({best:.0}/s).\n"
+    )
+}
+
+fn ws(ctx: &Ctx) -> anyhow::Result<Outcome> {
+    let load = Load {
+        route: "/noop".to_owned(),
+        rows: [1, 8, 32].map(|c| (c.to_string(), c)).to_vec(),
+        transport: &["--ws"],
+    };
+    let comparison = compare(
+        ctx,
+        "ws",
+        "clients",
+        [Contender::default_group(), Contender::Baseline],
+        &[load],
+    )?;
+    let mut body = String::from(
+        "- WebSocket request/response: `demo.Noop` as `{\"id\",\"type\",\"data\"}` on `/ws`, one \
+         connection per client, closed loop (switchyard-client)\n\
+         - Switchyard: `switchyard up` with no configuration; baseline: `switchyard-baseline`, \
+         which answers the same messages on its own `/ws` in-process\n\n",
+    );
+    body.push_str(&render_comparison(&comparison));
+    body.push_str(&absolute_target(&comparison, "32"));
+    Ok(Outcome::Done {
+        title: "ws: WebSocket round trips".to_owned(),
+        body,
+    })
+}
+
+fn grpc(ctx: &Ctx) -> anyhow::Result<Outcome> {
+    const UNARY: &[&str] = &["--grpc"];
+    const BIDI: &[&str] = &["--grpc-bidi"];
+    let loads = [("unary", UNARY), ("bidi", BIDI)].map(|(kind, transport)| Load {
+        route: "/noop".to_owned(),
+        rows: [1, 8, 32].map(|c| (format!("{kind} {c}"), c)).to_vec(),
+        transport,
+    });
+    let comparison = compare(
+        ctx,
+        "grpc",
+        "call, clients",
+        [Contender::default_group(), Contender::Baseline],
+        &loads,
+    )?;
+    let mut body = String::from(
+        "- `switchyard.v1.Events`: unary `Call` (one HTTP/2 stream per call) and bidi `Session` \
+         (calls on one stream per client), `demo.Noop`, one channel per client, closed loop \
+         (switchyard-client)\n\
+         - Switchyard: `switchyard up` with no configuration; baseline: `switchyard-baseline`, \
+         the same service answered in-process by tonic\n\n",
+    );
+    body.push_str(&render_comparison(&comparison));
+    body.push_str(&targets(
+        &comparison,
+        &[("unary 32", 1.0 / 1.5), ("bidi 32", 1.0 / 1.5)],
+    ));
+    body.push_str(&absolute_target(&comparison, "unary 32"));
+    body.push_str(&absolute_target(&comparison, "bidi 32"));
+    Ok(Outcome::Done {
+        title: "grpc: gRPC round trips".to_owned(),
+        body,
+    })
+}
+
+/// Subscribers that never read, in the `slow` scenario.
+const STALLED_CONSUMERS: usize = 4;
+
+fn slow(ctx: &Ctx) -> anyhow::Result<Outcome> {
+    // A fast ticker with padding, so that a consumer that does not read
+    // fills its queue within the run.
+    let config = "[[managers]]\nname = \"basics\"\n\n[[managers]]\nname = \"ticker\"\n\
+                  [managers.config]\ninterval_ms = 2\npad_bytes = 4096\n";
+    let load = Load {
+        route: "/noop".to_owned(),
+        rows: [8, 32].map(|c| (c.to_string(), c)).to_vec(),
+        transport: &[],
+    };
+    let stalled = Contender::Group {
+        label: format!("{STALLED_CONSUMERS} stalled subscribers"),
+        config: Some(config.to_owned()),
+        stalled: STALLED_CONSUMERS,
+    };
+    let calm = Contender::Group {
+        label: "none".to_owned(),
+        config: Some(config.to_owned()),
+        stalled: 0,
+    };
+    let comparison = compare(ctx, "slow", "clients", [stalled, calm], &[load])?;
+    let mut body = format!(
+        "- GET /noop from normal clients while {STALLED_CONSUMERS} WebSocket clients subscribed to \
+         `demo.tick` (every 2 ms, 4 KiB each) never read (4 KiB receive buffers), against the \
+         same group without them; a stalled client is dropped once its queue is full \
+         (`listener.ws.queue`), so the first second carries the cost\n\n"
+    );
+    body.push_str(&render_comparison(&comparison));
+    Ok(Outcome::Done {
+        title: "slow: latency next to consumers that do not drain".to_owned(),
+        body,
+    })
+}
+
+/// Opens `n` WebSocket subscriptions to `demo.tick` that are never read.
+async fn stall_consumers(addr: SocketAddr, n: usize) -> anyhow::Result<Vec<StalledConsumer>> {
+    use futures_util::SinkExt;
+    let mut held = Vec::new();
+    for i in 0..n {
+        let socket = tokio::net::TcpSocket::new_v4()?;
+        socket.set_recv_buffer_size(4096)?;
+        let tcp = socket.connect(addr).await?;
+        let (mut ws, _) = tokio_tungstenite::client_async(
+            format!("ws://{addr}/ws"),
+            tokio_tungstenite::MaybeTlsStream::Plain(tcp),
+        )
+        .await
+        .context("stalled consumer: websocket handshake")?;
+        let subscribe = serde_json::json!({"id": format!("s{i}"), "subscribe": "demo.tick"});
+        ws.send(tokio_tungstenite::tungstenite::Message::text(
+            subscribe.to_string(),
+        ))
+        .await?;
+        held.push(ws);
+    }
+    Ok(held)
+}
+
+type StalledConsumer =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
 fn routing(ctx: &Ctx) -> anyhow::Result<Outcome> {
     let mut rows: Vec<(usize, Vec<RoutingRun>)> = ROUTING_WINDOWS.iter().map(|&w| (w, Vec::new())).collect();
@@ -214,6 +362,7 @@ fn managers(ctx: &Ctx) -> anyhow::Result<Outcome> {
     let load = Load {
         route: "/cpu-inline/2".to_owned(),
         rows: vec![("32".to_owned(), 32)],
+        transport: &[],
     };
     let comparison = compare(
         ctx,
@@ -277,6 +426,7 @@ fn workers(ctx: &Ctx) -> anyhow::Result<Outcome> {
     let load = Load {
         route: "/cpu/2".to_owned(),
         rows: vec![("32".to_owned(), 32)],
+        transport: &[],
     };
     let comparison = compare(
         ctx,
@@ -322,6 +472,7 @@ fn listener_workers(ctx: &Ctx) -> anyhow::Result<Outcome> {
     let load = Load {
         route: "/noop".to_owned(),
         rows: vec![("8".to_owned(), 8), ("32".to_owned(), 32)],
+        transport: &[],
     };
     let comparison = compare(
         ctx,
@@ -416,7 +567,12 @@ async fn get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, Bytes)> {
 
 /// A server a scenario measures.
 enum Contender {
-    Group { label: String, config: Option<String> },
+    Group {
+        label: String,
+        config: Option<String>,
+        /// WebSocket subscribers opened after start that never read.
+        stalled: usize,
+    },
     Baseline,
 }
 
@@ -425,6 +581,7 @@ impl Contender {
         Contender::Group {
             label: "Switchyard".to_owned(),
             config: None,
+            stalled: 0,
         }
     }
 
@@ -432,6 +589,7 @@ impl Contender {
         Contender::Group {
             label: label.to_owned(),
             config: Some(config),
+            stalled: 0,
         }
     }
 
@@ -475,6 +633,8 @@ impl Running {
 struct Load {
     route: String,
     rows: Vec<(String, u32)>,
+    /// Transport flags of the load generator (`--ws`, `--grpc`, ...).
+    transport: &'static [&'static str],
 }
 
 /// Runs `loads` against both contenders `ctx.runs` times, each time on fresh
@@ -501,6 +661,12 @@ fn compare(
             let contender = &contenders[side];
             let mut running = contender.start(ctx)?;
             let url = running.server().url();
+            let _stalled = match contender {
+                Contender::Group { stalled, .. } if *stalled > 0 => ctx
+                    .runtime
+                    .block_on(stall_consumers(running.server().addr(), *stalled))?,
+                _ => Vec::new(),
+            };
             eprintln!(
                 "suite: {scenario}: round {}/{}: {} on {url}",
                 round + 1,
@@ -517,6 +683,7 @@ fn compare(
                         &load.route,
                         &concurrency,
                         ctx.duration,
+                        load.transport,
                     )?))
                     .with_context(|| format!("{} against {}", load.route, contender.label()))?;
                 anyhow::ensure!(
@@ -546,6 +713,7 @@ fn load_options(
     route: &str,
     concurrency: &[u32],
     duration: Duration,
+    transport: &[&str],
 ) -> anyhow::Result<load::Options> {
     #[derive(Parser)]
     struct Cli {
@@ -560,7 +728,7 @@ fn load_options(
         .join(",");
     let duration = duration.as_secs_f64().to_string();
     // Thresholds out of reach: break detection is not what the suite reports.
-    let argv = [
+    let mut argv = vec![
         "switchyard-load",
         url,
         "-r",
@@ -576,6 +744,7 @@ fn load_options(
         "--max-error-rate",
         "1",
     ];
+    argv.extend_from_slice(transport);
     Ok(Cli::try_parse_from(argv)
         .map_err(|err| anyhow::anyhow!("bad load options: {err}"))?
         .options)
@@ -644,11 +813,13 @@ mod tests {
             "/noop",
             &[1, 8],
             Duration::from_millis(2500),
+            &["--ws"],
         )
         .unwrap();
         assert_eq!(o.routes, [load::Route::get("/noop")]);
         assert_eq!(o.concurrency, [1, 8]);
         assert_eq!(o.duration, Duration::from_millis(2500));
         assert_eq!(o.warmup, Duration::from_secs(1));
+        assert!(o.ws);
     }
 }
