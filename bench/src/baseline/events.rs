@@ -178,7 +178,8 @@ where
         let out = match answer(ty) {
             Ok(_) => json!({"id": id, "status": 200, "data": *noop}),
             Err((status, message)) => {
-                json!({"id": id, "status": status, "error": {"status": status, "detail": message}})
+                let problem: Value = serde_json::from_slice(&problem(status, message)).unwrap_or(Value::Null);
+                json!({"id": id, "status": status, "error": problem})
             }
         };
         if sink.send(Message::text(out.to_string())).await.is_err() {
