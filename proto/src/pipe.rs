@@ -217,18 +217,25 @@ impl Ring {
         }
     }
 
-    /// Copies ring bytes from stream position `at` into `dst` (wrapping).
-    fn copy_out(&self, at: u64, dst: &mut [u8]) {
+    /// `len` ring bytes from stream position `at` (wrapping), in a new
+    /// buffer: one copy, no zeroing first.
+    fn copy_out(&self, at: u64, len: usize) -> BytesMut {
         let start = (at % self.capacity as u64) as usize;
-        let first = dst.len().min(self.capacity - start);
-        // SAFETY: both ranges lie inside the data area; [read, written) is
-        // the consumer's until it publishes `read`. A misbehaving producer
-        // writing there anyway can change the bytes we copy, not memory safety.
+        let first = len.min(self.capacity - start);
+        let mut out = BytesMut::with_capacity(len);
+        // SAFETY: both source ranges lie inside the data area; [read,
+        // written) is the consumer's until it publishes `read` (a
+        // misbehaving producer writing there anyway can change the bytes we
+        // copy, not memory safety). The destination has capacity for `len`
+        // bytes, all of which are written before `set_len`.
         unsafe {
             let data = self.map.as_mut_ptr().add(HEADER);
-            std::ptr::copy_nonoverlapping(data.add(start), dst.as_mut_ptr(), first);
-            std::ptr::copy_nonoverlapping(data, dst.as_mut_ptr().add(first), dst.len() - first);
+            let dst = out.as_mut_ptr();
+            std::ptr::copy_nonoverlapping(data.add(start), dst, first);
+            std::ptr::copy_nonoverlapping(data, dst.add(first), len - first);
+            out.set_len(len);
         }
+        out
     }
 }
 
@@ -414,8 +421,7 @@ impl PipeEnd {
                     self.cancel_wait();
                 }
                 let n = ((written - read) as usize).min(max.max(1));
-                let mut out = BytesMut::zeroed(n);
-                self.ring.copy_out(read, &mut out);
+                let out = self.ring.copy_out(read, n);
                 self.read().store(read + n as u64, Ordering::Release);
                 self.wake_peer();
                 return Ok((Progress::Moved(n), out.freeze()));
