@@ -32,12 +32,6 @@ fn post(addr: std::net::SocketAddr, path: &str, body: &[u8]) -> HttpResponse {
     raw(addr, &req).unwrap()
 }
 
-fn open_fds(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .map(|d| d.count())
-        .unwrap_or(0)
-}
-
 fn mappings(pid: u32) -> usize {
     std::fs::read_to_string(format!("/proc/{pid}/maps"))
         .map(|m| m.lines().count())
@@ -94,16 +88,7 @@ fn repeated_large_bodies_do_not_grow_descriptors_or_mappings() {
 
 #[test]
 fn nothing_of_the_group_is_left_in_dev_shm_after_kill_9_and_stop() {
-    let listing = || -> Vec<String> {
-        std::fs::read_dir("/dev/shm")
-            .map(|d| {
-                d.flatten()
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
-    let before = listing();
+    let before = dev_shm_listing();
     let mut g = Group::builder("shm-kill").config(CONFIG).start();
     let body = random_bytes(1 << 20, 5);
     assert_eq!(post(g.addr, "/echo-bytes", &body).status, 200);
@@ -115,7 +100,10 @@ fn nothing_of_the_group_is_left_in_dev_shm_after_kill_9_and_stop() {
         "the next request is fine"
     );
     assert!(g.terminate().success());
-    let new: Vec<String> = listing().into_iter().filter(|n| !before.contains(n)).collect();
+    let new: Vec<String> = dev_shm_listing()
+        .into_iter()
+        .filter(|n| !before.contains(n))
+        .collect();
     assert!(new.is_empty(), "left in /dev/shm: {new:?}");
 }
 

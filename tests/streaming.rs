@@ -60,15 +60,6 @@ fn read_checked(s: &mut TcpStream, from: u64, len: u64, pattern: &[u8]) -> u64 {
     got
 }
 
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
-}
-
 /// Threads of `pid` that are running stream producers or upload readers.
 fn stream_threads(pid: u32) -> Vec<u32> {
     std::fs::read_dir(format!("/proc/{pid}/task"))
@@ -91,12 +82,6 @@ fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
         assert!(Instant::now() < deadline, "never: {what}");
         std::thread::sleep(Duration::from_millis(10));
     }
-}
-
-fn open_fds(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .map(|d| d.count())
-        .unwrap_or(0)
 }
 
 /// The bound this test states for the listener: its RSS may grow by at
@@ -188,16 +173,7 @@ fn a_client_that_goes_away_stops_the_producer() {
 
 #[test]
 fn kill_9_of_the_manager_mid_stream_ends_the_stream_with_an_error() {
-    let listing = || -> Vec<String> {
-        std::fs::read_dir("/dev/shm")
-            .map(|d| {
-                d.flatten()
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
-    let shm_before = listing();
+    let shm_before = dev_shm_listing();
     let g = Group::start("stream-kill");
     let listener = g.pid_of("listener");
     let pattern = pattern();
@@ -220,7 +196,7 @@ fn kill_9_of_the_manager_mid_stream_ends_the_stream_with_an_error() {
     eventually("the listener's descriptors are back", || {
         open_fds(listener) <= fds_before
     });
-    let new: Vec<String> = listing()
+    let new: Vec<String> = dev_shm_listing()
         .into_iter()
         .filter(|n| !shm_before.contains(n))
         .collect();

@@ -451,15 +451,6 @@ async fn a_slow_consumer_is_dropped_without_affecting_the_others() {
     );
 }
 
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
-}
-
 #[tokio::test]
 async fn ws_echo_returns_text_and_binary_unchanged() {
     let g = group("ws-echo");

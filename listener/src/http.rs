@@ -111,16 +111,7 @@ async fn route(state: &State, req: Request<Incoming>) -> Reply {
     // pass its descriptor along instead of copying the bytes.
     env.payload = match Payload::for_body(body, state.config.shm_threshold) {
         Ok(payload) => payload,
-        Err(switchyard_proto::Error::ShmBudget { .. }) => {
-            let mut reply = error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "shared-memory budget exhausted; retry later",
-            );
-            reply
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-            return reply;
-        }
+        Err(switchyard_proto::Error::ShmBudget { .. }) => return shm_budget_exhausted(),
         Err(err) => {
             tracing::error!(%err, "cannot place a request body in shared memory");
             return error(StatusCode::INTERNAL_SERVER_ERROR, "internal error");
@@ -295,6 +286,19 @@ fn json(status: StatusCode, value: serde_json::Value) -> Reply {
     reply
         .headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    reply
+}
+
+/// 503 with `Retry-After`: this process's shared-memory budget is spent
+/// (decision 0007); a moment later bodies will have been released.
+pub(crate) fn shm_budget_exhausted() -> Reply {
+    let mut reply = error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "shared-memory budget exhausted; retry later",
+    );
+    reply
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
     reply
 }
 

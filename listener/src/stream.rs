@@ -16,7 +16,9 @@ use hyper::body::Incoming;
 use switchyard_proto::pipe::{self, AsyncPipe};
 use switchyard_proto::{Deadline, Envelope, Error, Meta, Payload, StreamHandle};
 
-use crate::http::{RangeAsk, State, copy_headers, error, exchange, parse_range, request_meta};
+use crate::http::{
+    RangeAsk, State, copy_headers, error, exchange, parse_range, request_meta, shm_budget_exhausted,
+};
 use crate::routes::Matched;
 
 type Reply = Response<crate::http::Body>;
@@ -169,16 +171,7 @@ pub(crate) async fn upload(state: &State, req: Request<Incoming>, matched: Match
     let (producer, handle) =
         match pipe::pipe(pipe::DEFAULT_CAPACITY, declared).and_then(|(p, h)| Ok((p.into_async()?, h))) {
             Ok(made) => made,
-            Err(Error::ShmBudget { .. }) => {
-                let mut reply = error(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "shared-memory budget exhausted; retry later",
-                );
-                reply
-                    .headers_mut()
-                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-                return reply;
-            }
+            Err(Error::ShmBudget { .. }) => return shm_budget_exhausted(),
             Err(err) => {
                 tracing::error!(%err, "cannot make an upload pipe");
                 return error(StatusCode::INTERNAL_SERVER_ERROR, "internal error");
