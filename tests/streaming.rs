@@ -319,3 +319,46 @@ fn streams_past_the_shared_memory_budget_get_503() {
         get(g.addr, "/stream/1000").is_ok_and(|r| r.status == 200)
     });
 }
+
+#[test]
+fn an_upload_may_outlast_the_request_timeout_while_it_moves_but_not_stall() {
+    let g = Group::builder("upload-slow")
+        .config("[listener]\nrequest_timeout_ms = 1000\n")
+        .start();
+    // Ten pieces 150 ms apart: 1.5 s in all, longer than the timeout, but
+    // never idle for long. (The pauses play a slow client; nothing waits on
+    // them to synchronise.)
+    let body: Vec<u8> = (0..100_000u32).map(|i| (i % 7) as u8).collect();
+    let mut s = TcpStream::connect(g.addr).unwrap();
+    s.set_read_timeout(Some(PATIENCE)).unwrap();
+    write!(
+        s,
+        "POST /upload HTTP/1.1\r\nhost: t\r\nconnection: close\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    )
+    .unwrap();
+    for piece in body.chunks(10_000) {
+        s.write_all(piece).unwrap();
+        std::thread::sleep(Duration::from_millis(150));
+    }
+    let mut answer = Vec::new();
+    s.read_to_end(&mut answer).unwrap();
+    let r = parse_response(&answer).unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let up: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(up["sha256"].as_str(), Some(&*sha256_hex(&body)));
+
+    // A body that stops moving is cut with 408, and its reader ends.
+    let manager = g.pid_of("payload");
+    let mut s = TcpStream::connect(g.addr).unwrap();
+    s.set_read_timeout(Some(PATIENCE)).unwrap();
+    s.write_all(
+        b"POST /upload HTTP/1.1\r\nhost: t\r\nconnection: close\r\ncontent-length: 1000\r\n\r\n0123456789",
+    )
+    .unwrap();
+    let mut answer = Vec::new();
+    s.read_to_end(&mut answer).unwrap();
+    let r = parse_response(&answer).unwrap();
+    assert_eq!(r.status, 408, "{}", r.text());
+    eventually("the upload reader ends", || stream_threads(manager).is_empty());
+}

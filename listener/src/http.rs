@@ -139,8 +139,20 @@ pub(crate) fn request_meta(env: &mut Envelope, parts: &http::request::Parts, par
     }
 }
 
-/// Sends the request event and turns its response event into HTTP.
+/// Sends the request event and turns its response event into HTTP; 504
+/// when it takes longer than the request timeout.
 pub(crate) async fn exchange(state: &State, env: Envelope, range: Option<&str>) -> Reply {
+    exchange_after(state, env, range, std::future::ready(())).await
+}
+
+/// [`exchange`] whose timeout starts only once `started` resolves (an
+/// upload: when its body is all in).
+pub(crate) async fn exchange_after(
+    state: &State,
+    env: Envelope,
+    range: Option<&str>,
+    started: impl std::future::Future<Output = ()>,
+) -> Reply {
     let in_flight = match state.pool.send(env) {
         Ok(f) => f,
         Err(SendFailure::Busy) => {
@@ -154,11 +166,17 @@ pub(crate) async fn exchange(state: &State, env: Envelope, range: Option<&str>) 
             return error(StatusCode::SERVICE_UNAVAILABLE, "the broker is not available");
         }
     };
-    let response = match tokio::time::timeout(state.config.request_timeout, &mut { in_flight }.response).await
-    {
-        Ok(Ok(env)) => env,
-        Ok(Err(_)) => return error(StatusCode::SERVICE_UNAVAILABLE, "the request was dropped"),
-        Err(_) => return error(StatusCode::GATEWAY_TIMEOUT, "the request deadline passed"),
+    let timeout = state.config.request_timeout;
+    let deadline = async {
+        started.await;
+        tokio::time::sleep(timeout).await;
+    };
+    let response = tokio::select! {
+        answered = &mut { in_flight }.response => match answered {
+            Ok(env) => env,
+            Err(_) => return error(StatusCode::SERVICE_UNAVAILABLE, "the request was dropped"),
+        },
+        () = deadline => return error(StatusCode::GATEWAY_TIMEOUT, "the request deadline passed"),
     };
     into_http(response, range)
 }

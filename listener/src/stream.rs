@@ -7,6 +7,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::{Buf, Bytes};
 use http::{HeaderValue, Request, Response, StatusCode, header};
@@ -17,7 +18,7 @@ use switchyard_proto::pipe::{self, AsyncPipe};
 use switchyard_proto::{Deadline, Envelope, Error, Meta, Payload, StreamHandle};
 
 use crate::http::{
-    RangeAsk, State, copy_headers, error, exchange, parse_range, request_meta, shm_budget_exhausted,
+    RangeAsk, State, copy_headers, error, exchange_after, parse_range, request_meta, shm_budget_exhausted,
 };
 use crate::routes::Matched;
 
@@ -152,6 +153,9 @@ pub(crate) fn download(status: StatusCode, meta: &Meta, handle: StreamHandle, ra
 /// (never buffered whole), and the handler reads it on its side meanwhile.
 /// Bodies over `max_upload_bytes` get 413: at once when the length is
 /// declared, else when the limit is crossed (the pipe is aborted then).
+/// The request timeout counts from the end of the body (an upload may take
+/// as long as it keeps moving), and a body that stalls for a whole request
+/// timeout is cut with 408.
 pub(crate) async fn upload(state: &State, req: Request<Incoming>, matched: Matched) -> Reply {
     let limit = state.config.max_upload_bytes;
     let too_large = || {
@@ -180,27 +184,50 @@ pub(crate) async fn upload(state: &State, req: Request<Incoming>, matched: Match
     let (parts, body) = req.into_parts();
     let mut env = Envelope::request(matched.entry.event_type, 0, Bytes::new());
     env.payload = Payload::Stream(handle);
-    env.deadline = Deadline::after(state.config.request_timeout);
+    // No deadline for the hops: the listener times the answer from the end
+    // of the body.
+    env.deadline = Deadline::NONE;
     request_meta(&mut env, &parts, matched.params);
 
-    let over_limit = Arc::new(AtomicBool::new(false));
-    let pump = tokio::spawn(pump(body, producer, limit, over_limit.clone()));
-    let reply = exchange(state, env, None).await;
+    let (stop, stopped) = (Arc::new(Stop::default()), state.config.request_timeout);
+    let mut pump = tokio::spawn(pump(body, producer, limit, stopped, stop.clone()));
+    let body_in = async {
+        let _ = (&mut pump).await;
+    };
+    let reply = exchange_after(state, env, None, body_in).await;
     // The handler answered: whatever of the body it did not read is not
     // wanted (and an answer before the end of the body ends the pump).
     pump.abort();
-    if over_limit.load(Ordering::Relaxed) {
+    if stop.over_limit.load(Ordering::Relaxed) {
         return too_large();
+    }
+    if stop.stalled.load(Ordering::Relaxed) {
+        return error(
+            StatusCode::REQUEST_TIMEOUT,
+            "the request body stalled; send it without long pauses",
+        );
     }
     reply
 }
 
-/// Copies the request body into the pipe; a client that breaks off, or a
-/// body over `limit`, aborts the pipe so the handler sees an error.
-async fn pump(mut body: Incoming, mut pipe: AsyncPipe, limit: u64, over_limit: Arc<AtomicBool>) {
+/// Why a pump gave up, for the answer.
+#[derive(Default)]
+struct Stop {
+    over_limit: AtomicBool,
+    stalled: AtomicBool,
+}
+
+/// Copies the request body into the pipe; a client that breaks off, a body
+/// over `limit`, or one that stalls for `idle` aborts the pipe so the
+/// handler sees an error.
+async fn pump(mut body: Incoming, mut pipe: AsyncPipe, limit: u64, idle: Duration, stop: Arc<Stop>) {
     let mut sent = 0u64;
     loop {
-        match body.frame().await {
+        let Ok(frame) = tokio::time::timeout(idle, body.frame()).await else {
+            stop.stalled.store(true, Ordering::Relaxed);
+            return pipe.abort();
+        };
+        match frame {
             None => return pipe.finish(),
             Some(Ok(frame)) => {
                 let Ok(data) = frame.into_data() else {
@@ -208,13 +235,16 @@ async fn pump(mut body: Incoming, mut pipe: AsyncPipe, limit: u64, over_limit: A
                 };
                 sent += data.len() as u64;
                 if sent > limit {
-                    over_limit.store(true, Ordering::Relaxed);
+                    stop.over_limit.store(true, Ordering::Relaxed);
                     return pipe.abort();
                 }
-                if let Err(err) = pipe.write_all(&data).await {
+                match tokio::time::timeout(idle, pipe.write_all(&data)).await {
+                    Ok(Ok(())) => {}
                     // The handler stopped reading; its answer says why.
-                    tracing::debug!(%err, "upload pipe closed by the reader");
-                    return;
+                    Ok(Err(err)) => return tracing::debug!(%err, "upload pipe closed by the reader"),
+                    // The handler takes nothing for a whole timeout: give
+                    // up on the body, so the answer's own timeout starts.
+                    Err(_) => return pipe.abort(),
                 }
             }
             Some(Err(err)) => {
