@@ -71,13 +71,24 @@ async fn thread_pool_runs_jobs_refuses_when_full_and_times_out() {
     open.send(()).unwrap();
     let done = next(&mut rx).await;
     assert_eq!((done.id, done.status), (6, 200));
-    // Job 7 is skipped, not run late: the next result is job 8's. (Its
-    // expired entry holds the queue's one slot until the thread drains it.)
+    // Job 7 is skipped, not run late: the next result is job 8's.
+    pool.submit(job(8, b"q", PATIENCE)).unwrap();
+    assert_eq!(next(&mut rx).await.id, 8);
+
+    // An expired queued job frees its place at once, even while the only
+    // thread is still busy: the queue takes the next job.
+    pool.submit(job(9, b"block", PATIENCE)).unwrap();
     while pool.queued() != 0 {
         tokio::task::yield_now().await;
     }
-    pool.submit(job(8, b"q", PATIENCE)).unwrap();
-    assert_eq!(next(&mut rx).await.id, 8);
+    pool.submit(job(10, b"late", Duration::from_millis(1))).unwrap();
+    let done = next(&mut rx).await;
+    assert_eq!((done.id, done.status), (10, 504));
+    assert_eq!(pool.queued(), 0);
+    pool.submit(job(11, b"ok", PATIENCE)).unwrap();
+    open.send(()).unwrap();
+    assert_eq!(next(&mut rx).await.id, 9);
+    assert_eq!(next(&mut rx).await.id, 11);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

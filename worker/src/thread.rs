@@ -1,26 +1,43 @@
-//! The thread pool: `size` OS threads fed by a bounded crossbeam channel.
+//! The thread pool: `size` OS threads fed with job ids through a crossbeam
+//! channel; the jobs themselves wait in `slots`.
 //!
-//! A job's result and its deadline race for one slot in `live`: whichever
-//! removes the job's entry first reports it, so each job gets exactly one
-//! [`Done`]. A thread cannot be killed; a job past its deadline is answered
-//! with 504 and its eventual result dropped (a job still queued at its
-//! deadline is skipped).
+//! A job's result and its deadline race for its entry in `slots`: whichever
+//! removes it first reports it, so each job gets exactly one [`Done`]. A
+//! thread cannot be killed; a job past its deadline is answered with 504 and
+//! its eventual result dropped. A job still queued at its deadline leaves
+//! at once — its queue place and its body are freed then, not when a thread
+//! gets to its id — so a queue full of expired jobs never refuses new ones.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use crossbeam_channel::{Receiver, Sender, TrySendError};
+use crossbeam_channel::{Receiver, Sender};
 use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 
 use crate::{Done, Job, Refused, Runner, timed_out};
 
-/// Accepted jobs without a result yet, with their deadline timers.
-type Live = Arc<Mutex<HashMap<u64, Option<AbortHandle>>>>;
+enum Slot {
+    /// Waiting for a thread (the timer is set right after submission).
+    Queued { job: Job, timer: Option<AbortHandle> },
+    /// On a thread.
+    Running { timer: Option<AbortHandle> },
+}
+
+#[derive(Default)]
+struct Slots {
+    /// Accepted jobs without a result yet.
+    jobs: HashMap<u64, Slot>,
+    /// How many of them are queued (what `queue` bounds).
+    queued: usize,
+}
+
+type Shared = Arc<Mutex<Slots>>;
 
 pub struct ThreadPool {
-    jobs: Sender<Job>,
-    live: Live,
+    ids: Sender<u64>,
+    slots: Shared,
+    queue: usize,
     results: mpsc::UnboundedSender<Done>,
 }
 
@@ -31,47 +48,66 @@ impl ThreadPool {
         runner: Runner,
         results: mpsc::UnboundedSender<Done>,
     ) -> ThreadPool {
-        let (jobs, rx) = crossbeam_channel::bounded::<Job>(queue);
-        let live: Live = Arc::default();
+        // Unbounded, but it only ever holds ids: `queue` bounds the jobs.
+        let (ids, rx) = crossbeam_channel::unbounded::<u64>();
+        let slots: Shared = Arc::default();
         for i in 0..size.max(1) {
-            let (rx, runner, live, results) = (rx.clone(), runner.clone(), live.clone(), results.clone());
+            let (rx, runner, slots, results) = (rx.clone(), runner.clone(), slots.clone(), results.clone());
             let spawned = std::thread::Builder::new()
                 .name(format!("job-worker-{i}"))
-                .spawn(move || work(rx, runner, live, results));
+                .spawn(move || work(rx, runner, slots, results));
             if let Err(err) = spawned {
                 tracing::error!(%err, "cannot start a worker thread");
             }
         }
-        ThreadPool { jobs, live, results }
+        ThreadPool {
+            ids,
+            slots,
+            queue,
+            results,
+        }
     }
 
     pub(crate) fn submit(&self, job: Job) -> Result<(), Refused> {
         let (id, timeout) = (job.id, job.timeout);
-        lock(&self.live).insert(id, None);
-        match self.jobs.try_send(job) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
-                lock(&self.live).remove(&id);
+        {
+            let mut slots = lock(&self.slots);
+            if slots.queued >= self.queue {
                 return Err(Refused::Full);
             }
+            slots.queued += 1;
+            slots.jobs.insert(id, Slot::Queued { job, timer: None });
         }
-        let (live, results) = (self.live.clone(), self.results.clone());
+        if self.ids.send(id).is_err() {
+            let mut slots = lock(&self.slots);
+            slots.jobs.remove(&id);
+            slots.queued -= 1;
+            return Err(Refused::Full);
+        }
+        let (slots, results) = (self.slots.clone(), self.results.clone());
         let timer = tokio::spawn(async move {
             tokio::time::sleep(timeout).await;
-            if lock(&live).remove(&id).is_some() {
-                let _ = results.send(timed_out(id, timeout));
+            let mut slots = lock(&slots);
+            match slots.jobs.remove(&id) {
+                Some(Slot::Queued { .. }) => slots.queued -= 1,
+                Some(Slot::Running { .. }) => {}
+                None => return,
             }
+            drop(slots);
+            let _ = results.send(timed_out(id, timeout));
         });
         // The job may have finished already; then its timer is not needed.
-        match lock(&self.live).get_mut(&id) {
-            Some(slot) => *slot = Some(timer.abort_handle()),
+        match lock(&self.slots).jobs.get_mut(&id) {
+            Some(Slot::Queued { timer: slot, .. } | Slot::Running { timer: slot }) => {
+                *slot = Some(timer.abort_handle())
+            }
             None => timer.abort(),
         }
         Ok(())
     }
 
     pub(crate) fn queued(&self) -> usize {
-        self.jobs.len()
+        lock(&self.slots).queued
     }
 }
 
@@ -79,19 +115,32 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn work(jobs: Receiver<Job>, runner: Runner, live: Live, results: mpsc::UnboundedSender<Done>) {
+fn work(ids: Receiver<u64>, runner: Runner, slots: Shared, results: mpsc::UnboundedSender<Done>) {
     // Ends when the pool (the only sender) is dropped.
-    while let Ok(job) = jobs.recv() {
-        if !lock(&live).contains_key(&job.id) {
-            continue; // its deadline passed while it waited
-        }
+    while let Ok(id) = ids.recv() {
+        let job = {
+            let mut slots = lock(&slots);
+            let Some(slot) = slots.jobs.get_mut(&id) else {
+                continue; // its deadline passed while it waited
+            };
+            let Slot::Queued { timer, .. } = slot else {
+                continue;
+            };
+            let running = Slot::Running { timer: timer.take() };
+            let Slot::Queued { job, .. } = std::mem::replace(slot, running) else {
+                unreachable!("checked above")
+            };
+            slots.queued -= 1;
+            job
+        };
         let output = runner(job.job_type, &job.body);
-        if let Some(timer) = lock(&live).remove(&job.id) {
+        let slot = lock(&slots).jobs.remove(&id);
+        if let Some(Slot::Running { timer }) = slot {
             if let Some(timer) = timer {
                 timer.abort();
             }
             let _ = results.send(Done {
-                id: job.id,
+                id,
                 status: output.status,
                 body: output.body,
             });
