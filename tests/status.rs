@@ -20,8 +20,9 @@ fn queued_jobs_and_requests_in_flight_show_in_status() {
             std::thread::spawn(move || get(addr, "/cpu/1000").unwrap().status)
         })
         .collect();
-    // (in flight, queued) of `compute`, polled until `done` says so.
-    let load_until = |what: &str, done: &dyn Fn(u64, u64) -> bool| -> (u64, u64) {
+    // (in flight, queued) of the process called `name`, polled until
+    // `done` says so.
+    let load_until = |name: &str, what: &str, done: &dyn Fn(u64, u64) -> bool| -> (u64, u64) {
         let deadline = Instant::now() + PATIENCE;
         loop {
             let status = g.status();
@@ -29,7 +30,7 @@ fn queued_jobs_and_requests_in_flight_show_in_status() {
                 .as_array()
                 .unwrap()
                 .iter()
-                .find(|p| p["name"] == "compute")
+                .find(|p| p["name"] == name)
                 .cloned();
             let load = compute.map(|c| {
                 (
@@ -47,16 +48,22 @@ fn queued_jobs_and_requests_in_flight_show_in_status() {
             std::thread::sleep(Duration::from_millis(50));
         }
     };
-    let (in_flight, queued) = load_until("queued jobs", &|_, queued| queued > 0);
+    let (in_flight, queued) = load_until("compute", "queued jobs", &|_, queued| queued > 0);
     assert!(
         in_flight >= queued,
         "queued jobs belong to requests in flight ({in_flight} < {queued})"
     );
+    // The router counts the same requests as routed and unanswered.
+    load_until("router", "requests in flight at the router", &|in_flight, _| {
+        in_flight > 0
+    });
     for c in clients {
         assert_eq!(c.join().unwrap(), 200);
     }
     // Drained: the gauges go back to zero.
-    load_until("a drained load", &|in_flight, queued| {
-        in_flight == 0 && queued == 0
-    });
+    for name in ["compute", "router", "broker"] {
+        load_until(name, "a drained load", &|in_flight, queued| {
+            in_flight == 0 && queued == 0
+        });
+    }
 }

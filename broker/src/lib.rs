@@ -104,6 +104,7 @@ pub async fn run(
         config,
     };
     let policy = PeerPolicy::for_group();
+    tokio::spawn(report_gauges(shared.clone()));
     let _ = ready.send(());
     tokio::pin!(shutdown);
     loop {
@@ -144,6 +145,26 @@ async fn connection(shared: Shared, stream: UnixStream) {
         Ok(Control::HelloRouter { pid }) => router(shared, reader, sink, pid).await,
         Ok(other) => tracing::warn!(?other, "unexpected hello"),
         Err(err) => tracing::warn!(%err, "undecodable hello"),
+    }
+}
+
+/// How often the broker's gauges are refreshed for `switchyard status`.
+const GAUGE_PERIOD: Duration = Duration::from_millis(250);
+
+/// The broker holds no request (it routes by pipe id and forgets), so its
+/// in-flight gauge is 0; its queued gauge is the frames waiting in its
+/// outgoing queues, to the router and to every listener pipe.
+async fn report_gauges(shared: Shared) {
+    let mut tick = tokio::time::interval(GAUGE_PERIOD);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let queued = {
+            let st = shared.lock();
+            st.pipes.values().map(|p| p.sink.queued()).sum::<usize>()
+                + st.router.as_ref().map_or(0, |(_, sink)| sink.queued())
+        };
+        switchyard_proto::supervision::GAUGES.set(0, queued);
     }
 }
 

@@ -221,6 +221,10 @@ async fn deadline_sweeper(shared: Shared) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        shared.lock().expire(switchyard_proto::event::now_micros());
+        let mut table = shared.lock();
+        table.expire(switchyard_proto::event::now_micros());
+        // Also the gauges `switchyard status` shows.
+        let (in_flight, queued) = table.gauges();
+        switchyard_proto::supervision::GAUGES.set(in_flight, queued);
     }
 }

@@ -255,6 +255,13 @@ impl Table {
         }
     }
 
+    /// Requests routed and not answered yet, and frames waiting in the
+    /// queues towards the managers.
+    pub(crate) fn gauges(&self) -> (usize, usize) {
+        let queued = self.instances.values().map(|i| i.sink.queued()).sum();
+        (self.in_flight.len(), queued)
+    }
+
     /// Answers every request past its deadline with 504.
     pub(crate) fn expire(&mut self, now: u64) {
         if self.in_flight.is_empty() {
