@@ -185,6 +185,7 @@ async fn serve(role: Role, name: String, instance: u32, spec: Spec) -> anyhow::R
         }
     };
 
+    const MAPPING_IDLE: Duration = Duration::from_secs(10);
     let report_ready = async {
         if ready_rx.await.is_ok() {
             control.report(Phase::Ready).await;
@@ -194,6 +195,9 @@ async fn serve(role: Role, name: String, instance: u32, spec: Spec) -> anyhow::R
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         loop {
             tick.tick().await;
+            // Housekeeping: shared-memory segments this process mapped and
+            // no longer uses go back to the kernel after a while.
+            switchyard_proto::pool::trim_mappings(MAPPING_IDLE);
             let now = switchyard_proto::supervision::GAUGES.read();
             if now != last {
                 control.report_load(now).await;

@@ -130,3 +130,46 @@ fn single_ranges_get_206_and_unsatisfiable_ones_416() {
     let r = range("bytes=0-1,5-6");
     assert_eq!((r.status, r.body.len()), (200, 1048576));
 }
+
+/// Pool segments (decision 0011) mapped in a process right now.
+fn segment_mappings(pid: u32) -> usize {
+    std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .map(|m| m.lines().filter(|l| l.contains("switchyard-segment")).count())
+        .unwrap_or(0)
+}
+
+#[test]
+fn response_segments_are_reused_under_load_and_released_when_idle() {
+    let g = Group::start("shm-pool");
+    let (listener, manager) = (g.pid_of("listener"), g.pid_of("payload"));
+    // Concurrent 1 MiB responses: a few segments, reused, not one per body.
+    let clients: Vec<_> = (0..4)
+        .map(|_| {
+            let addr = g.addr;
+            std::thread::spawn(move || {
+                for _ in 0..50 {
+                    let r = get(addr, "/payload/1048576").unwrap();
+                    assert_eq!((r.status, r.body.len()), (200, 1 << 20));
+                }
+            })
+        })
+        .collect();
+    for c in clients {
+        c.join().unwrap();
+    }
+    let in_use = segment_mappings(manager);
+    assert!((1..=8).contains(&in_use), "200 bodies took {in_use} segments");
+    assert!(segment_mappings(listener) <= in_use);
+    // Idle: both sides let go of them (the producer after ~10 s unused, the
+    // consumer's mapping cache likewise).
+    let deadline = std::time::Instant::now() + PATIENCE;
+    while segment_mappings(manager) + segment_mappings(listener) > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "segments still mapped when idle"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let r = get(g.addr, "/payload/1048576").unwrap();
+    assert_eq!(r.body.len(), 1 << 20);
+}

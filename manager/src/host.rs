@@ -153,6 +153,10 @@ async fn connect(
     }
 }
 
+/// An idle plugin is stepped this often (`ToPlugin::Wake`), so that its
+/// housekeeping (releasing idle shared memory) runs without traffic.
+pub const IDLE_STEP: Duration = Duration::from_secs(2);
+
 /// Set by plugin threads (`HostApi::wake`): step the plugin soon.
 static WAKE: tokio::sync::Notify = tokio::sync::Notify::const_new();
 
@@ -189,6 +193,8 @@ impl Host {
         let mut inputs = Vec::with_capacity(64);
         let mut tick = tokio::time::interval(crate::registry::TICK_PERIOD);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        let mut idle = tokio::time::interval(IDLE_STEP);
+        idle.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
             tokio::select! {
                 _ = tick.tick(), if self.ticks => inputs.push(ToPlugin::Notification {
@@ -205,6 +211,7 @@ impl Host {
                     }
                 },
                 _ = WAKE.notified() => inputs.push(ToPlugin::Wake),
+                _ = idle.tick() => inputs.push(ToPlugin::Wake),
                 Some(done) = results.recv() => {
                     inputs.push(job_result(done));
                     while let Ok(done) = results.try_recv() {

@@ -36,6 +36,11 @@ const SEGMENT_POOL_BYTES: usize = 64 * 1024 * 1024;
 /// for lost (its segment is replaced, never rewritten under a reader).
 const SEGMENT_LEASE: Duration = Duration::from_secs(120);
 
+/// A free segment not used for this long is released (the host steps an
+/// idle plugin every [`crate::host::IDLE_STEP`], so memory goes back down
+/// after a burst of large responses).
+const SEGMENT_IDLE: Duration = Duration::from_secs(10);
+
 /// Upload handlers that finished on their threads, waiting to be answered.
 type Finished = Arc<Mutex<Vec<(u64, Result<Response, Error>)>>>;
 
@@ -77,6 +82,8 @@ pub struct Runtime<M: Manager> {
     /// Without one (in-process tests) upload handlers run inline.
     wake: Option<WakeHost>,
     finished: Finished,
+    /// When the segment pool is next trimmed.
+    trim_due: Instant,
 }
 
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
@@ -152,6 +159,7 @@ impl<M: Manager> Runtime<M> {
             ready: Arc::default(),
             wake,
             finished: Arc::default(),
+            trim_due: now + SEGMENT_IDLE,
         };
         Ok((runtime, description))
     }
@@ -200,6 +208,11 @@ impl<M: Manager> Runtime<M> {
             }
         }
         self.run_ready();
+        let now = Instant::now();
+        if now >= self.trim_due {
+            self.shared.segments.borrow_mut().trim(SEGMENT_IDLE);
+            self.trim_due = now + Duration::from_secs(1);
+        }
         let finished = std::mem::take(&mut *self.finished.lock().unwrap_or_else(|p| p.into_inner()));
         for (correlation, result) in finished {
             self.respond(correlation, result);

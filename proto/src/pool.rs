@@ -64,7 +64,8 @@ struct PoolSegment {
     fd: Arc<OwnedFd>,
     map: memmap2::MmapRaw,
     size: usize,
-    /// When it was last handed out.
+    /// When it was last handed out (a free segment unused for a while is
+    /// released by [`SegmentPool::trim`]).
     sent: Instant,
     _reservation: Reservation,
 }
@@ -132,6 +133,18 @@ impl SegmentPool {
         Ok(Some(ShmBody::pooled(segment.fd.clone(), body.len() as u64)))
     }
 
+    /// Releases free segments not handed out for `idle`, so that memory
+    /// goes back down after a burst of large responses.
+    pub fn trim(&mut self, idle: Duration) {
+        let now = Instant::now();
+        let before = self.segments.len();
+        self.segments
+            .retain(|s| s.state().load(Ordering::Acquire) != FREE || now.duration_since(s.sent) < idle);
+        if self.segments.len() != before {
+            self.bytes = self.segments.iter().map(|s| s.size).sum();
+        }
+    }
+
     /// Segments in the pool and how many are free (tests, status).
     pub fn counts(&self) -> (usize, usize) {
         let free = self
@@ -186,14 +199,23 @@ struct Mapped {
 /// keeps the inode alive, so a key cannot be reused by another memfd while
 /// it is cached.
 static MAPPED: Mutex<Option<MappingCache>> = Mutex::new(None);
-static USES: AtomicU64 = AtomicU64::new(0);
 /// Mappings kept, in number and bytes; the least recently used beyond
 /// either are dropped (a body still in use keeps its mapping alive).
 const MAX_MAPPED: usize = 64;
 const MAX_MAPPED_BYTES: usize = 128 * 1024 * 1024;
 
 /// (device, inode) → the mapping and when it was last used.
-type MappingCache = HashMap<(u64, u64), (Arc<Mapped>, u64)>;
+type MappingCache = HashMap<(u64, u64), (Arc<Mapped>, Instant)>;
+
+/// Drops this process's cached mappings of pool segments not used for
+/// `idle` (their producers trim idle segments too; a body still in use
+/// keeps its own mapping). Every process calls it periodically.
+pub fn trim_mappings(idle: Duration) {
+    let now = Instant::now();
+    if let Some(cache) = MAPPED.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+        cache.retain(|_, (_, last)| now.duration_since(*last) < idle);
+    }
+}
 
 /// Checks a received pool segment's descriptor for a body of `len` bytes.
 pub(crate) fn check(fd: &OwnedFd, len: u64) -> Result<()> {
@@ -214,7 +236,7 @@ pub(crate) fn check(fd: &OwnedFd, len: u64) -> Result<()> {
 pub(crate) fn map(fd: &OwnedFd, len: u64) -> Result<Bytes> {
     let stat = nix::sys::stat::fstat(fd).map_err(std::io::Error::from)?;
     let key = (stat.st_dev, stat.st_ino);
-    let use_no = USES.fetch_add(1, Ordering::Relaxed);
+    let use_no = Instant::now();
     let mapped = {
         let mut cache = MAPPED.lock().unwrap_or_else(|p| p.into_inner());
         let cache = cache.get_or_insert_with(HashMap::new);
@@ -306,7 +328,14 @@ mod tests {
         // Reused: same segment, new bytes.
         let c = pool.place(&[3u8; 70_000]).unwrap().unwrap();
         assert_eq!(pool.counts(), (2, 1));
-        assert_eq!(&c.map().unwrap()[..], &[3u8; 70_000][..]);
+        let held = c.map().unwrap();
+        assert_eq!(&held[..], &[3u8; 70_000][..]);
+        // Trimming releases free segments that sat idle, never busy ones.
+        pool.trim(Duration::ZERO);
+        assert_eq!(pool.counts(), (1, 0), "the busy one stays");
+        drop(held);
+        pool.trim(Duration::ZERO);
+        assert_eq!(pool.counts(), (0, 0));
     }
 
     #[test]
