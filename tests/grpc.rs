@@ -110,6 +110,25 @@ async fn unary_call_and_status_codes() {
         .unwrap_err();
     assert!(matches!(err, ClientError::Status { status: 422, .. }), "{err}");
 
+    // The same calls multiplexed on one Session stream, answered by id.
+    let session = client.session().await.unwrap();
+    let calls = (0..50).map(|i| {
+        let s = &session;
+        async move {
+            let r: Value = s
+                .call("demo.Hello", &json!({"name": format!("s{i}")}))
+                .await
+                .unwrap();
+            assert_eq!(r["message"], format!("Hello, s{i}!"));
+        }
+    });
+    within(futures_util::future::join_all(calls)).await;
+    let err = session
+        .call::<_, Value>("demo.Hello", &json!({"name": ""}))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ClientError::Status { status: 422, .. }), "{err}");
+
     // Plain HTTP still works next to gRPC on the same port.
     assert_eq!(get(g.addr, "/hello/Ada").unwrap().status, 200);
 }
