@@ -362,3 +362,19 @@ fn an_upload_may_outlast_the_request_timeout_while_it_moves_but_not_stall() {
     assert_eq!(r.status, 408, "{}", r.text());
     eventually("the upload reader ends", || stream_threads(manager).is_empty());
 }
+
+#[test]
+fn a_stream_of_unknown_length_is_chunked() {
+    let g = Group::start("stream-chunked");
+    let pattern = pattern();
+    let r = get(g.addr, "/stream/300000?chunked=true").unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("transfer-encoding"), Some("chunked"));
+    assert_eq!(r.header("content-length"), None);
+    assert!(r.body[..] == pattern[..300_000], "{} bytes", r.body.len());
+    // No length, no ranges: the whole body, as RFC 9110 allows.
+    let req =
+        "GET /stream/1000?chunked=true HTTP/1.1\r\nhost: t\r\nconnection: close\r\nrange: bytes=0-9\r\n\r\n";
+    let r = raw(g.addr, req.as_bytes()).unwrap();
+    assert_eq!((r.status, r.body.len()), (200, 1000));
+}

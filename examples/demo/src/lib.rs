@@ -173,11 +173,14 @@ impl Manager for Payloads {
 }
 
 /// `GET /stream/{size}` → `size` bytes (any size; the pattern of
-/// [`stream_byte`]) produced on a thread and streamed through a pipe.
+/// [`stream_byte`]) produced on a thread and streamed through a pipe;
+/// `?chunked=true` does not announce the length (chunked encoding).
 #[derive(Deserialize, Serialize, Event)]
 #[event(name = "demo.Stream", http = "GET /stream/{size}")]
 pub struct Stream {
     pub size: u64,
+    #[serde(default)]
+    pub chunked: bool,
 }
 
 /// Largest `/stream/{size}`: 64 GiB, far past any one segment.
@@ -245,7 +248,8 @@ impl Payloads {
                 "size must be at most {MAX_STREAM} bytes"
             )));
         }
-        Result::Ok(Streamed::new(Some(ev.size), move |out| {
+        let length = (!ev.chunked).then_some(ev.size);
+        Result::Ok(Streamed::new(length, move |out| {
             use std::io::Write;
             // One period of the pattern, 251 × 261 bytes (~64 KiB), written
             // from the right phase each time.
