@@ -29,6 +29,9 @@ pub(crate) struct Config {
 pub(crate) struct ListenerConfig {
     /// Address to listen on. Port 0 picks a free port (printed at start).
     pub(crate) bind: SocketAddr,
+    /// A second address serving gRPC alone (it is also served on `bind`,
+    /// by content type). Port 0 picks a free port (printed at start).
+    pub(crate) grpc_bind: Option<SocketAddr>,
     /// Listener processes sharing the port (each with its own return pipes).
     pub(crate) workers: u32,
     /// Runtime threads of each listener process (0: one per core).
@@ -101,6 +104,7 @@ impl Default for ListenerConfig {
     fn default() -> Self {
         ListenerConfig {
             bind: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            grpc_bind: None,
             workers: 1,
             threads: 0,
             pipes: 0,

@@ -3,7 +3,7 @@
 
 use std::os::fd::{FromRawFd, OwnedFd};
 
-use switchyard_proto::process::LISTEN_FD;
+use switchyard_proto::process::{GRPC_LISTEN_FD, LISTEN_FD};
 
 fn owned(fd: i32) -> std::io::Result<OwnedFd> {
     // Refuse a closed fd instead of adopting garbage.
@@ -25,7 +25,16 @@ pub(crate) fn unix_listener() -> std::io::Result<tokio::net::UnixListener> {
 
 /// The inherited listening TCP socket (listener).
 pub(crate) fn tcp_listener() -> std::io::Result<tokio::net::TcpListener> {
-    let std = std::net::TcpListener::from(owned(LISTEN_FD)?);
+    tcp_listener_at(LISTEN_FD)
+}
+
+/// The inherited gRPC-only listening socket (listener, `listener.grpc_bind`).
+pub(crate) fn grpc_listener() -> std::io::Result<tokio::net::TcpListener> {
+    tcp_listener_at(GRPC_LISTEN_FD)
+}
+
+fn tcp_listener_at(fd: i32) -> std::io::Result<tokio::net::TcpListener> {
+    let std = std::net::TcpListener::from(owned(fd)?);
     std.set_nonblocking(true)?;
     tokio::net::TcpListener::from_std(std)
 }

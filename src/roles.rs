@@ -160,6 +160,12 @@ async fn serve(role: Role, name: String, instance: u32, spec: Spec) -> anyhow::R
         }
         Role::Listener => {
             let tcp = inherit::tcp_listener()?;
+            let grpc_tcp = config
+                .listener
+                .grpc_bind
+                .is_some()
+                .then(inherit::grpc_listener)
+                .transpose()?;
             let l = &config.listener;
             let cfg = switchyard_listener::Config {
                 broker_socket: paths.broker_socket(),
@@ -181,7 +187,7 @@ async fn serve(role: Role, name: String, instance: u32, spec: Spec) -> anyhow::R
                     _ => Duration::ZERO,
                 }
             };
-            Box::pin(async move { Ok(switchyard_listener::run(tcp, cfg, ready_tx, drain).await?) })
+            Box::pin(async move { Ok(switchyard_listener::run(tcp, grpc_tcp, cfg, ready_tx, drain).await?) })
         }
     };
 

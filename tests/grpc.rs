@@ -417,3 +417,36 @@ async fn notify_reaches_subscribers_only_when_allowed() {
     .unwrap_err();
     assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
 }
+
+// Several threads: the group's drop blocks one while the client's
+// connection task answers the listener's graceful GOAWAY on another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grpc_only_port_serves_the_same_service() {
+    let mut g = Group::builder("grpc-port")
+        .config("[listener]\ngrpc_bind = \"127.0.0.1:0\"\n")
+        .start();
+    let line = tokio::task::block_in_place(|| g.wait_line("gRPC (only) listening on http://"));
+    let grpc_url = format!("http://{}", line.split("http://").nth(1).unwrap().trim());
+    assert_ne!(grpc_url, url(&g), "a port of its own");
+    let client = GrpcClient::connect(&grpc_url).await.unwrap();
+    let r: Value = within(client.call("demo.Hello", &json!({"name": "port"})))
+        .await
+        .unwrap();
+    assert_eq!(r["message"], "Hello, port!");
+    // The main port still serves gRPC by content type, and HTTP.
+    let main: Value = within(
+        GrpcClient::connect(&url(&g))
+            .await
+            .unwrap()
+            .call("demo.Hello", &json!({"name": "main"})),
+    )
+    .await
+    .unwrap();
+    assert_eq!(main["message"], "Hello, main!");
+    assert_eq!(get(g.addr, "/hello/Ada").unwrap().status, 200);
+    // The gRPC port serves nothing else: a plain GET gets gRPC's
+    // UNIMPLEMENTED (12), not the HTTP route.
+    let grpc_addr: std::net::SocketAddr = grpc_url.trim_start_matches("http://").parse().unwrap();
+    let r = get(grpc_addr, "/hello/Ada").unwrap();
+    assert_eq!(r.header("grpc-status"), Some("12"), "{r:?}");
+}

@@ -103,11 +103,13 @@ impl Config {
     }
 }
 
-/// Serves HTTP on `tcp` until `drain` resolves with a grace period; then stops
-/// accepting and gives in-flight requests that long to finish. `ready` fires
+/// Serves HTTP on `tcp` (and gRPC alone on `grpc_tcp`, when given) until
+/// `drain` resolves with a grace period; then stops accepting and gives
+/// in-flight requests that long to finish. `ready` fires
 /// once every return pipe is registered and the route table is known.
 pub async fn run(
     tcp: TcpListener,
+    grpc_tcp: Option<TcpListener>,
     config: Config,
     ready: oneshot::Sender<()>,
     drain: impl Future<Output = Duration>,
@@ -118,6 +120,9 @@ pub async fn run(
     pool.wait_ready().await;
     let _ = ready.send(());
     tracing::info!(addr = %tcp.local_addr()?, "accepting connections");
+    if let Some(grpc_tcp) = &grpc_tcp {
+        tracing::info!(addr = %grpc_tcp.local_addr()?, "accepting gRPC connections");
+    }
 
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
@@ -140,48 +145,61 @@ pub async fn run(
 
     tokio::pin!(drain);
     let grace = loop {
-        tokio::select! {
+        // A connection on the main port (HTTP, WebSocket and gRPC by content
+        // type), or on the gRPC-only port when there is one.
+        let (accepted, grpc_only) = tokio::select! {
             grace = &mut drain => break grace,
-            accepted = tcp.accept() => {
-                let (stream, _) = match accepted {
-                    Ok(s) => s,
-                    Err(err) => {
-                        // EMFILE and friends: back off instead of spinning.
-                        tracing::warn!(%err, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(10)).await;
-                        continue;
-                    }
-                };
-                let _ = stream.set_nodelay(true);
-                let builder = builder.clone();
-                let state = state.clone();
-                let grpc = grpc.clone();
-                let watcher = graceful.watcher();
-                tokio::spawn(async move {
-                    let service = hyper::service::service_fn(move |req| {
-                        let (state, grpc) = (state.clone(), grpc.clone());
-                        async move {
-                            let reply = if grpc::is_grpc(&req) {
-                                grpc.serve(req).await.map(Either::Right)
-                            } else {
-                                let Ok(reply) = http::handle(state, req).await;
-                                reply.map(Either::Left)
-                            };
-                            Ok::<_, Infallible>(reply)
-                        }
-                    });
-                    let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-                    if let Err(err) = watcher.watch(conn.into_owned()).await {
-                        tracing::debug!(%err, "connection ended with an error");
-                    }
-                });
+            accepted = tcp.accept() => (accepted, false),
+            accepted = accept_optional(grpc_tcp.as_ref()) => (accepted, true),
+        };
+        let (stream, _) = match accepted {
+            Ok(s) => s,
+            Err(err) => {
+                // EMFILE and friends: back off instead of spinning.
+                tracing::warn!(%err, "accept failed");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
             }
-        }
+        };
+        let _ = stream.set_nodelay(true);
+        let builder = builder.clone();
+        let state = state.clone();
+        let grpc = grpc.clone();
+        let watcher = graceful.watcher();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| {
+                let (state, grpc) = (state.clone(), grpc.clone());
+                async move {
+                    let reply = if grpc_only || grpc::is_grpc(&req) {
+                        grpc.serve(req).await.map(Either::Right)
+                    } else {
+                        let Ok(reply) = http::handle(state, req).await;
+                        reply.map(Either::Left)
+                    };
+                    Ok::<_, Infallible>(reply)
+                }
+            });
+            let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+            if let Err(err) = watcher.watch(conn.into_owned()).await {
+                tracing::debug!(%err, "connection ended with an error");
+            }
+        });
     };
     drop(tcp);
+    drop(grpc_tcp);
     tracing::info!(connections = graceful.count(), ?grace, "draining");
     if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
         tracing::warn!("grace period over; closing remaining connections");
     }
     Ok(())
+}
+
+/// Accepts on `listener`, or never when there is none.
+async fn accept_optional(
+    listener: Option<&TcpListener>,
+) -> std::io::Result<(tokio::net::TcpStream, std::net::SocketAddr)> {
+    match listener {
+        Some(listener) => listener.accept().await,
+        None => std::future::pending().await,
+    }
 }

@@ -11,6 +11,8 @@ pub const ENV_LOG: &str = "SWITCHYARD_LOG";
 pub const CONTROL_FD: i32 = 3;
 /// The fd a child's listening socket (if any) is inherited on.
 pub const LISTEN_FD: i32 = 4;
+/// The fd a listener's gRPC-only socket (`listener.grpc_bind`) is inherited on.
+pub const GRPC_LISTEN_FD: i32 = 5;
 
 /// Paths inside a group's runtime directory.
 #[derive(Clone, Debug)]

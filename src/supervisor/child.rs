@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::Stdio;
 
 use nix::fcntl::{FcntlArg, fcntl};
-use switchyard_proto::process::{CONTROL_FD, ENV_SUPERVISOR_PID, LISTEN_FD};
+use switchyard_proto::process::{CONTROL_FD, ENV_SUPERVISOR_PID, GRPC_LISTEN_FD, LISTEN_FD};
 use switchyard_proto::supervision::{ToChild, ToSupervisor};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
 use tokio::net::unix::OwnedWriteHalf;
@@ -48,10 +48,12 @@ pub(crate) struct Launch<'a> {
     pub(crate) instance: u32,
     pub(crate) spec_json: &'a str,
     pub(crate) socket: Option<RawFd>,
+    /// A listener's gRPC-only socket, inherited on fd 5.
+    pub(crate) grpc_socket: Option<RawFd>,
 }
 
 /// A CLOEXEC duplicate of `fd` numbered at least 10, so that the dup2 calls
-/// onto 3 and 4 in the child can never clobber one another's source.
+/// onto 3, 4 and 5 in the child can never clobber one another's source.
 fn high_dup(fd: RawFd) -> std::io::Result<OwnedFd> {
     // SAFETY: `fd` is open for the duration of this call (owned by the caller).
     let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
@@ -68,8 +70,10 @@ pub(crate) fn spawn(
     let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
     let theirs = high_dup(theirs.as_raw_fd())?;
     let socket = launch.socket.map(high_dup).transpose()?;
+    let grpc_socket = launch.grpc_socket.map(high_dup).transpose()?;
     let control_src = theirs.as_raw_fd();
     let socket_src = socket.as_ref().map(|s| s.as_raw_fd());
+    let grpc_src = grpc_socket.as_ref().map(|s| s.as_raw_fd());
     let supervisor = std::process::id();
 
     let mut cmd = tokio::process::Command::new(exe);
@@ -98,6 +102,11 @@ pub(crate) fn spawn(
             {
                 return Err(std::io::Error::last_os_error());
             }
+            if let Some(src) = grpc_src
+                && libc::dup2(src, GRPC_LISTEN_FD) < 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
             // Own process group: a terminal's Ctrl-C reaches only the
             // supervisor, which stops the children in order.
             libc::setpgid(0, 0);
@@ -112,6 +121,7 @@ pub(crate) fn spawn(
     let mut proc = cmd.spawn()?;
     drop(theirs);
     drop(socket);
+    drop(grpc_socket);
     let pid = proc.id().unwrap_or(0);
 
     let prefix = if launch.instance > 0 {

@@ -99,6 +99,8 @@ struct Child {
     instance: u32,
     /// The supervisor-owned listening socket this child serves, if any.
     socket: Option<OwnedFd>,
+    /// A listener's gRPC-only socket (`listener.grpc_bind`).
+    grpc_socket: Option<OwnedFd>,
     generation: u64,
     state: State,
     handle: Option<ChildHandle>,
@@ -164,6 +166,24 @@ async fn up(config: Config, runtime_dir: Option<PathBuf>) -> anyhow::Result<Exit
         }
     };
     let addr = tcp.local_addr()?;
+    let grpc_tcp = match config
+        .listener
+        .grpc_bind
+        .map(std::net::TcpListener::bind)
+        .transpose()
+    {
+        Ok(t) => t,
+        Err(err) => {
+            dir.remove();
+            let at = config
+                .listener
+                .grpc_bind
+                .map(|a| a.to_string())
+                .unwrap_or_default();
+            return Err(anyhow::anyhow!("cannot listen for gRPC on {at}: {err}"));
+        }
+    };
+    let grpc_addr = grpc_tcp.as_ref().map(|t| t.local_addr()).transpose()?;
     let broker_sock = runtime_dir::bind_unix(&paths.broker_socket())?;
     let router_sock = runtime_dir::bind_unix(&paths.router_socket())?;
     let control_sock = runtime_dir::bind_unix(&paths.control_socket())?;
@@ -202,12 +222,15 @@ async fn up(config: Config, runtime_dir: Option<PathBuf>) -> anyhow::Result<Exit
     // Every listener process accepts on the same supervisor-owned socket:
     // the kernel hands each connection to one of them.
     let tcp = OwnedFd::from(tcp);
+    let grpc_tcp = grpc_tcp.map(OwnedFd::from);
     for instance in 0..config.listener.workers {
         let mut child = Child::new(Role::Listener, "listener", Some(tcp.try_clone()?));
         child.instance = instance;
+        child.grpc_socket = grpc_tcp.as_ref().map(|s| s.try_clone()).transpose()?;
         children.push(child);
     }
     drop(tcp);
+    drop(grpc_tcp);
     let mut sup = Supervisor {
         config,
         spec_json,
@@ -245,6 +268,10 @@ async fn up(config: Config, runtime_dir: Option<PathBuf>) -> anyhow::Result<Exit
         "switchyard listening on http://{addr} (runtime dir {})",
         sup.dir.path().display()
     );
+    // After the main line, which scripts wait for.
+    if let Some(grpc_addr) = grpc_addr {
+        println!("switchyard gRPC (only) listening on http://{grpc_addr}");
+    }
 
     let code = loop {
         tokio::select! {
@@ -272,6 +299,7 @@ impl Child {
             name: name.to_owned(),
             instance: 0,
             socket,
+            grpc_socket: None,
             generation: 0,
             state: State::Stopped,
             handle: None,
@@ -322,6 +350,7 @@ impl Supervisor {
                 instance: child.instance,
                 spec_json: &self.spec_json,
                 socket: child.socket.as_ref().map(|s| s.as_raw_fd()),
+                grpc_socket: child.grpc_socket.as_ref().map(|s| s.as_raw_fd()),
             },
             self.events.clone(),
         )?;
