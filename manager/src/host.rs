@@ -304,6 +304,12 @@ impl Host {
     }
 
     /// Answers the requests of a batch the plugin could not take with 500.
+    ///
+    /// A refused request's stream descriptors (uploads) are left open, not
+    /// closed here: the plugin may have adopted (and closed) some before it
+    /// failed, and closing a number twice could close an unrelated
+    /// descriptor. A refused batch is a plugin bug; it costs two
+    /// descriptors per upload in it.
     fn refuse(&mut self, inputs: &[ToPlugin], sink: &FrameSink) {
         for input in inputs {
             if let ToPlugin::Request { correlation, .. } = input
