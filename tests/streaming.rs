@@ -378,3 +378,36 @@ fn a_stream_of_unknown_length_is_chunked() {
     let r = raw(g.addr, req.as_bytes()).unwrap();
     assert_eq!((r.status, r.body.len()), (200, 1000));
 }
+
+#[test]
+fn over_grpc_a_streamed_reply_arrives_whole_up_to_the_message_limit() {
+    use switchyard_client::proto::CallRequest;
+    let g = Group::start("stream-grpc");
+    let pattern = pattern();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let client = switchyard_client::GrpcClient::connect(&format!("http://{}", g.addr))
+            .await
+            .unwrap();
+        let ask = |size: u64| CallRequest {
+            r#type: "demo.Stream".into(),
+            content_type: "application/json".into(),
+            payload: format!(r#"{{"size":{size}}}"#).into_bytes().into(),
+            deadline_ms: 0,
+        };
+        let reply = client.raw().call(ask(300_000)).await.unwrap().into_inner();
+        assert_eq!(reply.content_type, "application/octet-stream");
+        assert!(reply.payload[..] == pattern[..300_000]);
+        // Larger than a message may be (listener.max_body_bytes): refused
+        // with the event's 502, and the producer is stopped.
+        let err = client.raw().call(ask(2 << 20)).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+        assert!(err.message().contains("larger than a message"), "{err:?}");
+    });
+    let manager = g.pid_of("payload");
+    eventually("no producer is left", || stream_threads(manager).is_empty());
+}

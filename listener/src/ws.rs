@@ -427,14 +427,55 @@ pub(crate) async fn call(
         Err(_) => return problem_bytes(504, "the request deadline passed"),
     };
     let content_type = response.meta.get("content-type").map(str::to_owned);
-    if matches!(response.payload, switchyard_proto::Payload::Stream(_)) {
-        // Dropping the pipe stops its producer.
-        return problem_bytes(501, "streamed responses are served over HTTP only");
+    if let Payload::Stream(handle) = response.payload {
+        // A message is whole: the stream is read to its end, up to the
+        // largest body a message may carry (past it the pipe is dropped,
+        // which stops its producer).
+        let limit = state.config.max_body_bytes;
+        return match read_whole(handle, limit, timeout).await {
+            Ok(body) => (response.status, content_type, body),
+            Err(detail) => problem_bytes(502, &detail),
+        };
     }
     match response.payload.bytes() {
         Ok(b) => (response.status, content_type, b),
         Err(_) => problem_bytes(503, "response body unavailable"),
     }
+}
+
+/// A streamed response body read whole, for a WebSocket or gRPC message.
+async fn read_whole(
+    handle: switchyard_proto::StreamHandle,
+    limit: usize,
+    timeout: Duration,
+) -> Result<Bytes, String> {
+    if handle.length().is_some_and(|len| len > limit as u64) {
+        return Err(format!(
+            "the streamed response is larger than a message may be ({limit} bytes)"
+        ));
+    }
+    let read = async {
+        let mut pipe = handle
+            .open()
+            .and_then(|end| end.into_async())
+            .map_err(|e| e.to_string())?;
+        let mut body = bytes::BytesMut::new();
+        loop {
+            let chunk = pipe.read(64 * 1024).await.map_err(|e| e.to_string())?;
+            if chunk.is_empty() {
+                return Ok(body.freeze());
+            }
+            if body.len() + chunk.len() > limit {
+                return Err(format!(
+                    "the streamed response is larger than a message may be ({limit} bytes)"
+                ));
+            }
+            body.extend_from_slice(&chunk);
+        }
+    };
+    tokio::time::timeout(timeout, read)
+        .await
+        .unwrap_or_else(|_| Err("the streamed response did not end in time".to_owned()))
 }
 
 fn problem_bytes(status: u16, detail: &str) -> (u16, Bytes) {
