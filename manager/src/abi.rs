@@ -363,9 +363,9 @@ pub enum LoadError {
 
 /// Where a plugin's code lives.
 enum Origin {
-    /// Loaded with `dlopen`; held so the code stays mapped, unloaded on
-    /// drop, after the instance.
-    /// Shared with job runners, which may outlive the instance.
+    /// Loaded with `dlopen`; held so the code stays mapped. Never unloaded:
+    /// a plugin's own threads (stream producers, upload handlers, job
+    /// runners) may still be running its code when the instance is gone.
     Library { handle: Arc<libloading::Library> },
     /// Linked into this binary.
     Static,
@@ -415,11 +415,13 @@ impl Library {
                 expected: ABI_VERSION,
             });
         }
+        let handle = Arc::new(lib);
+        // Kept loaded until the process exits (see `Origin::Library`):
+        // unloading code a thread still runs would crash the process.
+        std::mem::forget(handle.clone());
         Ok(Library {
             vtable,
-            origin: Origin::Library {
-                handle: Arc::new(lib),
-            },
+            origin: Origin::Library { handle },
             path: shown,
         })
     }
