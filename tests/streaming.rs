@@ -411,3 +411,18 @@ fn over_grpc_a_streamed_reply_arrives_whole_up_to_the_message_limit() {
     let manager = g.pid_of("payload");
     eventually("no producer is left", || stream_threads(manager).is_empty());
 }
+
+#[test]
+fn a_stream_in_progress_finishes_within_the_shutdown_grace() {
+    let mut g = Group::start("stream-drain");
+    let pattern = pattern();
+    let size: u64 = 64 << 20;
+    let (mut s, _) = open_stream(g.addr, &format!("/stream/{size}"), "");
+    assert_eq!(read_checked(&mut s, 0, 1 << 20, &pattern), 1 << 20);
+    // SIGTERM mid-stream: the listener drains (its open connections get
+    // the grace period) before the manager producing the stream stops.
+    kill(g.supervisor_pid(), libc::SIGTERM);
+    let rest = std::thread::spawn(move || read_checked(&mut s, 1 << 20, size - (1 << 20), &pattern));
+    assert_eq!(rest.join().unwrap(), size - (1 << 20), "the stream was cut");
+    assert!(g.terminate().success());
+}
