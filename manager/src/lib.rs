@@ -41,6 +41,6 @@ pub use messages::LogLevel;
 pub use registry::{Config, Manager, Registry, State, TICK, TICK_PERIOD};
 pub use reply::{BINCODE, Binary, Error, FieldError, Format, JSON, Json, Reply, Response};
 pub use runtime::{LogSink, Runtime, WakeHost};
-pub use stream::{BodyReader, BodyWriter, MAX_STREAMS, Streamed};
+pub use stream::{BodyReader, BodyWriter, MAX_STREAMS, STREAM_IDLE_TIMEOUT, Streamed};
 pub use switchyard_manager_macros::{Event, Reply};
 pub use switchyard_proto::EventType;

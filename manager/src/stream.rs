@@ -22,6 +22,11 @@ use crate::reply::{Error, Format, Reply, Response};
 /// past it a new one is refused with 503 rather than spawning without bound.
 pub const MAX_STREAMS: usize = 256;
 
+/// A streamed response whose reader (the client, through the listener)
+/// takes nothing for this long is abandoned: its producer's write fails,
+/// so a client that stops reading cannot hold a stream slot forever.
+pub const STREAM_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
 static STREAMS: AtomicUsize = AtomicUsize::new(0);
 
 struct StreamSlot;
@@ -182,7 +187,9 @@ impl io::Write for BodyWriter {
             }
             *remaining -= buf.len() as u64;
         }
-        self.end.write_all_blocking(buf).map_err(stream_error)
+        self.end
+            .write_all_within(buf, Some(STREAM_IDLE_TIMEOUT))
+            .map_err(stream_error)
     }
 
     fn flush(&mut self) -> io::Result<()> {

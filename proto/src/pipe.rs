@@ -471,26 +471,50 @@ impl PipeEnd {
     /// Sleeps until the peer wakes us or goes away (`poll(2)`, no timeout:
     /// every way out of the wait is an event).
     pub fn wait_blocking(&mut self) -> Result<()> {
+        self.wait_blocking_for(None).map(drop)
+    }
+
+    /// [`wait_blocking`](Self::wait_blocking), for at most `limit`; false
+    /// when the time ran out with nothing from the peer.
+    fn wait_blocking_for(&mut self, limit: Option<std::time::Duration>) -> Result<bool> {
         let mut fds = [nix::poll::PollFd::new(
             self.wake.as_fd(),
             nix::poll::PollFlags::POLLIN,
         )];
+        let timeout = match limit {
+            None => nix::poll::PollTimeout::NONE,
+            Some(limit) => nix::poll::PollTimeout::try_from(limit).unwrap_or(nix::poll::PollTimeout::MAX),
+        };
         loop {
-            match nix::poll::poll(&mut fds, nix::poll::PollTimeout::NONE) {
+            match nix::poll::poll(&mut fds, timeout) {
+                Ok(0) => return Ok(false),
                 Ok(_) => break,
                 Err(nix::errno::Errno::EINTR) => continue,
                 Err(e) => return Err(io::Error::from(e).into()),
             }
         }
-        Ok(self.drain_wakeups()?)
+        self.drain_wakeups()?;
+        Ok(true)
     }
 
     /// Producer: writes all of `data`, blocking while the ring is full.
-    pub fn write_all_blocking(&mut self, mut data: &[u8]) -> Result<()> {
+    pub fn write_all_blocking(&mut self, data: &[u8]) -> Result<()> {
+        self.write_all_within(data, None)
+    }
+
+    /// [`write_all_blocking`](Self::write_all_blocking), giving up (and
+    /// aborting the stream) when the reader takes nothing for `idle`: a
+    /// reader that stalls must not hold a producer forever.
+    pub fn write_all_within(&mut self, mut data: &[u8], idle: Option<std::time::Duration>) -> Result<()> {
         while !data.is_empty() {
             match self.try_write(data)? {
                 Progress::Moved(n) => data = &data[n..],
-                Progress::Wait => self.wait_blocking()?,
+                Progress::Wait => {
+                    if !self.wait_blocking_for(idle)? {
+                        self.abort();
+                        return Err(Error::PipeAborted("the reader took nothing for too long"));
+                    }
+                }
             }
         }
         Ok(())
@@ -658,6 +682,17 @@ mod tests {
         // goes away: the writer wakes with an error instead of hanging.
         drop(consumer);
         assert!(matches!(writer.join().unwrap(), Err(Error::PipeAborted(_))));
+    }
+
+    #[test]
+    fn a_reader_that_stalls_times_the_producer_out() {
+        let (mut producer, handle) = pipe(4096, None).unwrap();
+        let consumer = handle.open().unwrap();
+        let idle = Some(std::time::Duration::from_millis(50));
+        // Fills the ring, then waits for room that never comes.
+        let result = producer.write_all_within(&[0u8; 10_000], idle);
+        assert!(matches!(result, Err(Error::PipeAborted(_))), "{result:?}");
+        drop(consumer);
     }
 
     #[test]
