@@ -2,6 +2,7 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Request, Response, StatusCode, header};
@@ -17,6 +18,35 @@ pub(crate) struct State {
     pub(crate) pool: Arc<Pool>,
     pub(crate) config: Arc<Config>,
     pub(crate) ws: crate::ws::WsConfig,
+    /// Reusable shared memory for large request bodies (decision 0011).
+    pub(crate) segments: std::sync::Mutex<switchyard_proto::pool::SegmentPool>,
+}
+
+/// Shared memory a listener process keeps for reuse by request bodies.
+pub(crate) const SEGMENT_POOL_BYTES: usize = 64 * 1024 * 1024;
+/// A pooled body not released by its manager within this long is taken for
+/// lost (its segment is replaced, never rewritten under a reader).
+pub(crate) const SEGMENT_LEASE: Duration = Duration::from_secs(120);
+/// A free segment unused this long is released.
+pub(crate) const SEGMENT_IDLE: Duration = Duration::from_secs(10);
+
+impl State {
+    /// A request body as the event carries it: inline below the threshold,
+    /// else written once into a reusable segment (a request has one
+    /// consumer, the manager that serves it), else a one-shot memfd.
+    pub(crate) fn request_payload(&self, body: Bytes) -> switchyard_proto::Result<Payload> {
+        if body.len() >= self.config.shm_threshold {
+            let placed = self
+                .segments
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .place(&body)?;
+            if let Some(pooled) = placed {
+                return Ok(Payload::Shm(pooled));
+            }
+        }
+        Payload::for_body(body, self.config.shm_threshold)
+    }
 }
 
 /// A whole body, or one streamed from a manager's pipe.
@@ -109,7 +139,7 @@ async fn route(state: &State, req: Request<Incoming>) -> Reply {
     let mut env = Envelope::request(matched.entry.event_type, 0, Bytes::new());
     // A large body is written once into shared memory; the hops after us
     // pass its descriptor along instead of copying the bytes.
-    env.payload = match Payload::for_body(body, state.config.shm_threshold) {
+    env.payload = match state.request_payload(body) {
         Ok(payload) => payload,
         Err(switchyard_proto::Error::ShmBudget { .. }) => return shm_budget_exhausted(),
         Err(err) => {

@@ -140,6 +140,22 @@ pub async fn run(
         pool,
         config: config.clone(),
         ws: config.ws.clone(),
+        segments: std::sync::Mutex::new(switchyard_proto::pool::SegmentPool::new(
+            http::SEGMENT_POOL_BYTES,
+            http::SEGMENT_LEASE,
+        )),
+    });
+    // Idle request segments go back to the kernel after a while (a weak
+    // reference: the task must not keep the listener's state alive).
+    let trimmed = Arc::downgrade(&state);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(2));
+        loop {
+            tick.tick().await;
+            let Some(state) = trimmed.upgrade() else { return };
+            let mut segments = state.segments.lock().unwrap_or_else(|p| p.into_inner());
+            segments.trim(http::SEGMENT_IDLE);
+        }
     });
     let grpc = Arc::new(grpc::Grpc::new(state.clone()));
 

@@ -404,7 +404,7 @@ pub(crate) async fn call(
         (status, Some(problem::PROBLEM_JSON.to_owned()), body)
     };
     let mut env = Envelope::request(ty, 0, Bytes::new());
-    env.payload = match Payload::for_body(body, state.config.shm_threshold) {
+    env.payload = match state.request_payload(body) {
         Ok(p) => p,
         Err(_) => return problem_bytes(503, "shared-memory budget exhausted; retry later"),
     };
