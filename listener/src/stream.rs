@@ -189,8 +189,9 @@ pub(crate) async fn upload(state: &State, req: Request<Incoming>, matched: Match
     env.deadline = Deadline::NONE;
     request_meta(&mut env, &parts, matched.params);
 
-    let (stop, stopped) = (Arc::new(Stop::default()), state.config.request_timeout);
-    let mut pump = tokio::spawn(pump(body, producer, limit, stopped, stop.clone()));
+    // A body idle for a whole request timeout is cut.
+    let (stop, idle) = (Arc::new(Stop::default()), state.config.request_timeout);
+    let mut pump = tokio::spawn(pump(body, producer, limit, idle, stop.clone()));
     let body_in = async {
         let _ = (&mut pump).await;
     };
