@@ -153,8 +153,9 @@ async fn connect(
     }
 }
 
-/// An idle plugin is stepped this often (`ToPlugin::Wake`), so that its
-/// housekeeping (releasing idle shared memory) runs without traffic.
+/// Every plugin gets a `ToPlugin::Wake` this often, busy or idle, and does
+/// its housekeeping then (releasing idle shared memory), off the request
+/// path and without needing traffic.
 pub const IDLE_STEP: Duration = Duration::from_secs(2);
 
 /// Set by plugin threads (`HostApi::wake`): step the plugin soon.

@@ -97,7 +97,8 @@ pub enum ToPlugin {
     /// result, or an error status and a UTF-8 message.
     JobResult { job: u64, status: u16, body: Bytes },
     /// Nothing new from the host: a plugin thread asked to be stepped
-    /// (`HostApi::wake`), e.g. because an upload handler finished.
+    /// (`HostApi::wake`), e.g. because an upload handler finished, or the
+    /// host's periodic idle step, when the plugin does its housekeeping.
     Wake,
 }
 

@@ -36,9 +36,9 @@ const SEGMENT_POOL_BYTES: usize = 64 * 1024 * 1024;
 /// for lost (its segment is replaced, never rewritten under a reader).
 const SEGMENT_LEASE: Duration = Duration::from_secs(120);
 
-/// A free segment not used for this long is released (the host steps an
-/// idle plugin every [`crate::host::IDLE_STEP`], so memory goes back down
-/// after a burst of large responses).
+/// A free segment not used for this long is released, at the next
+/// `ToPlugin::Wake` (the host sends one every [`crate::host::IDLE_STEP`]),
+/// so memory goes back down after a burst of large responses.
 const SEGMENT_IDLE: Duration = Duration::from_secs(10);
 
 /// Upload handlers that finished on their threads, waiting to be answered.
@@ -82,8 +82,6 @@ pub struct Runtime<M: Manager> {
     /// Without one (in-process tests) upload handlers run inline.
     wake: Option<WakeHost>,
     finished: Finished,
-    /// When the segment pool is next trimmed.
-    trim_due: Instant,
 }
 
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
@@ -159,7 +157,6 @@ impl<M: Manager> Runtime<M> {
             ready: Arc::default(),
             wake,
             finished: Arc::default(),
-            trim_due: now + SEGMENT_IDLE,
         };
         Ok((runtime, description))
     }
@@ -178,7 +175,9 @@ impl<M: Manager> Runtime<M> {
                     let stream = stream.map(crate::abi::adopt_stream);
                     self.on_request(correlation, event_type, &meta, body, stream)
                 }
-                ToPlugin::Wake => {}
+                // Also the host's idle tick: housekeeping goes here, off
+                // the path of requests.
+                ToPlugin::Wake => self.shared.segments.borrow_mut().trim(SEGMENT_IDLE),
                 ToPlugin::Notification {
                     event_type,
                     meta,
@@ -208,11 +207,6 @@ impl<M: Manager> Runtime<M> {
             }
         }
         self.run_ready();
-        let now = Instant::now();
-        if now >= self.trim_due {
-            self.shared.segments.borrow_mut().trim(SEGMENT_IDLE);
-            self.trim_due = now + Duration::from_secs(1);
-        }
         let finished = std::mem::take(&mut *self.finished.lock().unwrap_or_else(|p| p.into_inner()));
         for (correlation, result) in finished {
             self.respond(correlation, result);

@@ -102,12 +102,7 @@ impl SegmentPool {
         let now = Instant::now();
         let lease = self.lease;
         // Lost segments (busy past the lease) leave the pool for good.
-        let before = self.segments.len();
-        self.segments
-            .retain(|s| s.state().load(Ordering::Acquire) == FREE || now.duration_since(s.sent) < lease);
-        if self.segments.len() != before {
-            self.bytes = self.segments.iter().map(|s| s.size).sum();
-        }
+        self.retain(|s, free| free || now.duration_since(s.sent) < lease);
         let index = match self
             .segments
             .iter()
@@ -137,9 +132,15 @@ impl SegmentPool {
     /// goes back down after a burst of large responses.
     pub fn trim(&mut self, idle: Duration) {
         let now = Instant::now();
+        self.retain(|s, free| !free || now.duration_since(s.sent) < idle);
+    }
+
+    /// Keeps the segments `keep` says yes to (given each segment and
+    /// whether it is free), and the byte count with them.
+    fn retain(&mut self, mut keep: impl FnMut(&PoolSegment, bool) -> bool) {
         let before = self.segments.len();
         self.segments
-            .retain(|s| s.state().load(Ordering::Acquire) != FREE || now.duration_since(s.sent) < idle);
+            .retain(|s| keep(s, s.state().load(Ordering::Acquire) == FREE));
         if self.segments.len() != before {
             self.bytes = self.segments.iter().map(|s| s.size).sum();
         }

@@ -141,6 +141,8 @@ struct Batch {
     run_start: usize,
     /// Bodies kept alive (and their descriptors open) until sent.
     shm: Vec<Payload>,
+    /// Their descriptors, in frame order, as `sendmsg` takes them.
+    fds: Vec<RawFd>,
 }
 
 impl Batch {
@@ -152,7 +154,14 @@ impl Batch {
             }
         };
         match &env.payload {
-            Payload::Shm(_) | Payload::Stream(_) => self.shm.push(env.payload.clone()),
+            Payload::Shm(body) => {
+                self.fds.push(body.fd().as_raw_fd());
+                self.shm.push(env.payload.clone());
+            }
+            Payload::Stream(handle) => {
+                self.fds.extend(handle.fds().iter().map(|fd| fd.as_raw_fd()));
+                self.shm.push(env.payload.clone());
+            }
             Payload::Inline(_) if payload.len() < COPY_BELOW => self.scratch.extend_from_slice(payload),
             Payload::Inline(bytes) => {
                 self.segments
@@ -179,23 +188,15 @@ impl Batch {
                 .filter(|s| !s.is_empty())
                 .collect();
             let mut slices = &mut slices[..];
-            if first && !self.shm.is_empty() {
+            if first && !self.fds.is_empty() {
                 // The descriptors ride on the first bytes of the batch, so
                 // they reach the reader no later than their frames.
-                let fds: Vec<RawFd> = self
-                    .shm
-                    .iter()
-                    .flat_map(|payload| match payload {
-                        Payload::Shm(body) => vec![body.fd().as_raw_fd()],
-                        Payload::Stream(handle) => handle.fds().iter().map(|fd| fd.as_raw_fd()).collect(),
-                        Payload::Inline(_) => Vec::new(),
-                    })
-                    .collect();
+                let fds = &self.fds;
                 let socket = io.socket();
                 let n = loop {
                     socket.writable().await?;
                     match socket.try_io(Interest::WRITABLE, || {
-                        fdpass::send(socket.as_raw_fd(), slices, &fds)
+                        fdpass::send(socket.as_raw_fd(), slices, fds)
                     }) {
                         Ok(n) => break n,
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
@@ -211,6 +212,7 @@ impl Batch {
         self.segments.clear();
         self.run_start = 0;
         self.shm.clear();
+        self.fds.clear();
         Ok(())
     }
 }
@@ -226,6 +228,7 @@ async fn write_loop<W: AsyncWrite + FdSocket + Unpin>(
         segments: Vec::new(),
         run_start: 0,
         shm: Vec::new(),
+        fds: Vec::new(),
     };
     loop {
         if rx.recv_many(&mut queued, MAX_BATCH).await == 0 {
@@ -235,8 +238,7 @@ async fn write_loop<W: AsyncWrite + FdSocket + Unpin>(
         }
         for env in queued.drain(..) {
             let fds = env.payload.fd_count();
-            let queued_fds: usize = batch.shm.iter().map(Payload::fd_count).sum();
-            if fds > 0 && queued_fds + fds > fdpass::MAX_FDS {
+            if fds > 0 && batch.fds.len() + fds > fdpass::MAX_FDS {
                 batch.flush(&mut io).await?;
             }
             batch.push(&env, max_frame);
