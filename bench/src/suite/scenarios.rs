@@ -356,29 +356,18 @@ fn managers(ctx: &Ctx) -> anyhow::Result<Outcome> {
         return Ok(not_available("GET /cpu-inline/{ms}"));
     };
     let with_instances = |n: u32| found.config_with(|m| m.instances = n);
-    let (two, one) = (with_instances(2)?, with_instances(1)?);
-    for config in [&two, &one] {
-        if let Err(message) = check_config(&ctx.switchyard, config)? {
+    let variants = [
+        ("instances = 2", with_instances(2)?),
+        ("instances = 1", with_instances(1)?),
+    ];
+    let comparison = match compare_variants(ctx, "managers", "/cpu-inline/2", variants)? {
+        Ok(comparison) => comparison,
+        Err(message) => {
             return Ok(Outcome::Skipped(format!(
                 "this build refuses manager instances: {message}"
             )));
         }
-    }
-    let load = Load {
-        route: "/cpu-inline/2".to_owned(),
-        rows: vec![("32".to_owned(), 32)],
-        transport: &[],
     };
-    let comparison = compare(
-        ctx,
-        "managers",
-        "clients",
-        [
-            Contender::group("instances = 2", two),
-            Contender::group("instances = 1", one),
-        ],
-        &[load],
-    )?;
     let mut body = String::new();
     let _ = writeln!(
         body,
@@ -420,29 +409,18 @@ fn workers(ctx: &Ctx) -> anyhow::Result<Outcome> {
             })
         })
     };
-    let (process, thread) = (with_pool("process")?, with_pool("thread")?);
-    for config in [&process, &thread] {
-        if let Err(message) = check_config(&ctx.switchyard, config)? {
+    let variants = [
+        ("process pool", with_pool("process")?),
+        ("thread pool", with_pool("thread")?),
+    ];
+    let comparison = match compare_variants(ctx, "workers", "/cpu/2", variants)? {
+        Ok(comparison) => comparison,
+        Err(message) => {
             return Ok(Outcome::Skipped(format!(
                 "this build has no `[managers.workers]` kind and size: {message}"
             )));
         }
-    }
-    let load = Load {
-        route: "/cpu/2".to_owned(),
-        rows: vec![("32".to_owned(), 32)],
-        transport: &[],
     };
-    let comparison = compare(
-        ctx,
-        "workers",
-        "clients",
-        [
-            Contender::group("process pool", process),
-            Contender::group("thread pool", thread),
-        ],
-        &[load],
-    )?;
     let mut body = String::new();
     let _ = writeln!(
         body,
@@ -498,6 +476,29 @@ fn listener_workers(ctx: &Ctx) -> anyhow::Result<Outcome> {
         title: "listener-workers: 1 vs 2 listener processes".to_owned(),
         body,
     })
+}
+
+/// Two configurations of the default group's managers under GET `route`
+/// at 32 clients; `Err` with `switchyard check`'s message when this build
+/// refuses either configuration.
+fn compare_variants(
+    ctx: &Ctx,
+    scenario: &str,
+    route: &str,
+    variants: [(&str, String); 2],
+) -> anyhow::Result<Result<Comparison, String>> {
+    for (_, config) in &variants {
+        if let Err(message) = check_config(&ctx.switchyard, config)? {
+            return Ok(Err(message));
+        }
+    }
+    let load = Load {
+        route: route.to_owned(),
+        rows: vec![("32".to_owned(), 32)],
+        transport: &[],
+    };
+    let contenders = variants.map(|(label, config)| Contender::group(label, config));
+    compare(ctx, scenario, "clients", contenders, &[load]).map(Ok)
 }
 
 fn not_available(route: &str) -> Outcome {
