@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use switchyard_manager::abi::{Library, LoadError};
+use switchyard_manager_host::{Library, LoadError};
 pub(crate) use switchyard_worker::Kind as WorkerKind;
 
 /// The whole group's configuration.
@@ -27,7 +27,9 @@ pub(crate) struct Config {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub(crate) struct ListenerConfig {
-    /// Address to listen on. Port 0 picks a free port (printed at start).
+    /// Address to listen on: an IP address or a host name, and a port.
+    /// Port 0 picks a free port (printed at start).
+    #[serde(deserialize_with = "bind_address")]
     pub(crate) bind: SocketAddr,
     /// A second address serving gRPC alone (it is also served on `bind`,
     /// by content type). Port 0 picks a free port (printed at start).
@@ -51,6 +53,30 @@ pub(crate) struct ListenerConfig {
     pub(crate) request_timeout_ms: u64,
     /// WebSocket limits (`/ws`, `/ws/echo`).
     pub(crate) ws: WsLimits,
+}
+
+/// `HOST:PORT` → the first address it resolves to (`localhost:0` works as
+/// well as `127.0.0.1:0`).
+pub(crate) fn resolve_bind(text: &str) -> Result<SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    if let Ok(addr) = text.parse() {
+        return Ok(addr);
+    }
+    let mut addrs = text
+        .to_socket_addrs()
+        .map_err(|e| format!("`{text}` is not HOST:PORT with a host that resolves ({e})"))?;
+    // IPv4 first: `localhost` should mean 127.0.0.1 where both exist.
+    let all: Vec<SocketAddr> = addrs.by_ref().collect();
+    all.iter()
+        .find(|a| a.is_ipv4())
+        .or(all.first())
+        .copied()
+        .ok_or_else(|| format!("`{text}` resolves to no address"))
+}
+
+fn bind_address<'de, D: serde::Deserializer<'de>>(d: D) -> Result<SocketAddr, D::Error> {
+    let text = String::deserialize(d)?;
+    resolve_bind(&text).map_err(serde::de::Error::custom)
 }
 
 /// `[listener.ws]`.
@@ -265,17 +291,24 @@ impl ManagerConfig {
         self.manager.as_deref().unwrap_or(&self.name)
     }
 
-    /// Opens the plugin library (or the built-in one).
     /// The socket where worker processes of `instance` connect.
     pub(crate) fn workers_socket(&self, runtime_dir: &Path, instance: u32) -> PathBuf {
         runtime_dir.join(format!("workers-{}-{instance}.sock", self.name))
     }
 
+    /// Opens the plugin library (or the built-in one). Runs the plugin's
+    /// code: only in the processes that serve it and in the validation
+    /// child (`crate::validate`), never in the supervisor.
     pub(crate) fn library(&self) -> Result<Library, LoadError> {
-        match &self.plugin {
-            Some(path) => Library::open(path),
-            None => Ok(Library::linked(switchyard_demo::switchyard_plugin_vtable, "demo")),
-        }
+        open_library(self.plugin.as_deref())
+    }
+}
+
+/// Opens the plugin at `path`, or the built-in demo plugin.
+pub(crate) fn open_library(path: Option<&Path>) -> Result<Library, LoadError> {
+    match path {
+        Some(path) => Library::open(path),
+        None => Ok(Library::linked(switchyard_demo::switchyard_plugin_vtable, "demo")),
     }
 }
 
@@ -327,8 +360,29 @@ pub(crate) enum ConfigError {
 }
 
 impl Config {
-    /// Reads and validates `path`.
+    /// Reads and validates `path` (the plugins too, in a child process:
+    /// see `crate::validate`), reporting every problem at once.
     pub(crate) fn load(path: &Path) -> Result<Config, ConfigError> {
+        let config = Config::read(path)?;
+        let mut problems = match config.validate() {
+            Ok(()) => Vec::new(),
+            Err(ConfigError::Invalid(text)) => text.lines().map(str::to_owned).collect(),
+            Err(other) => return Err(other),
+        };
+        problems.extend(crate::validate::plugins(
+            &config,
+            Duration::from_millis(config.group.start_timeout_ms),
+        ));
+        if problems.is_empty() {
+            Ok(config)
+        } else {
+            Err(ConfigError::Invalid(problems.join("\n")))
+        }
+    }
+
+    /// Reads `path` and resolves its relative plugin paths; checks nothing
+    /// serde does not.
+    fn read(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.display().to_string(),
             source,
@@ -345,7 +399,6 @@ impl Config {
                 m.plugin = Some(base.join(plugin));
             }
         }
-        config.validate()?;
         Ok(config)
     }
 
@@ -416,22 +469,6 @@ impl Config {
             if w.job_timeout_ms == 0 {
                 problems.push(format!("managers[{i}].workers.job_timeout_ms: must be positive"));
             }
-            // Open every plugin now, so a bad one stops the start-up before
-            // any process runs, not half-way through it.
-            match m.library() {
-                Ok(library) => {
-                    let kinds = library.kinds();
-                    if !kinds.iter().any(|k| k == m.kind()) {
-                        let key = if m.manager.is_some() { "manager" } else { "name" };
-                        problems.push(format!(
-                            "managers[{i}].{key}: the plugin has no manager `{}` (it has: {})",
-                            m.kind(),
-                            kinds.join(", ")
-                        ));
-                    }
-                }
-                Err(err) => problems.push(format!("managers[{i}].plugin: {err}")),
-            }
         }
         if problems.is_empty() {
             Ok(())
@@ -490,17 +527,7 @@ mod tests {
         .unwrap();
         let err = config.validate().unwrap_err().to_string();
         assert!(err.contains("listener.max_header_bytes"), "{err}");
-        assert!(
-            err.contains("managers[0].name: the plugin has no manager `zzz`"),
-            "{err}"
-        );
         assert!(err.contains("managers[0].instances"), "{err}");
-        let config: Config =
-            toml::from_str("[[managers]]\nname = \"x\"\nplugin = \"/nonexistent.so\"\n").unwrap();
-        let err = config.validate().unwrap_err().to_string();
-        assert!(
-            err.contains("managers[0].plugin: cannot load plugin /nonexistent.so"),
-            "{err}"
-        );
+        // Plugins are checked by the validation child: tests/validation.rs.
     }
 }

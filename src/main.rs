@@ -16,6 +16,7 @@ mod roles;
 mod scaffold;
 mod status;
 mod supervisor;
+mod validate;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -43,8 +44,9 @@ enum Command {
         /// Configuration file (default: built-in demo configuration).
         #[arg(short, long)]
         config: Option<PathBuf>,
-        /// Listen address, overriding the configuration (port 0: any free port).
-        #[arg(long)]
+        /// Listen address, overriding the configuration: `HOST:PORT` with
+        /// an IP address or a host name (port 0: any free port).
+        #[arg(long, value_parser = config::resolve_bind)]
         bind: Option<std::net::SocketAddr>,
         /// Directory for the group's sockets (default: a fresh private one).
         #[arg(long)]
@@ -63,9 +65,16 @@ enum Command {
     New {
         /// Directory to create; its name is the crate's and the manager's.
         path: PathBuf,
-        /// Path of the `switchyard-manager` SDK crate (default: this build's).
-        #[arg(long)]
+        /// Depend on the `switchyard-manager` SDK at this path (written
+        /// relative to the new crate; default: this build's SDK).
+        #[arg(long, conflicts_with_all = ["sdk_version", "sdk_git"])]
         sdk: Option<PathBuf>,
+        /// Depend on this version of `switchyard-manager` from a registry.
+        #[arg(long, conflicts_with = "sdk_git")]
+        sdk_version: Option<String>,
+        /// Depend on `switchyard-manager` from this git repository.
+        #[arg(long)]
+        sdk_git: Option<String>,
     },
     /// Load a running server step by step: req/s, latency, errors, where it
     /// breaks and where it saturates (see bench/README.md). The scenario
@@ -76,6 +85,9 @@ enum Command {
         #[arg(short, long)]
         config: PathBuf,
     },
+    /// Internal: check the plugins of a configuration (see `validate`).
+    #[command(name = "__validate", hide = true)]
+    Validate,
     /// Internal: run one role of the group.
     #[command(name = "__role", hide = true)]
     Role {
@@ -118,7 +130,20 @@ fn main() -> ExitCode {
             supervisor::main(config, runtime_dir)
         }
         Command::Status { json, runtime_dir } => status::main(json, runtime_dir),
-        Command::New { path, sdk } => scaffold::main(&path, sdk),
+        Command::New {
+            path,
+            sdk,
+            sdk_version,
+            sdk_git,
+        } => {
+            let sdk = match (sdk, sdk_version, sdk_git) {
+                (_, Some(version), _) => scaffold::Sdk::Version(version),
+                (_, _, Some(url)) => scaffold::Sdk::Git(url),
+                (Some(path), _, _) => scaffold::Sdk::Path(path),
+                (None, None, None) => scaffold::Sdk::Path(PathBuf::from(scaffold::SDK_PATH)),
+            };
+            scaffold::main(&path, sdk)
+        }
         Command::Bench(options) => switchyard_bench::load::main(*options),
         Command::Check { config } => match load_config(Some(&config)) {
             Ok(_) => {
@@ -127,6 +152,7 @@ fn main() -> ExitCode {
             }
             Err(code) => code,
         },
+        Command::Validate => validate::child_main(),
         Command::Role {
             role,
             name,

@@ -117,23 +117,25 @@ async fn serve(role: Role, name: String, instance: u32, spec: Spec) -> anyhow::R
                 .iter()
                 .find(|m| m.name == name)
                 .ok_or_else(|| anyhow::anyhow!("no manager `{name}` in the configuration"))?;
-            let args = switchyard_manager::messages::CreateArgs {
+            let args = switchyard_manager_host::abi::messages::CreateArgs {
                 name: name.clone(),
                 instance,
                 config_json: serde_json::to_string(&m.config)?,
                 expose_errors: config.group.expose_errors,
                 shm_threshold: config.group.shm_threshold_bytes as u64,
                 shm_budget: config.group.shm_budget_bytes,
+                validation: false,
             };
             let (plugin, description) = m.library()?.instantiate(m.kind(), &args)?;
             let w = &m.workers;
-            let cfg = switchyard_manager::host::Config {
+            let cfg = switchyard_manager_host::Config {
                 name: name.clone(),
+                instance,
                 router_socket: paths.router_socket(),
                 max_frame,
                 queue_capacity,
                 shm_threshold: config.group.shm_threshold_bytes,
-                workers: switchyard_manager::host::Workers {
+                workers: switchyard_manager_host::Workers {
                     kind: w.kind,
                     size: w.size(),
                     queue: w.queue,
@@ -142,7 +144,7 @@ async fn serve(role: Role, name: String, instance: u32, spec: Spec) -> anyhow::R
                 },
             };
             Box::pin(async move {
-                Ok(switchyard_manager::host::run(plugin, description, cfg, ready_tx, stop).await?)
+                Ok(switchyard_manager_host::run(plugin, description, cfg, ready_tx, stop).await?)
             })
         }
         Role::Worker => {

@@ -3,9 +3,58 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-/// The SDK crate the scaffold depends on, by path (the SDK is not on
-/// crates.io yet): this checkout's `manager/`.
-const SDK_PATH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/manager");
+/// The SDK crate the scaffold depends on by default (the SDK is not on
+/// crates.io yet): this checkout's `manager/sdk/`.
+pub(crate) const SDK_PATH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/manager/sdk");
+
+/// Where the new crate gets `switchyard-manager` from.
+pub(crate) enum Sdk {
+    /// A directory (written relative to the new crate, so that the two can
+    /// move together, e.g. in one repository).
+    Path(PathBuf),
+    /// A version from a registry.
+    Version(String),
+    /// A git repository.
+    Git(String),
+}
+
+impl Sdk {
+    /// The dependency's value in the new crate's `Cargo.toml`.
+    fn dependency(&self, crate_dir: &Path) -> std::io::Result<String> {
+        Ok(match self {
+            Sdk::Version(version) => format!("{version:?}"),
+            Sdk::Git(url) => format!("{{ git = {url:?} }}"),
+            Sdk::Path(path) => {
+                let sdk = std::path::absolute(path)?;
+                if !sdk.join("Cargo.toml").is_file() {
+                    return Err(std::io::Error::other(format!(
+                        "{} is not the switchyard-manager crate (no Cargo.toml)",
+                        sdk.display()
+                    )));
+                }
+                let from = std::path::absolute(crate_dir)?;
+                format!("{{ path = {:?} }}", relative(&sdk, &from).display().to_string())
+            }
+        })
+    }
+}
+
+/// `to` as a path relative to the directory `from` (both absolute).
+fn relative(to: &Path, from: &Path) -> PathBuf {
+    let to: Vec<_> = to.components().collect();
+    let from: Vec<_> = from.components().collect();
+    let common = to.iter().zip(&from).take_while(|(a, b)| a == b).count();
+    // Only the root in common: an absolute path reads better than ../../..
+    if common <= 1 {
+        return to.iter().collect();
+    }
+    let mut path: PathBuf = from[common..]
+        .iter()
+        .map(|_| std::path::Component::ParentDir)
+        .collect();
+    path.extend(&to[common..]);
+    path
+}
 
 fn valid_name(name: &str) -> bool {
     let mut chars = name.chars();
@@ -14,7 +63,7 @@ fn valid_name(name: &str) -> bool {
         && name.len() <= 64
 }
 
-pub(crate) fn main(target: &Path, sdk: Option<PathBuf>) -> ExitCode {
+pub(crate) fn main(target: &Path, sdk: Sdk) -> ExitCode {
     let Some(name) = target.file_name().and_then(|n| n.to_str()).map(str::to_owned) else {
         eprintln!("switchyard new: give a directory name, e.g. `switchyard new my-manager`");
         return ExitCode::from(crate::EXIT_CONFIG);
@@ -32,14 +81,16 @@ pub(crate) fn main(target: &Path, sdk: Option<PathBuf>) -> ExitCode {
         );
         return ExitCode::FAILURE;
     }
-    let sdk = sdk.unwrap_or_else(|| PathBuf::from(SDK_PATH));
-    match write(target, &name, &sdk) {
+    let written = sdk.dependency(target).and_then(|sdk| write(target, &name, &sdk));
+    match written {
         Ok(()) => {
             println!("Created plugin crate `{name}` in {}", target.display());
             println!();
             println!("  cd {} && cargo test && cargo build --release", target.display());
             println!("  switchyard up -c {}/switchyard.toml", target.display());
             println!("  curl http://127.0.0.1:8080/{name}/hello/world");
+            println!();
+            println!("(`switchyard` on PATH: `cargo install --path <switchyard checkout>`.)");
             ExitCode::SUCCESS
         }
         Err(err) => {
@@ -50,7 +101,7 @@ pub(crate) fn main(target: &Path, sdk: Option<PathBuf>) -> ExitCode {
     }
 }
 
-fn write(dir: &Path, name: &str, sdk: &Path) -> std::io::Result<()> {
+fn write(dir: &Path, name: &str, sdk: &str) -> std::io::Result<()> {
     let lib = name.replace('-', "_");
     std::fs::create_dir_all(dir.join("src"))?;
     std::fs::write(
@@ -67,14 +118,14 @@ publish = false
 crate-type = ["cdylib", "rlib"]
 
 [dependencies]
-switchyard-manager = {{ path = "{sdk}" }}
+# The SDK: a path, a version or a git repository (`switchyard new --help`).
+switchyard-manager = {sdk}
 serde = {{ version = "1", features = ["derive"] }}
 serde_json = "1"
 
 # A workspace of its own, even when created inside another one.
 [workspace]
-"#,
-            sdk = sdk.display()
+"#
         ),
     )?;
     std::fs::write(dir.join(".gitignore"), "/target\n")?;
@@ -200,5 +251,28 @@ mod tests {
         assert!(!valid_name("My") && !valid_name("1a") && !valid_name("") && !valid_name("a/b"));
         assert_eq!(type_name("my-manager"), "MyManager");
         assert_eq!(type_name("orders"), "Orders");
+    }
+
+    #[test]
+    fn sdk_paths_are_written_relative_to_the_new_crate() {
+        assert_eq!(
+            relative(
+                Path::new("/src/switchyard/manager/sdk"),
+                Path::new("/src/plugins/mine")
+            ),
+            PathBuf::from("../../switchyard/manager/sdk")
+        );
+        assert_eq!(
+            relative(Path::new("/opt/sdk"), Path::new("/home/me/mine")),
+            PathBuf::from("/opt/sdk")
+        );
+        let dir = Path::new("/tmp/x");
+        assert_eq!(Sdk::Version("0.1".into()).dependency(dir).unwrap(), "\"0.1\"");
+        assert_eq!(
+            Sdk::Git("https://example.org/s.git".into())
+                .dependency(dir)
+                .unwrap(),
+            "{ git = \"https://example.org/s.git\" }"
+        );
     }
 }

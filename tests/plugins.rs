@@ -147,7 +147,7 @@ fn the_demo_loads_from_its_cdylib_like_any_plugin() {
 
 #[test]
 fn a_plugin_with_another_abi_version_is_refused_before_anything_starts() {
-    let plugin = plugin("switchyard-example-wrong-abi");
+    let plugin = plugin("switchyard-fixture-wrong-abi");
     let config = format!(
         "[[managers]]\nname = \"basics\"\n[[managers]]\nname = \"future\"\nplugin = \"{}\"\n",
         plugin.display()
@@ -162,7 +162,7 @@ fn a_plugin_with_another_abi_version_is_refused_before_anything_starts() {
     );
     assert!(out.contains("managers[1].plugin"), "names the key: {out}");
     assert!(
-        out.contains("ABI v999") && out.contains("ABI v3"),
+        out.contains("ABI v999") && out.contains("ABI v4"),
         "names both versions: {out}"
     );
     assert!(!out.contains("started role"), "no process was started: {out}");

@@ -22,6 +22,12 @@
 //! - [`pipe`]: streaming shared-memory pipes (a ring and a wake socket).
 //! - [`problem`]: `application/problem+json` bodies for synthesized errors.
 //! - [`process`]: what every child process shares: logging, runtime paths.
+//!
+//! # Features
+//! - `runtime`: the parts only the group's processes need (the tokio
+//!   transport, supervision, async pipe ends, logging). A plugin links this
+//!   crate without it.
+//! - `grpc`: the generated gRPC service.
 
 pub mod codec;
 pub mod control;
@@ -30,12 +36,16 @@ pub mod frame;
 pub mod pipe;
 pub mod pool;
 pub mod problem;
+#[cfg(feature = "runtime")]
 pub mod process;
 pub mod shm;
+#[cfg(feature = "runtime")]
 pub mod supervision;
+#[cfg(feature = "runtime")]
 pub mod transport;
 
 mod error;
+#[cfg(feature = "runtime")]
 mod fdpass;
 
 pub use error::{Error, Result};

@@ -532,6 +532,7 @@ impl PipeEnd {
     }
 
     /// Turns this end into one that waits on tokio's reactor.
+    #[cfg(feature = "runtime")]
     pub fn into_async(self) -> Result<AsyncPipe> {
         AsyncPipe::new(self)
     }
@@ -553,10 +554,12 @@ impl AsRawFd for PipeEnd {
 
 /// A [`PipeEnd`] whose waits go through tokio's reactor (the listener's
 /// side of every stream).
+#[cfg(feature = "runtime")]
 pub struct AsyncPipe {
     end: tokio::io::unix::AsyncFd<PipeEnd>,
 }
 
+#[cfg(feature = "runtime")]
 impl AsyncPipe {
     fn new(end: PipeEnd) -> Result<AsyncPipe> {
         // SAFETY: the descriptor is the end's own `wake` socket, which it
@@ -712,6 +715,7 @@ mod tests {
         assert!(matches!(consumer.try_read(10), Err(Error::Malformed(_))));
     }
 
+    #[cfg(feature = "runtime")]
     #[tokio::test]
     async fn async_ends_stream_both_ways() {
         let (producer, handle) = pipe(8192, None).unwrap();

@@ -8,7 +8,9 @@
 //! in `/dev/shm` to sweep. Sealing (no write, no resize) lets a receiver map
 //! the bytes without trusting the sender to leave them alone.
 
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::OwnedFd;
+#[cfg(feature = "runtime")]
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -209,6 +211,7 @@ impl ShmBody {
         Ok(self.segment.fd.try_clone()?)
     }
 
+    #[cfg(feature = "runtime")]
     pub(crate) fn fd(&self) -> BorrowedFd<'_> {
         self.segment.fd.as_fd()
     }

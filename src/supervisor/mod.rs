@@ -354,7 +354,7 @@ impl Supervisor {
             },
             self.events.clone(),
         )?;
-        tracing::info!(role = child.role.as_str(), name = %child.name, pid = handle.pid, "started");
+        tracing::info!(role = child.role.as_str(), name = %child.name, instance = child.instance, pid = handle.pid, "started");
         child.handle = Some(handle);
         child.state = State::Starting;
         child.started = Instant::now();
@@ -423,7 +423,7 @@ impl Supervisor {
                 let c = &mut self.children[child];
                 if generation == c.generation && phase == Phase::Ready && c.state == State::Starting {
                     c.state = State::Running;
-                    tracing::info!(name = %c.name, restarts = c.restarts, "ready again");
+                    tracing::info!(role = c.role.as_str(), name = %c.name, instance = c.instance, restarts = c.restarts, "ready again");
                 }
             }
             Event::Exited {
@@ -445,8 +445,10 @@ impl Supervisor {
                 if c.recent.len() as u32 >= policy.max_restarts {
                     c.state = State::Stopped;
                     anyhow::bail!(
-                        "{} exited ({status}) after {} restarts within {} s",
+                        "{} {} (instance {}) exited ({status}) after {} restarts within {} s",
+                        c.role.as_str(),
                         c.name,
+                        c.instance,
                         c.recent.len(),
                         policy.window_s
                     );
@@ -463,7 +465,14 @@ impl Supervisor {
                 c.recent.push_back(now);
                 c.restarts += 1;
                 c.state = State::Backoff;
-                tracing::warn!(name = %c.name, %status, delay_ms = c.backoff.as_millis() as u64, "exited; restarting");
+                tracing::warn!(
+                    role = c.role.as_str(),
+                    name = %c.name,
+                    instance = c.instance,
+                    %status,
+                    delay_ms = c.backoff.as_millis() as u64,
+                    "exited; restarting"
+                );
                 let events = self.events.clone();
                 let delay = c.backoff;
                 tokio::spawn(async move {
@@ -475,7 +484,8 @@ impl Supervisor {
                 if self.children[child].state == State::Backoff
                     && let Err(err) = self.spawn(child)
                 {
-                    tracing::error!(name = %self.children[child].name, "cannot restart: {err:#}");
+                    let c = &self.children[child];
+                    tracing::error!(role = c.role.as_str(), name = %c.name, instance = c.instance, "cannot restart: {err:#}");
                     let _ = self.events.send(Event::Exited {
                         child,
                         generation: self.children[child].generation,

@@ -14,8 +14,8 @@ use serde::de::DeserializeOwned;
 use switchyard_proto::{EventType, Meta, codec};
 
 use crate::event::Event;
-use crate::messages::{FromPlugin, LogLevel};
 use crate::reply::{BINCODE, Error, Format, JSON};
+use switchyard_manager_abi::messages::{FromPlugin, LogLevel};
 
 /// Default deadline of a call to another manager.
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(10);

@@ -144,21 +144,30 @@ pub mod validate {
     /// Something with a length: strings (in characters), collections.
     pub trait HasLength {
         fn length(&self) -> usize;
+        /// What the length counts, singular and plural, for messages.
+        const UNIT: (&'static str, &'static str) = ("item", "items");
     }
     impl HasLength for String {
         fn length(&self) -> usize {
             self.chars().count()
         }
+        const UNIT: (&'static str, &'static str) = ("character", "characters");
     }
     impl HasLength for str {
         fn length(&self) -> usize {
             self.chars().count()
         }
+        const UNIT: (&'static str, &'static str) = ("character", "characters");
     }
     impl<T> HasLength for Vec<T> {
         fn length(&self) -> usize {
             self.len()
         }
+    }
+
+    fn count<T: HasLength + ?Sized>(n: usize) -> String {
+        let (one, many) = T::UNIT;
+        format!("{n} {}", if n == 1 { one } else { many })
     }
 
     /// A value that may be absent; absent values pass every check.
@@ -186,16 +195,14 @@ pub mod validate {
         let Some(value) = value.present() else { return };
         let n = value.length();
         if let Some(min) = min.filter(|&m| n < m) {
-            invalid.add(
-                field,
-                format!("must have at least {min} characters or items (has {n})"),
-            );
+            if min == 1 {
+                invalid.add(field, "must not be empty");
+            } else {
+                invalid.add(field, format!("must have at least {} (has {n})", count::<T>(min)));
+            }
         }
         if let Some(max) = max.filter(|&m| n > m) {
-            invalid.add(
-                field,
-                format!("must have at most {max} characters or items (has {n})"),
-            );
+            invalid.add(field, format!("must have at most {} (has {n})", count::<T>(max)));
         }
     }
 

@@ -1,25 +1,111 @@
 //! Helpers for testing managers.
 //!
-//! [`TestManager`] runs a manager in-process, without a group: send it
-//! events, stub the managers it calls, look at what it notified. [`Group`]
-//! starts a real group (the `switchyard` binary) for integration tests.
+//! [`TestManager`] runs a manager in the test's thread, without a group:
+//! send it events, stub the managers it calls, look at what it notified.
+//! It calls the manager through the same C ABI functions the manager host
+//! calls, with the same bincode messages, so a unit test crosses the real
+//! boundary. For a real group in integration tests, see
+//! `switchyard_manager_host::testing::Group`.
 
-mod group;
-
-pub use group::Group;
-
+use std::cell::RefCell;
 use std::collections::HashMap;
+use std::ffi::c_void;
 
 use bytes::Bytes;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use switchyard_manager_abi::messages::{CreateArgs, FromPlugin, JobOutput, RawBody, ToPlugin};
+use switchyard_manager_abi::{Buffer, HostApi, ManagerEntry, free_buffer, handover};
 use switchyard_proto::{EventType, Meta, codec};
 
 use crate::event::Event;
-use crate::messages::{CreateArgs, FromPlugin, ToPlugin};
 use crate::registry::Manager;
 use crate::reply::{BINCODE, Error, JSON};
-use crate::runtime::Runtime;
+
+thread_local! {
+    /// Log lines of the managers this thread drives, until their
+    /// `TestManager` collects them.
+    static LOGS: RefCell<Vec<(u64, String)>> = const { RefCell::new(Vec::new()) };
+}
+
+unsafe extern "C" fn test_log(_level: u32, correlation: u64, message: *const u8, len: usize) {
+    // SAFETY: the plugin side passes a readable `len`-byte buffer for the call.
+    let message = String::from_utf8_lossy(unsafe { std::slice::from_raw_parts(message, len) }).into_owned();
+    LOGS.with(|logs| logs.borrow_mut().push((correlation, message)));
+}
+
+/// The host side a `TestManager` offers. No wake-ups: upload handlers run
+/// inline, on the test's thread.
+static TEST_HOST: HostApi = HostApi {
+    log: test_log,
+    wake: None,
+};
+
+/// Takes a buffer the plugin side wrote. The SDK is both sides here, so its
+/// own `free_buffer` is the plugin's.
+fn take(out: Buffer) -> Vec<u8> {
+    // SAFETY: `out` was written by the call that just returned; copied,
+    // then freed once by the allocator that made it.
+    let bytes = unsafe { out.bytes() }.to_vec();
+    unsafe { free_buffer(out) };
+    bytes
+}
+
+/// One instance behind the ABI, as the host holds it.
+struct Instance {
+    entry: ManagerEntry,
+    ptr: *mut c_void,
+}
+
+impl Instance {
+    fn create(entry: ManagerEntry, args: &CreateArgs) -> Result<Instance, Error> {
+        let encoded = codec::encode(args).map_err(|e| Error::internal(e.to_string()))?;
+        let mut out = Buffer::empty();
+        // SAFETY: valid input slice, host table and out pointer for the call.
+        let ptr = unsafe { (entry.create)(encoded.as_ptr(), encoded.len(), &TEST_HOST, &mut out) };
+        let bytes = take(out);
+        if ptr.is_null() {
+            return Err(Error::internal(String::from_utf8_lossy(&bytes)));
+        }
+        Ok(Instance { entry, ptr })
+    }
+
+    fn step(&mut self, inputs: Vec<ToPlugin>) -> Vec<FromPlugin> {
+        let encoded = codec::encode(&inputs).expect("test inputs encode");
+        let mut out = Buffer::empty();
+        // SAFETY: `ptr` is a live instance of this entry, stepped from one
+        // thread; valid input slice and out pointer for the call.
+        let ok = unsafe { (self.entry.step)(self.ptr, encoded.as_ptr(), encoded.len(), &mut out) };
+        let bytes = take(out);
+        assert!(
+            ok,
+            "the plugin refused the step: {}",
+            String::from_utf8_lossy(&bytes)
+        );
+        codec::decode_local(&bytes).expect("the plugin's outputs decode")
+    }
+
+    fn run_job(&self, job_type: EventType, input: &[u8]) -> JobOutput {
+        let mut out = Buffer::empty();
+        // SAFETY: valid input slice and out pointer for the call.
+        let ok = unsafe { (self.entry.run_job)(job_type.0, input.as_ptr(), input.len(), &mut out) };
+        let bytes = take(out);
+        if !ok {
+            return JobOutput {
+                status: 500,
+                body: Bytes::from(bytes),
+            };
+        }
+        codec::decode_local(&bytes).expect("the job's output decodes")
+    }
+}
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        // SAFETY: made by this entry's `create`, destroyed once.
+        unsafe { (self.entry.destroy)(self.ptr) };
+    }
+}
 
 /// A response as a test sees it.
 #[derive(Clone, Debug)]
@@ -95,7 +181,8 @@ type Stub = Box<dyn FnMut(&[u8]) -> (u16, Bytes)>;
 /// assert_eq!(greeter.http::<Hello>(&[("name", "")], "", b"").status, 422);
 /// ```
 pub struct TestManager<M: Manager> {
-    runtime: Runtime<M>,
+    instance: Instance,
+    _manager: std::marker::PhantomData<M>,
     next: u64,
     stubs: HashMap<EventType, Stub>,
     notifications: Vec<(EventType, Bytes)>,
@@ -131,10 +218,12 @@ impl<M: Manager> TestManager<M> {
             expose_errors: true,
             shm_threshold: u64::MAX,
             shm_budget: 0,
+            validation: false,
         };
-        let (runtime, _) = Runtime::<M>::create(args, None, None)?;
+        let instance = Instance::create(crate::export::entry::<M>(), &args)?;
         Ok(TestManager {
-            runtime,
+            instance,
+            _manager: std::marker::PhantomData,
             next: 1,
             stubs: HashMap::new(),
             notifications: Vec::new(),
@@ -197,7 +286,7 @@ impl<M: Manager> TestManager<M> {
     /// returns its result.
     pub fn run_job<J: Event, R: DeserializeOwned>(&self, job: &J) -> Result<R, Error> {
         let input = codec::encode(job).map_err(|e| Error::internal(e.to_string()))?;
-        let output = crate::runtime::run_job::<M>(EventType::of(J::NAME), &input);
+        let output = self.instance.run_job(EventType::of(J::NAME), &input);
         if output.status == 200 {
             codec::decode(&output.body).map_err(|e| Error::internal(e.to_string()))
         } else {
@@ -211,7 +300,7 @@ impl<M: Manager> TestManager<M> {
         meta.push("content-type", JSON);
         meta.push(switchyard_proto::control::META_EVENT, E::NAME);
         let body = Bytes::from(serde_json::to_vec(event).expect("event encodes"));
-        let outputs = self.runtime.step(vec![ToPlugin::Notification {
+        let outputs = self.step(vec![ToPlugin::Notification {
             event_type: EventType::of(E::NAME),
             meta,
             body,
@@ -223,9 +312,16 @@ impl<M: Manager> TestManager<M> {
     /// as if `elapsed` had passed since they were last due (at most ten
     /// periods run per timer).
     pub fn advance(&mut self, elapsed: std::time::Duration) {
-        self.runtime.run_timers(std::time::Instant::now() + elapsed);
-        let outputs = self.runtime.step(Vec::new());
+        let ahead_ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX);
+        let outputs = self.step(vec![ToPlugin::Timers { ahead_ms }]);
         self.drive(outputs, None);
+    }
+
+    /// One step through the ABI; the log lines it wrote are collected.
+    fn step(&mut self, inputs: Vec<ToPlugin>) -> Vec<FromPlugin> {
+        let outputs = self.instance.step(inputs);
+        LOGS.with(|logs| self.logs.append(&mut logs.borrow_mut()));
+        outputs
     }
 
     /// Notifications of type `E` the manager emitted so far.
@@ -242,7 +338,7 @@ impl<M: Manager> TestManager<M> {
     fn send(&mut self, event_type: EventType, meta: Meta, body: Bytes) -> TestResponse {
         let correlation = self.next;
         self.next += 1;
-        let outputs = self.runtime.step(vec![ToPlugin::Request {
+        let outputs = self.step(vec![ToPlugin::Request {
             correlation,
             event_type,
             meta,
@@ -271,10 +367,8 @@ impl<M: Manager> TestManager<M> {
                         let (body, aborted) = match handle {
                             // A streamed body is read whole, as its producer
                             // writes it on its thread.
-                            Some(crate::messages::RawBody::Stream(raw)) => {
-                                read_stream(crate::abi::adopt_stream(raw))
-                            }
-                            Some(pooled) => match crate::abi::adopt_body(pooled).and_then(|p| p.bytes()) {
+                            Some(RawBody::Stream(raw)) => read_stream(handover::adopt_stream(raw)),
+                            Some(pooled) => match handover::adopt_body(pooled).and_then(|p| p.bytes()) {
                                 Ok(bytes) => (bytes, false),
                                 Err(_) => (Bytes::new(), true),
                             },
@@ -321,7 +415,7 @@ impl<M: Manager> TestManager<M> {
                     FromPlugin::Job {
                         job, job_type, body, ..
                     } => {
-                        let output = crate::runtime::run_job::<M>(job_type, &body);
+                        let output = self.instance.run_job(job_type, &body);
                         self.jobs_run += 1;
                         inputs.push(ToPlugin::JobResult {
                             job,
@@ -340,7 +434,7 @@ impl<M: Manager> TestManager<M> {
             if inputs.is_empty() {
                 return answer;
             }
-            outputs = self.runtime.step(inputs);
+            outputs = self.step(inputs);
         }
     }
 }

@@ -1,5 +1,5 @@
-//! The manager host: one process, one manager instance behind the plugin
-//! boundary.
+//! The manager host's loop: one process, one manager instance behind the
+//! plugin boundary.
 //!
 //! Connects to the router, declares what the manager serves, then turns each
 //! batch of frames into one [`Plugin::step`] and each output back into frames.
@@ -22,14 +22,19 @@ use tokio::net::UnixStream;
 use tokio::net::unix::OwnedReadHalf;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::abi::{LoadError, Plugin};
-use crate::messages::{Description, FromPlugin, LogLevel, ToPlugin};
+use switchyard_manager_abi::handover;
+use switchyard_manager_abi::messages::{Description, FromPlugin, LogLevel, ToPlugin};
+
+use crate::loader::{LoadError, Plugin};
 
 /// The host's settings.
 #[derive(Clone, Debug)]
 pub struct Config {
     /// The configured manager name (what the router and status show).
     pub name: String,
+    /// This instance's number among the manager's instances (0-based, as
+    /// `switchyard status` shows it).
+    pub instance: u32,
     /// The router's socket.
     pub router_socket: PathBuf,
     /// Largest frame accepted or sent, in bytes.
@@ -99,9 +104,7 @@ pub async fn run(
         pool,
         job_timeout: config.workers.job_timeout,
         immediate: Vec::new(),
-        ticks: description
-            .subscribes
-            .contains(&EventType::of(crate::registry::TICK)),
+        ticks: description.timers,
     };
     loop {
         let link = tokio::select! {
@@ -111,7 +114,11 @@ pub async fn run(
         match link {
             Ok((reader, sink, id)) => {
                 backoff = Duration::from_millis(5);
-                tracing::info!(instance = id, "registered with router");
+                tracing::info!(
+                    instance = config.instance,
+                    router_id = id,
+                    "registered with router"
+                );
                 if let Some(ready) = ready.take() {
                     let _ = ready.send(());
                 }
@@ -192,17 +199,13 @@ impl Host {
     ) -> Result<(), LoadError> {
         let mut batch = Vec::with_capacity(64);
         let mut inputs = Vec::with_capacity(64);
-        let mut tick = tokio::time::interval(crate::registry::TICK_PERIOD);
+        let mut tick = tokio::time::interval(switchyard_manager_abi::TICK_PERIOD);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         let mut idle = tokio::time::interval(IDLE_STEP);
         idle.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
             tokio::select! {
-                _ = tick.tick(), if self.ticks => inputs.push(ToPlugin::Notification {
-                    event_type: EventType::of(crate::registry::TICK),
-                    meta: Default::default(),
-                    body: Bytes::new(),
-                }),
+                _ = tick.tick(), if self.ticks => inputs.push(ToPlugin::Timers { ahead_ms: 0 }),
                 read = reader.read_batch(&mut batch) => match read {
                     Ok(true) => {}
                     Ok(false) => return Ok(()),
@@ -227,7 +230,7 @@ impl Host {
                     && matches!(env.payload, Payload::Stream(_))
                     && let Payload::Stream(handle) = std::mem::take(&mut env.payload)
                 {
-                    match crate::abi::release_stream(handle) {
+                    match handover::release_stream(handle) {
                         Ok(raw) => stream = Some(raw),
                         Err(err) => {
                             tracing::warn!(%err, "cannot take a request body stream");
@@ -335,7 +338,7 @@ impl Host {
                 } => {
                     // Adopted first: an unknown request's stream is closed
                     // (its producer then stops), not leaked.
-                    let handle = handle.map(crate::abi::adopt_body);
+                    let handle = handle.map(handover::adopt_body);
                     let Some((origin, correlation, event_type)) = self.requests.remove(&correlation) else {
                         tracing::warn!(correlation, "plugin answered an unknown request");
                         continue;

@@ -1,46 +1,49 @@
-//! Managers: the SDK that user code is written against, and the host process
-//! that serves one manager.
+//! The manager SDK: what plugin authors write their managers against.
 //!
 //! A manager is where an event's work happens. Plugin authors implement
 //! [`Manager`], declare typed handlers in a [`Registry`] and export the type
 //! from a `cdylib` with [`export_manager!`]. The SDK turns an event's bytes
-//! into their types and their results back into bytes; between the plugin and
-//! the host ([`host::run`]) only a versioned C ABI of bytes crosses ([`abi`]),
-//! so a plugin built by another compiler still loads, and a panic in a
-//! handler becomes a 500 instead of a dead process.
+//! into their types and their results back into bytes. Between the plugin
+//! and the manager host (`switchyard-manager-host`, which this crate never
+//! links) only the versioned C ABI of [`abi`] crosses, so a plugin built by
+//! another compiler still loads, and a panic in a handler becomes a 500
+//! instead of a dead process.
 //!
 //! # Layout
 //! - [`Event`], [`Request`]: event types and how requests become them
 //!   (`extract` does path/query/body merging with coercion).
 //! - [`Reply`], [`Response`], [`Error`]: what handlers return.
 //! - [`Manager`], [`Registry`], [`State`]: declaring handlers.
-//! - [`Context`]: notifications, calls to other managers, config, logs.
+//! - [`Context`]: notifications, calls to other managers, jobs, config, logs.
 //! - [`Streamed`], [`BodyReader`]: bodies streamed through shared-memory
 //!   pipes (downloads and uploads of any size, on their own threads).
-//! - `runtime`: the plugin side of the boundary, with a small executor.
-//! - [`abi`]: the C ABI, the export macros and the loader (all the unsafe code).
-//! - [`host`]: the manager host process loop.
-//! - [`testing`]: run a manager in-process in unit tests.
+//! - `runtime`: one manager instance and a small executor for async handlers.
+//! - `export`: the plugin side of the C ABI and [`export_managers!`] (all
+//!   the unsafe code of the SDK).
+//! - [`testing`]: [`TestManager`](testing::TestManager) drives a manager
+//!   through the same ABI functions the host calls, in the test's thread.
 
-pub mod abi;
-pub mod host;
-pub mod messages;
 pub mod testing;
 
 mod context;
 mod event;
+#[doc(hidden)]
+pub mod export;
 mod extract;
 mod registry;
 mod reply;
 mod runtime;
 mod stream;
 
+/// The plugin ABI (`switchyard-manager-abi`), re-exported for
+/// [`export_managers!`] and for hosts of other kinds.
+pub use switchyard_manager_abi as abi;
+
 pub use context::{Context, DEFAULT_CALL_TIMEOUT};
 pub use event::{Event, Invalid, Request, validate};
-pub use messages::LogLevel;
-pub use registry::{Config, Manager, Registry, State, TICK, TICK_PERIOD};
+pub use registry::{Config, Manager, Registry, State, TICK_PERIOD};
 pub use reply::{BINCODE, Binary, Error, FieldError, Format, JSON, Json, Reply, Response};
-pub use runtime::{LogSink, Runtime, WakeHost};
 pub use stream::{BodyReader, BodyWriter, MAX_STREAMS, STREAM_IDLE_TIMEOUT, Streamed};
+pub use switchyard_manager_abi::messages::LogLevel;
 pub use switchyard_manager_macros::{Event, Reply};
 pub use switchyard_proto::EventType;

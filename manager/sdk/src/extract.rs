@@ -12,9 +12,20 @@ use crate::reply::{Error, FieldError};
 /// a bool. A mismatch is a 422 that names the field.
 pub(crate) fn from_value<T: DeserializeOwned>(value: &Value) -> Result<T, Error> {
     serde_path_to_error::deserialize(Coerce(value)).map_err(|err| {
-        let field = err.path().to_string();
+        let path = err.path().to_string();
         let message = err.into_inner().to_string();
-        let field = if field == "." { String::new() } else { field };
+        // A missing field fails on its parent (the path ends before it):
+        // serde names it only in the message.
+        let missing = message
+            .strip_prefix("missing field `")
+            .and_then(|rest| rest.split_once('`'))
+            .map(|(name, _)| name);
+        let field = match (path.as_str(), missing) {
+            (".", Some(name)) => name.to_owned(),
+            (".", None) => String::new(),
+            (parent, Some(name)) => format!("{parent}.{name}"),
+            (path, None) => path.to_owned(),
+        };
         Error::invalid(vec![FieldError { field, message }])
     })
 }
@@ -245,5 +256,6 @@ mod tests {
         let v = merge([("id", "1"), ("flag", "1")].into_iter(), None, std::iter::empty());
         let err = from_value::<Item>(&v).unwrap_err();
         assert!(err.errors[0].message.contains("missing field `name`"), "{err:?}");
+        assert_eq!(err.errors[0].field, "name", "a missing field is named: {err:?}");
     }
 }

@@ -16,19 +16,22 @@ use std::task::{Context as TaskContext, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use switchyard_manager_abi::handover;
 use switchyard_proto::{EventType, Meta};
 
 use crate::context::{Context, Shared};
 use crate::event::Request;
-use crate::messages::{CreateArgs, Description, FromPlugin, JobOutput, LogLevel, RawBody, ToPlugin};
 use crate::registry::{Config, JobFn, LocalFuture, Manager, Registry, RequestHandler, State};
 use crate::reply::{Error, Format, Response};
+use switchyard_manager_abi::messages::{
+    CreateArgs, Description, FromPlugin, JobOutput, LogLevel, RawBody, ToPlugin,
+};
 
 /// Where a plugin's log lines go (the host's logger, across the ABI).
-pub type LogSink = Arc<dyn Fn(LogLevel, u64, &str) + Send + Sync>;
+pub(crate) type LogSink = Arc<dyn Fn(LogLevel, u64, &str) + Send + Sync>;
 
 /// Asks the host to step the runtime soon (from any thread).
-pub type WakeHost = Arc<dyn Fn() + Send + Sync>;
+pub(crate) type WakeHost = Arc<dyn Fn() + Send + Sync>;
 
 /// Shared memory a plugin keeps for reuse by large response bodies.
 const SEGMENT_POOL_BYTES: usize = 64 * 1024 * 1024;
@@ -37,7 +40,7 @@ const SEGMENT_POOL_BYTES: usize = 64 * 1024 * 1024;
 const SEGMENT_LEASE: Duration = Duration::from_secs(120);
 
 /// A free segment not used for this long is released, at the next
-/// `ToPlugin::Wake` (the host sends one every [`crate::host::IDLE_STEP`]),
+/// `ToPlugin::Wake` (the host sends one every few seconds),
 /// so memory goes back down after a burst of large responses.
 const SEGMENT_IDLE: Duration = Duration::from_secs(10);
 
@@ -69,7 +72,7 @@ impl Wake for TaskWaker {
 }
 
 /// One manager instance and its executor.
-pub struct Runtime<M: Manager> {
+pub(crate) struct Runtime<M: Manager> {
     state: Rc<RefCell<M>>,
     registry: Registry<M>,
     shared: Rc<Shared>,
@@ -95,7 +98,7 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 impl<M: Manager> Runtime<M> {
     /// Creates the manager with its config. An error is the reason the
     /// manager cannot start.
-    pub fn create(
+    pub(crate) fn create(
         args: CreateArgs,
         log: Option<LogSink>,
         wake: Option<WakeHost>,
@@ -110,6 +113,7 @@ impl<M: Manager> Runtime<M> {
             name: args.name.clone(),
             instance: args.instance,
             value: value.clone(),
+            validation: args.validation,
         };
         if args.shm_budget > 0 {
             // A plugin library has its own copy of the accounting.
@@ -122,6 +126,7 @@ impl<M: Manager> Runtime<M> {
             kind: M::NAME.to_owned(),
             handles: registry.handles.clone(),
             subscribes: registry.subscribes.clone(),
+            timers: !registry.timers.is_empty(),
         };
         let shared = Rc::new(Shared {
             outbox: RefCell::new(Vec::new()),
@@ -162,7 +167,7 @@ impl<M: Manager> Runtime<M> {
     }
 
     /// Feeds `inputs`, runs every task that can progress, returns the outputs.
-    pub fn step(&mut self, inputs: Vec<ToPlugin>) -> Vec<FromPlugin> {
+    pub(crate) fn step(&mut self, inputs: Vec<ToPlugin>) -> Vec<FromPlugin> {
         for input in inputs {
             match input {
                 ToPlugin::Request {
@@ -172,12 +177,15 @@ impl<M: Manager> Runtime<M> {
                     body,
                     stream,
                 } => {
-                    let stream = stream.map(crate::abi::adopt_stream);
+                    let stream = stream.map(handover::adopt_stream);
                     self.on_request(correlation, event_type, &meta, body, stream)
                 }
                 // Also the host's idle tick: housekeeping goes here, off
                 // the path of requests.
                 ToPlugin::Wake => self.shared.segments.borrow_mut().trim(SEGMENT_IDLE),
+                ToPlugin::Timers { ahead_ms } => {
+                    self.run_timers(Instant::now() + Duration::from_millis(ahead_ms))
+                }
                 ToPlugin::Notification {
                     event_type,
                     meta,
@@ -346,9 +354,6 @@ impl<M: Manager> Runtime<M> {
     }
 
     fn on_notification(&mut self, event_type: EventType, meta: &Meta, body: &[u8]) {
-        if event_type == EventType::of(crate::registry::TICK) {
-            return self.run_timers(Instant::now());
-        }
         let Some(handler) = self.registry.notifications.get(&event_type) else {
             return;
         };
@@ -368,7 +373,7 @@ impl<M: Manager> Runtime<M> {
 
     /// Runs every timer that is due at `now` (several times if it fell a
     /// little behind; a timer more than ten periods late skips ahead).
-    pub(crate) fn run_timers(&mut self, now: Instant) {
+    fn run_timers(&mut self, now: Instant) {
         for i in 0..self.timers.len() {
             let (every, mut next) = self.timers[i];
             if now.saturating_duration_since(next) > every * 10 {
@@ -437,11 +442,6 @@ impl<M: Manager> Runtime<M> {
             }
         }
     }
-
-    /// Tasks still waiting (for tests and status).
-    pub fn pending_tasks(&self) -> usize {
-        self.tasks.len()
-    }
 }
 
 type JobTable = Arc<HashMap<EventType, JobFn>>;
@@ -493,7 +493,7 @@ pub(crate) fn run_job<M: Manager>(job_type: EventType, input: &[u8]) -> JobOutpu
 
 fn respond(shared: &Shared, expose_errors: bool, correlation: u64, result: Result<Response, Error>) {
     let mut response = result.unwrap_or_else(|err| err.to_response(expose_errors));
-    let mut handle = match response.stream.take().map(crate::abi::release_stream) {
+    let mut handle = match response.stream.take().map(handover::release_stream) {
         None => None,
         Some(Ok(raw)) => Some(RawBody::Stream(raw)),
         Some(Err(err)) => {
@@ -507,7 +507,7 @@ fn respond(shared: &Shared, expose_errors: bool, correlation: u64, result: Resul
     if handle.is_none()
         && response.body.len() >= shared.shm_threshold
         && let Ok(Some(pooled)) = shared.segments.borrow_mut().place(&response.body)
-        && let Ok(raw) = crate::abi::release_pooled(&pooled)
+        && let Ok(raw) = handover::release_pooled(&pooled)
     {
         handle = Some(raw);
         response.body = Bytes::new();

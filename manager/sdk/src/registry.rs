@@ -52,7 +52,11 @@ use crate::reply::{Error, Reply, Response};
 pub trait Manager: Sized + 'static {
     /// The manager type's name; `switchyard.toml` selects it by this name.
     const NAME: &'static str;
-    /// Creates the instance; runs once per process, before any event.
+    /// Creates the instance; runs once per process, before any event. An
+    /// error is why the manager cannot start: `switchyard check` and `up`
+    /// report it. Those run `create` once more in a short-lived validation
+    /// process ([`Config::validation`]): keep lasting side effects (files,
+    /// sockets) out of it, or skip them when validating.
     fn create(config: &Config) -> Result<Self, Error>;
     /// Declares the handlers; runs once, right after `create`.
     fn register(registry: &mut Registry<Self>);
@@ -66,6 +70,9 @@ pub struct Config {
     pub instance: u32,
     /// The `config` table of the manager in `switchyard.toml`.
     pub value: serde_json::Value,
+    /// This instance is made only to check the configuration, and is
+    /// dropped at once without serving anything.
+    pub validation: bool,
 }
 
 impl Config {
@@ -127,14 +134,9 @@ pub struct Registry<M> {
     pub(crate) timers: Vec<Timer<M>>,
 }
 
-/// The reserved notification type the manager host sends every
-/// [`TICK_PERIOD`](crate::TICK_PERIOD) to managers with timers
-/// ([`Registry::every`]); it drives their timers, no handler sees it.
-pub const TICK: &str = "switchyard.Tick";
-
 /// How often the host ticks a manager with timers: the resolution of
 /// [`Registry::every`].
-pub const TICK_PERIOD: std::time::Duration = std::time::Duration::from_millis(10);
+pub use switchyard_manager_abi::TICK_PERIOD;
 
 pub(crate) type TimerFn<M> = fn(&mut M, &mut Context) -> Result<(), Error>;
 
@@ -312,8 +314,8 @@ impl<M: Manager> Registry<M> {
 
     /// A periodic handler: runs every `interval(&manager)` (read once, right
     /// after `create`, so it may come from the manager's config), with the
-    /// manager's state, between events. The host drives timers with a
-    /// [`TICK`] every [`TICK_PERIOD`], which is their resolution; a timer
+    /// manager's state, between events. The host steps a manager with
+    /// timers every [`TICK_PERIOD`], which is their resolution; a timer
     /// that fell far behind (the process was stopped) skips the missed runs.
     ///
     /// ```
@@ -331,10 +333,6 @@ impl<M: Manager> Registry<M> {
     /// }
     /// ```
     pub fn every(&mut self, interval: fn(&M) -> std::time::Duration, handler: TimerFn<M>) -> &mut Self {
-        let tick = EventType::of(TICK);
-        if !self.subscribes.contains(&tick) {
-            self.subscribes.push(tick);
-        }
         self.timers.push(Timer { interval, handler });
         self
     }

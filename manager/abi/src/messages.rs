@@ -1,6 +1,6 @@
 //! What crosses the plugin boundary, encoded with the wire codec (bincode).
 //! The host and the plugin may be built by different compilers; these types
-//! and [`ABI_VERSION`](crate::abi::ABI_VERSION) are the whole contract.
+//! and [`ABI_VERSION`](crate::ABI_VERSION) are the whole contract.
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
@@ -24,6 +24,10 @@ pub struct CreateArgs {
     /// The process's shared-memory budget (a plugin library has its own
     /// copy of the accounting).
     pub shm_budget: u64,
+    /// The instance is made only to check the configuration (by
+    /// `switchyard check` and before `up` starts the group) and is
+    /// destroyed at once: it will serve nothing.
+    pub validation: bool,
 }
 
 /// What the plugin declares once created.
@@ -33,6 +37,9 @@ pub struct Description {
     pub kind: String,
     pub handles: Vec<HandledType>,
     pub subscribes: Vec<EventType>,
+    /// The manager has timers: the host sends [`ToPlugin::Timers`] every
+    /// [`TICK_PERIOD`](crate::TICK_PERIOD).
+    pub timers: bool,
 }
 
 impl Description {
@@ -49,7 +56,7 @@ impl Description {
 
 /// A streaming pipe's end handed across the boundary: descriptor numbers of
 /// this process, whose ownership moves with the message (the receiving side
-/// adopts them exactly once; see [`crate::abi`]).
+/// adopts them exactly once; see [`crate::handover`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RawStream {
     pub ring: i32,
@@ -100,6 +107,9 @@ pub enum ToPlugin {
     /// (`HostApi::wake`), e.g. because an upload handler finished, or the
     /// host's periodic idle step, when the plugin does its housekeeping.
     Wake,
+    /// Run the timers due by now plus `ahead_ms` (the host sends 0 every
+    /// [`TICK_PERIOD`](crate::TICK_PERIOD); tests move time forward).
+    Timers { ahead_ms: u64 },
 }
 
 /// Plugin → host.
