@@ -64,6 +64,7 @@ use std::time::Duration;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
+use switchyard_proto::accept::Acceptor;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
@@ -195,23 +196,16 @@ pub async fn run(
     let state = state::State::start(pool, config.clone());
     let grpc = Arc::new(grpc::Grpc::new(state.clone()));
 
+    let mut main_port = Acceptor::new(tcp);
+    let mut grpc_port = grpc_tcp.map(Acceptor::new);
     tokio::pin!(drain);
     let grace = loop {
         // A connection on the main port (HTTP, WebSocket and gRPC by content
         // type), or on the gRPC-only port when there is one.
-        let (accepted, grpc_only) = tokio::select! {
+        let (stream, grpc_only) = tokio::select! {
             grace = &mut drain => break grace,
-            accepted = tcp.accept() => (accepted, false),
-            accepted = accept_optional(grpc_tcp.as_ref()) => (accepted, true),
-        };
-        let (stream, _) = match accepted {
-            Ok(s) => s,
-            Err(err) => {
-                // EMFILE and friends: back off instead of spinning.
-                tracing::warn!(%err, "accept failed");
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                continue;
-            }
+            stream = main_port.accept() => (stream, false),
+            stream = accept_optional(grpc_port.as_mut()) => (stream, true),
         };
         let _ = stream.set_nodelay(true);
         let builder = builder.clone();
@@ -229,8 +223,8 @@ pub async fn run(
             }
         });
     };
-    drop(tcp);
-    drop(grpc_tcp);
+    drop(main_port);
+    drop(grpc_port);
     tracing::info!(connections = graceful.count(), ?grace, "draining");
     if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
         tracing::warn!("grace period over; closing remaining connections");
@@ -238,12 +232,10 @@ pub async fn run(
     Ok(())
 }
 
-/// Accepts on `listener`, or never when there is none.
-async fn accept_optional(
-    listener: Option<&TcpListener>,
-) -> std::io::Result<(tokio::net::TcpStream, std::net::SocketAddr)> {
-    match listener {
-        Some(listener) => listener.accept().await,
+/// Accepts on `port`, or never when there is none.
+async fn accept_optional(port: Option<&mut Acceptor<TcpListener>>) -> tokio::net::TcpStream {
+    match port {
+        Some(port) => port.accept().await,
         None => std::future::pending().await,
     }
 }
