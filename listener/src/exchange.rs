@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::StatusCode;
+use switchyard_proto::control::META_EVENT;
 use switchyard_proto::{Deadline, Envelope, EventType, Payload, StreamHandle, problem};
 
 use crate::pipes::SendFailure;
@@ -115,7 +116,7 @@ pub(crate) async fn exchange_after(
 /// Sends one request through the pipeline; the answer as raw status and body.
 pub(crate) async fn round_trip(
     state: &State,
-    ty: EventType,
+    ty: &str,
     content_type: Option<&str>,
     body: Bytes,
 ) -> (u16, Bytes) {
@@ -127,9 +128,13 @@ pub(crate) async fn round_trip(
 /// content type, deadline) through the pipeline and waits at most
 /// `timeout`; the answer as status, content type and body. Failures of the
 /// path itself are problem+json answers (503, 504). Shared by `/ws` and gRPC.
+///
+/// The client named the type `ty`, which may be one no manager declares:
+/// the event carries the name (meta `event`), so the router can answer
+/// 404 naming it.
 pub(crate) async fn call(
     state: &State,
-    ty: EventType,
+    ty: &str,
     content_type: Option<&str>,
     body: Bytes,
     timeout: Duration,
@@ -138,12 +143,13 @@ pub(crate) async fn call(
         let (status, body) = problem_bytes(status, detail);
         (status, Some(problem::PROBLEM_JSON.to_owned()), body)
     };
-    let mut env = Envelope::request(ty, 0, Bytes::new());
+    let mut env = Envelope::request(EventType::of(ty), 0, Bytes::new());
     env.payload = match state.request_payload(body) {
         Ok(p) => p,
         Err(_) => return problem_bytes(503, "shared-memory budget exhausted; retry later"),
     };
     env.deadline = Deadline::after(timeout);
+    env.meta.push(META_EVENT, ty);
     if let Some(ct) = content_type {
         env.meta.push("content-type", ct);
         // A bincode request gets a bincode answer; anything else, JSON.
@@ -225,7 +231,7 @@ pub(crate) fn emit_notification(state: &State, ty: &str, body: Bytes) -> Result<
     }
     let mut env = Envelope::notification(EventType::of(ty), body);
     env.meta.push("content-type", "application/json");
-    env.meta.push("event", ty);
+    env.meta.push(META_EVENT, ty);
     // Fire and forget: the in-flight entry the pool parks is dropped at once.
     state.pool.send(env).map(drop).map_err(|_| NotifyRefused {
         status: 503,

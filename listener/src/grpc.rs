@@ -18,7 +18,6 @@ use futures_util::Stream;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use serde_json::Value;
-use switchyard_proto::EventType;
 use switchyard_proto::grpc::events_server::{Events, EventsServer};
 use switchyard_proto::grpc::{
     Ack, CallReply, CallRequest, ClientMessage, NotifyRequest, Push, ServerMessage, SubscribeRequest,
@@ -199,14 +198,8 @@ async fn call(state: &State, req: CallRequest) -> Result<CallReply, CallError> {
             )),
         });
     }
-    let (status, content_type, body) = crate::exchange::call(
-        state,
-        EventType::of(&req.r#type),
-        Some(content_type),
-        req.payload,
-        timeout,
-    )
-    .await;
+    let (status, content_type, body) =
+        crate::exchange::call(state, &req.r#type, Some(content_type), req.payload, timeout).await;
     if status < 400 {
         return Ok(CallReply {
             status: status.into(),

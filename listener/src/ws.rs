@@ -21,7 +21,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use serde_json::Value;
 use switchyard_proto::control::{WsBinaryReply, WsBinaryRequest};
-use switchyard_proto::{EventType, problem};
+use switchyard_proto::problem;
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::error::CapacityError;
@@ -351,10 +351,9 @@ fn unsubscribe(state: &State, session: u64, id: Option<&Value>, which: &Value) -
 /// A binary `/ws` request → its binary reply.
 async fn binary_request(state: &State, request: WsBinaryRequest) -> Message {
     const BINCODE: &str = "application/x-bincode";
-    let ty = EventType::of(&request.event_type);
     let (status, content_type, body) = call(
         state,
-        ty,
+        &request.event_type,
         Some(BINCODE),
         Bytes::from(request.payload),
         state.config.request_timeout,
@@ -398,7 +397,7 @@ fn notify(state: &State, id: Option<&Value>, ty: &Value, data: Option<&Value>) -
 /// A `/ws` request: `{"id","type","data"}` → `{"id","status","data"|"error"}`.
 async fn request(state: &State, ty: &str, id: Option<&Value>, data: &Value) -> Message {
     let body = Bytes::from(data.to_string());
-    let (status, body) = round_trip(state, EventType::of(ty), Some("application/json"), body).await;
+    let (status, body) = round_trip(state, ty, Some("application/json"), body).await;
     let payload: Value = serde_json::from_slice(&body)
         .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into_owned()));
     let mut out = serde_json::Map::new();
@@ -415,7 +414,6 @@ async fn request(state: &State, ty: &str, id: Option<&Value>, data: &Value) -> M
 /// order. A failed round trip closes with 1011.
 async fn echo_session(state: Arc<State>, ws: Ws) {
     let (mut sink, mut stream) = ws.split();
-    let ty = EventType::of(ECHO_EVENT);
     while let Some(msg) = stream.next().await {
         let (binary, body) = match msg {
             Ok(Message::Text(t)) => (false, Bytes::from(t)),
@@ -431,7 +429,7 @@ async fn echo_session(state: Arc<State>, ws: Ws) {
                 return;
             }
         };
-        let (status, reply) = round_trip(&state, ty, Some("application/octet-stream"), body).await;
+        let (status, reply) = round_trip(&state, ECHO_EVENT, Some("application/octet-stream"), body).await;
         let out = if status != 200 {
             tracing::warn!(status, "websocket echo round trip failed");
             close_message(Some((1011, "server error")))
