@@ -76,14 +76,14 @@ async fn unary_call_and_status_codes() {
     let problem: Value = serde_json::from_slice(err.details()).unwrap();
     assert_eq!(problem["status"], 422);
 
-    // A type nobody serves: the router's answer (404 or 503).
+    // A type no manager declares: NOT_FOUND, naming it.
     let err = within(events.call(call_request("demo.Nope", json!({}))))
         .await
         .unwrap_err();
-    assert!(
-        matches!(err.code(), Code::NotFound | Code::Unavailable),
-        "{err:?}"
-    );
+    assert_eq!(err.code(), Code::NotFound, "{err:?}");
+    assert_eq!(err.message(), "no manager declares event type `demo.Nope`");
+    let problem: Value = serde_json::from_slice(err.details()).unwrap();
+    assert_eq!(problem["status"], 404);
 
     // Not JSON: refused before it becomes an event.
     let mut bincode = call_request("demo.Hello", json!({}));
@@ -237,10 +237,7 @@ async fn session_interleaves_calls_and_pushes() {
             server_message::Kind::Error(e) => {
                 let i: usize = m.id[1..].parse().unwrap();
                 assert_eq!(i % 5, 4, "{e:?}");
-                assert!(
-                    e.code == Code::NotFound as i32 || e.code == Code::Unavailable as i32,
-                    "{e:?}"
-                );
+                assert_eq!((e.code, e.status), (Code::NotFound as i32, 404), "{e:?}");
                 assert!(answered.insert(m.id));
             }
             other => panic!("unexpected {other:?}"),

@@ -32,6 +32,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::Bytes;
+use switchyard_proto::accept::Acceptor;
 use switchyard_proto::control::{Control, META_EVENT, META_TO, RouteTable};
 use switchyard_proto::transport::{FrameReader, FrameSink, PeerPolicy, Refused, spawn_writer};
 use switchyard_proto::{Envelope, Kind, Meta, Origin, Payload};
@@ -106,23 +107,12 @@ pub async fn run(
     let policy = PeerPolicy::for_group();
     tokio::spawn(report_gauges(shared.clone()));
     let _ = ready.send(());
+    let mut acceptor = Acceptor::new(listener);
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
             _ = &mut shutdown => return Ok(()),
-            accepted = listener.accept() => {
-                let (stream, _) = match accepted {
-                    Ok(s) => s,
-                    Err(err) => {
-                        tracing::warn!(%err, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(10)).await;
-                        continue;
-                    }
-                };
-                if let Err(err) = policy.check(&stream) {
-                    tracing::warn!(%err, "refusing connection");
-                    continue;
-                }
+            stream = acceptor.accept_peer(&policy) => {
                 tokio::spawn(connection(shared.clone(), stream));
             }
         }

@@ -18,7 +18,6 @@ use futures_util::Stream;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use serde_json::Value;
-use switchyard_proto::EventType;
 use switchyard_proto::grpc::events_server::{Events, EventsServer};
 use switchyard_proto::grpc::{
     Ack, CallReply, CallRequest, ClientMessage, NotifyRequest, Push, ServerMessage, SubscribeRequest,
@@ -32,8 +31,9 @@ use tonic::{Status, Streaming};
 use tonic_health::ServingStatus;
 use tonic_health::server::{HealthReporter, HealthService};
 
-use crate::http::State;
+use crate::exchange::emit_notification;
 use crate::pipes::{CloseReason, Outbox, SessionGuard, Subscription, check_subscription};
+use crate::state::State;
 
 /// Whether a request is gRPC (by content type).
 pub(crate) fn is_grpc<B>(req: &Request<B>) -> bool {
@@ -198,14 +198,8 @@ async fn call(state: &State, req: CallRequest) -> Result<CallReply, CallError> {
             )),
         });
     }
-    let (status, content_type, body) = crate::ws::call(
-        state,
-        EventType::of(&req.r#type),
-        Some(content_type),
-        req.payload,
-        timeout,
-    )
-    .await;
+    let (status, content_type, body) =
+        crate::exchange::call(state, &req.r#type, Some(content_type), req.payload, timeout).await;
     if status < 400 {
         return Ok(CallReply {
             status: status.into(),
@@ -251,7 +245,7 @@ fn open(
     mpsc::Receiver<Result<ServerMessage, Status>>,
     watch::Receiver<CloseReason>,
 ) {
-    let (tx, rx) = mpsc::channel(state.ws.queue);
+    let (tx, rx) = mpsc::channel(state.config.ws.queue);
     let (kill, killed) = watch::channel::<CloseReason>(None);
     let session = state.pool.open_session(Outbox::Grpc(tx.clone()), kill);
     let guard = SessionGuard {
@@ -304,7 +298,7 @@ impl Events for EventsService {
         if serde_json::from_slice::<serde::de::IgnoredAny>(&request.payload).is_err() {
             return Err(Status::invalid_argument("the payload is not valid JSON"));
         }
-        crate::ws::emit_notification(&self.state, &request.r#type, request.payload)
+        emit_notification(&self.state, &request.r#type, request.payload)
             .map(|()| tonic::Response::new(Ack { count: 1 }))
             .map_err(|refused| Status::new(code_for_status(refused.status), refused.detail))
     }
@@ -388,7 +382,7 @@ async fn read_session(
     mut inbound: Streaming<ClientMessage>,
 ) {
     let session = guard.session;
-    let max_in_flight = state.ws.max_in_flight;
+    let max_in_flight = state.config.ws.max_in_flight;
     let in_flight = Arc::new(Semaphore::new(max_in_flight));
     let mut next_sub = 1u64;
     loop {
@@ -422,8 +416,8 @@ async fn read_session(
             }
             Some(client_message::Kind::Subscribe(req)) => match check(&req) {
                 Err(reason) => error(id, 400, &Status::invalid_argument(reason)),
-                Ok(_) if state.pool.subscriptions(session) >= state.ws.max_subscriptions => {
-                    let max = state.ws.max_subscriptions;
+                Ok(_) if state.pool.subscriptions(session) >= state.config.ws.max_subscriptions => {
+                    let max = state.config.ws.max_subscriptions;
                     let status =
                         Status::resource_exhausted(format!("at most {max} subscriptions per stream"));
                     error(id, 429, &status)

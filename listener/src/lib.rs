@@ -11,27 +11,49 @@
 //! outlives a request.
 //!
 //! # Layout
-//! - [`run`]: the accept loop and graceful drain.
-//! - `pipes`: the pool of return pipes to the broker and the pending map.
-//! - `routes`: the route table, merged from the router's announcements.
-//! - `http`: request → event → response.
-//! - `ws`: WebSocket sessions (`/ws`, `/ws/echo`) by upgrade on the same port.
-//! - `grpc`: `switchyard.v1.Events`, health and reflection, by content type
-//!   (`application/grpc*`) on the same port.
+//! Modules follow a request's path. Front ends are leaves over a shared
+//! core: a leaf imports only the core, never another leaf, and the core
+//! imports no leaf.
+//!
+//! - [`run`] (here, with [`Config`]): the accept loop and graceful drain.
+//! - `dispatch`: which front end serves a request (gRPC by content type,
+//!   `/health`, `/ready`, WebSocket upgrades, else the route table).
+//! - Leaves:
+//!   - `http`: a route whose body is taken whole → event → response.
+//!   - `upload`: a route whose body is streamed into a pipe as it arrives.
+//!   - `ws`: WebSocket sessions (`/ws`, `/ws/echo`) by upgrade on the port.
+//!   - `grpc`: `switchyard.v1.Events`, health and reflection, by content
+//!     type (`application/grpc*`) on the same port.
+//! - Core:
+//!   - `exchange`: a request event out to the broker and its answer back;
+//!     as HTTP (`exchange`) or as status and whole body (`call`, for
+//!     WebSocket and gRPC); client notifications.
+//!   - `reply`: response events made HTTP (whole, ranges, streamed), and
+//!     the listener's own problem+json and JSON answers.
+//!   - `body`: response bodies (whole or read from a pipe), `Range` parsing.
+//!   - `state`: what every request shares; request bodies placed in shared
+//!     memory.
+//!   - `pipes`: the pool of return pipes to the broker, the pending map and
+//!     the sessions (WebSocket, gRPC streams) with their subscriptions.
+//!   - `routes`: the route table, merged from the router's announcements.
 //!
 //! [`Envelope`]: switchyard_proto::Envelope
 
 #![forbid(unsafe_code)]
 
+mod body;
+mod dispatch;
+mod exchange;
 mod grpc;
 mod http;
 mod pipes;
+mod reply;
 mod routes;
-mod stream;
+mod state;
+mod upload;
 mod ws;
 
 pub use routes::percent_decode;
-pub use ws::WsConfig;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -39,10 +61,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http_body_util::Either;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
+use switchyard_proto::accept::Acceptor;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
@@ -81,6 +103,41 @@ pub struct Config {
     pub shm_threshold: usize,
     /// WebSocket limits.
     pub ws: WsConfig,
+}
+
+/// WebSocket limits (`[listener.ws]` in switchyard.toml).
+#[derive(Clone, Debug)]
+pub struct WsConfig {
+    /// Largest message (and frame) a client may send; more closes with 1009.
+    pub max_message_bytes: usize,
+    /// Subscriptions one connection may hold; more are refused (error 429).
+    pub max_subscriptions: usize,
+    /// Messages queued towards one client; a push that finds it full drops
+    /// the client (1008 "too slow").
+    pub queue: usize,
+    /// The server pings this often; a client that has not answered the
+    /// previous ping by the next one is closed (1008).
+    pub ping_interval: Duration,
+    /// Requests of one connection in flight at once; the connection is not
+    /// read further until one completes.
+    pub max_in_flight: usize,
+    /// Whether clients may emit notifications (`{"notify": type, "data"}`)
+    /// into the group. Off by default: it lets any client reach every
+    /// subscribed manager.
+    pub notify: bool,
+}
+
+impl Default for WsConfig {
+    fn default() -> Self {
+        WsConfig {
+            max_message_bytes: 256 * 1024,
+            max_subscriptions: 64,
+            queue: 1024,
+            ping_interval: Duration::from_secs(20),
+            max_in_flight: 256,
+            notify: false,
+        }
+    }
 }
 
 impl Config {
@@ -136,46 +193,19 @@ pub async fn run(
         .max_header_list_size(config.max_header_bytes as u32);
     let builder = Arc::new(builder);
     let graceful = GracefulShutdown::new();
-    let state = Arc::new(http::State {
-        pool,
-        config: config.clone(),
-        ws: config.ws.clone(),
-        segments: std::sync::Mutex::new(switchyard_proto::pool::SegmentPool::new(
-            http::SEGMENT_POOL_BYTES,
-            http::SEGMENT_LEASE,
-        )),
-    });
-    // Idle request segments go back to the kernel after a while (a weak
-    // reference: the task must not keep the listener's state alive).
-    let trimmed = Arc::downgrade(&state);
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(Duration::from_secs(2));
-        loop {
-            tick.tick().await;
-            let Some(state) = trimmed.upgrade() else { return };
-            let mut segments = state.segments.lock().unwrap_or_else(|p| p.into_inner());
-            segments.trim(http::SEGMENT_IDLE);
-        }
-    });
+    let state = state::State::start(pool, config.clone());
     let grpc = Arc::new(grpc::Grpc::new(state.clone()));
 
+    let mut main_port = Acceptor::new(tcp);
+    let mut grpc_port = grpc_tcp.map(Acceptor::new);
     tokio::pin!(drain);
     let grace = loop {
         // A connection on the main port (HTTP, WebSocket and gRPC by content
         // type), or on the gRPC-only port when there is one.
-        let (accepted, grpc_only) = tokio::select! {
+        let (stream, grpc_only) = tokio::select! {
             grace = &mut drain => break grace,
-            accepted = tcp.accept() => (accepted, false),
-            accepted = accept_optional(grpc_tcp.as_ref()) => (accepted, true),
-        };
-        let (stream, _) = match accepted {
-            Ok(s) => s,
-            Err(err) => {
-                // EMFILE and friends: back off instead of spinning.
-                tracing::warn!(%err, "accept failed");
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                continue;
-            }
+            stream = main_port.accept() => (stream, false),
+            stream = accept_optional(grpc_port.as_mut()) => (stream, true),
         };
         let _ = stream.set_nodelay(true);
         let builder = builder.clone();
@@ -184,16 +214,8 @@ pub async fn run(
         let watcher = graceful.watcher();
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |req| {
-                let (state, grpc) = (state.clone(), grpc.clone());
-                async move {
-                    let reply = if grpc_only || grpc::is_grpc(&req) {
-                        grpc.serve(req).await.map(Either::Right)
-                    } else {
-                        let Ok(reply) = http::handle(state, req).await;
-                        reply.map(Either::Left)
-                    };
-                    Ok::<_, Infallible>(reply)
-                }
+                let reply = dispatch::serve(state.clone(), grpc.clone(), grpc_only, req);
+                async move { Ok::<_, Infallible>(reply.await) }
             });
             let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
             if let Err(err) = watcher.watch(conn.into_owned()).await {
@@ -201,8 +223,8 @@ pub async fn run(
             }
         });
     };
-    drop(tcp);
-    drop(grpc_tcp);
+    drop(main_port);
+    drop(grpc_port);
     tracing::info!(connections = graceful.count(), ?grace, "draining");
     if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
         tracing::warn!("grace period over; closing remaining connections");
@@ -210,12 +232,10 @@ pub async fn run(
     Ok(())
 }
 
-/// Accepts on `listener`, or never when there is none.
-async fn accept_optional(
-    listener: Option<&TcpListener>,
-) -> std::io::Result<(tokio::net::TcpStream, std::net::SocketAddr)> {
-    match listener {
-        Some(listener) => listener.accept().await,
+/// Accepts on `port`, or never when there is none.
+async fn accept_optional(port: Option<&mut Acceptor<TcpListener>>) -> tokio::net::TcpStream {
+    match port {
+        Some(port) => port.accept().await,
         None => std::future::pending().await,
     }
 }

@@ -80,27 +80,13 @@ impl Routes {
     }
 }
 
-/// Decodes `%XX` escapes; invalid escapes and non-UTF-8 results are kept raw.
+/// Decodes `%XX` escapes; invalid escapes are kept raw, and a result that
+/// is not UTF-8 leaves the whole input raw. `+` stays `+` (a path is not a
+/// form).
 pub fn percent_decode(s: &str) -> String {
-    if !s.contains('%') {
-        return s.to_owned();
-    }
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' && i + 2 < bytes.len() {
-            let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok();
-            if let Some(b) = hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
-                out.push(b);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8(out).unwrap_or_else(|_| s.to_owned())
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8()
+        .map_or_else(|_| s.to_owned(), |decoded| decoded.into_owned())
 }
 
 #[cfg(test)]
@@ -150,5 +136,10 @@ mod tests {
         assert_eq!(percent_decode("100%"), "100%");
         assert_eq!(percent_decode("%zz"), "%zz");
         assert_eq!(percent_decode("%ff"), "%ff");
+        assert_eq!(percent_decode("caf%C3%A9%zz"), "café%zz");
+        assert_eq!(percent_decode("%2"), "%2");
+        assert_eq!(percent_decode("a+b%2Bc"), "a+b+c");
+        // Two hex digits make an escape, nothing else: not a signed number.
+        assert_eq!(percent_decode("%+f"), "%+f");
     }
 }

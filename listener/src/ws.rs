@@ -21,7 +21,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use serde_json::Value;
 use switchyard_proto::control::{WsBinaryReply, WsBinaryRequest};
-use switchyard_proto::{Deadline, Envelope, EventType, Payload, problem};
+use switchyard_proto::problem;
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::error::CapacityError;
@@ -29,48 +29,14 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, WebSocketConfig};
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 
-use crate::http::{State, error};
-use crate::pipes::{CloseReason, Outbox, SendFailure, Subscription, check_subscription};
+use crate::exchange::{call, emit_notification, round_trip};
+use crate::pipes::{CloseReason, Outbox, Subscription, check_subscription};
+use crate::reply::{Reply, error};
+use crate::state::State;
 
 /// The event `/ws/echo` messages become.
 pub(crate) const ECHO_EVENT: &str = "demo.WsEcho";
 
-/// WebSocket limits (`[listener.ws]` in switchyard.toml).
-#[derive(Clone, Debug)]
-pub struct WsConfig {
-    /// Largest message (and frame) a client may send; more closes with 1009.
-    pub max_message_bytes: usize,
-    /// Subscriptions one connection may hold; more are refused (error 429).
-    pub max_subscriptions: usize,
-    /// Messages queued towards one client; a push that finds it full drops
-    /// the client (1008 "too slow").
-    pub queue: usize,
-    /// The server pings this often; a client that has not answered the
-    /// previous ping by the next one is closed (1008).
-    pub ping_interval: Duration,
-    /// Requests of one connection in flight at once; the connection is not
-    /// read further until one completes.
-    pub max_in_flight: usize,
-    /// Whether clients may emit notifications (`{"notify": type, "data"}`)
-    /// into the group. Off by default: it lets any client reach every
-    /// subscribed manager.
-    pub notify: bool,
-}
-
-impl Default for WsConfig {
-    fn default() -> Self {
-        WsConfig {
-            max_message_bytes: 256 * 1024,
-            max_subscriptions: 64,
-            queue: 1024,
-            ping_interval: Duration::from_secs(20),
-            max_in_flight: 256,
-            notify: false,
-        }
-    }
-}
-
-type Reply = Response<crate::http::Body>;
 type Ws = WebSocketStream<TokioIo<hyper::upgrade::Upgraded>>;
 
 /// Whether the request asks for a WebSocket upgrade.
@@ -107,7 +73,7 @@ pub(crate) fn upgrade(state: Arc<State>, mut req: Request<Incoming>, echo: bool)
     };
     let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
     let on_upgrade = hyper::upgrade::on(&mut req);
-    let cfg = state.ws.clone();
+    let cfg = state.config.ws.clone();
     tokio::spawn(async move {
         let upgraded = match on_upgrade.await {
             Ok(u) => u,
@@ -208,7 +174,7 @@ fn error_message(id: Option<&Value>, status: u16, detail: &str) -> Message {
 
 /// The `/ws` session: requests, subscriptions, pushes.
 async fn session(state: Arc<State>, ws: Ws) {
-    let cfg = state.ws.clone();
+    let cfg = state.config.ws.clone();
     let (sink, mut stream) = ws.split();
     let (tx, rx) = mpsc::channel::<Message>(cfg.queue);
     let (kill, mut killed) = watch::channel::<CloseReason>(None);
@@ -347,7 +313,7 @@ fn subscribe(
         Ok(f) => f,
         Err(reason) => return error_message(id, 400, &reason),
     };
-    let max = state.ws.max_subscriptions;
+    let max = state.config.ws.max_subscriptions;
     if state.pool.subscriptions(session) >= max {
         return error_message(id, 429, &format!("at most {max} subscriptions per connection"));
     }
@@ -382,113 +348,12 @@ fn unsubscribe(state: &State, session: u64, id: Option<&Value>, which: &Value) -
     Message::text(Value::Object(out).to_string())
 }
 
-/// Sends one request through the pipeline; the answer as raw status and body.
-async fn round_trip(state: &State, ty: EventType, content_type: Option<&str>, body: Bytes) -> (u16, Bytes) {
-    let (status, _, body) = call(state, ty, content_type, body, state.config.request_timeout).await;
-    (status, body)
-}
-
-/// Sends one request event (the one the HTTP path builds: type, body,
-/// content type, deadline) through the pipeline and waits at most
-/// `timeout`; the answer as status, content type and body. Failures of the
-/// path itself are problem+json answers (503, 504). Shared by `/ws` and gRPC.
-pub(crate) async fn call(
-    state: &State,
-    ty: EventType,
-    content_type: Option<&str>,
-    body: Bytes,
-    timeout: Duration,
-) -> (u16, Option<String>, Bytes) {
-    let problem_bytes = |status: u16, detail: &str| {
-        let (status, body) = problem_bytes(status, detail);
-        (status, Some(problem::PROBLEM_JSON.to_owned()), body)
-    };
-    let mut env = Envelope::request(ty, 0, Bytes::new());
-    env.payload = match state.request_payload(body) {
-        Ok(p) => p,
-        Err(_) => return problem_bytes(503, "shared-memory budget exhausted; retry later"),
-    };
-    env.deadline = Deadline::after(timeout);
-    if let Some(ct) = content_type {
-        env.meta.push("content-type", ct);
-        // A bincode request gets a bincode answer; anything else, JSON.
-        if ct == "application/x-bincode" {
-            env.meta.push("accept", ct);
-        }
-    }
-    let in_flight = match state.pool.send(env) {
-        Ok(f) => f,
-        Err(SendFailure::Busy) => return problem_bytes(503, "the server is overloaded"),
-        Err(SendFailure::Unavailable) => return problem_bytes(503, "the broker is not available"),
-    };
-    let response = match tokio::time::timeout(timeout, &mut { in_flight }.response).await {
-        Ok(Ok(env)) => env,
-        Ok(Err(_)) => return problem_bytes(503, "the request was dropped"),
-        Err(_) => return problem_bytes(504, "the request deadline passed"),
-    };
-    let content_type = response.meta.get("content-type").map(str::to_owned);
-    if let Payload::Stream(handle) = response.payload {
-        // A message is whole: the stream is read to its end, up to the
-        // largest body a message may carry (past it the pipe is dropped,
-        // which stops its producer).
-        let limit = state.config.max_body_bytes;
-        return match read_whole(handle, limit, timeout).await {
-            Ok(body) => (response.status, content_type, body),
-            Err(detail) => problem_bytes(502, &detail),
-        };
-    }
-    match response.payload.bytes() {
-        Ok(b) => (response.status, content_type, b),
-        Err(_) => problem_bytes(503, "response body unavailable"),
-    }
-}
-
-/// A streamed response body read whole, for a WebSocket or gRPC message.
-async fn read_whole(
-    handle: switchyard_proto::StreamHandle,
-    limit: usize,
-    timeout: Duration,
-) -> Result<Bytes, String> {
-    if handle.length().is_some_and(|len| len > limit as u64) {
-        return Err(format!(
-            "the streamed response is larger than a message may be ({limit} bytes)"
-        ));
-    }
-    let read = async {
-        let mut pipe = handle
-            .open()
-            .and_then(|end| end.into_async())
-            .map_err(|e| e.to_string())?;
-        let mut body = bytes::BytesMut::new();
-        loop {
-            let chunk = pipe.read(64 * 1024).await.map_err(|e| e.to_string())?;
-            if chunk.is_empty() {
-                return Ok(body.freeze());
-            }
-            if body.len() + chunk.len() > limit {
-                return Err(format!(
-                    "the streamed response is larger than a message may be ({limit} bytes)"
-                ));
-            }
-            body.extend_from_slice(&chunk);
-        }
-    };
-    tokio::time::timeout(timeout, read)
-        .await
-        .unwrap_or_else(|_| Err("the streamed response did not end in time".to_owned()))
-}
-
-fn problem_bytes(status: u16, detail: &str) -> (u16, Bytes) {
-    (status, problem::problem(status, detail).1)
-}
-
 /// A binary `/ws` request → its binary reply.
 async fn binary_request(state: &State, request: WsBinaryRequest) -> Message {
     const BINCODE: &str = "application/x-bincode";
-    let ty = EventType::of(&request.event_type);
     let (status, content_type, body) = call(
         state,
-        ty,
+        &request.event_type,
         Some(BINCODE),
         Bytes::from(request.payload),
         state.config.request_timeout,
@@ -504,32 +369,6 @@ async fn binary_request(state: &State, request: WsBinaryRequest) -> Message {
         Ok(bytes) => Message::Binary(Bytes::from(bytes)),
         Err(_) => error_message(None, 500, "internal error"),
     }
-}
-
-/// Why a client's notification was not emitted: an event status.
-pub(crate) struct NotifyRefused {
-    pub(crate) status: u16,
-    pub(crate) detail: &'static str,
-}
-
-/// Emits a client-sent notification (JSON `body`) into the group like a
-/// manager's `notify`: to subscribed managers and matching clients, when
-/// the listener allows it (`listener.ws.notify`). Shared by `/ws` and gRPC.
-pub(crate) fn emit_notification(state: &State, ty: &str, body: Bytes) -> Result<(), NotifyRefused> {
-    if !state.ws.notify {
-        return Err(NotifyRefused {
-            status: 403,
-            detail: "client notifications are disabled (listener.ws.notify)",
-        });
-    }
-    let mut env = Envelope::notification(EventType::of(ty), body);
-    env.meta.push("content-type", "application/json");
-    env.meta.push("event", ty);
-    // Fire and forget: the in-flight entry the pool parks is dropped at once.
-    state.pool.send(env).map(drop).map_err(|_| NotifyRefused {
-        status: 503,
-        detail: "the broker is not available",
-    })
 }
 
 /// A `/ws` notification: `{"id","notify","data"}` → `{"id","notified"}`.
@@ -558,7 +397,7 @@ fn notify(state: &State, id: Option<&Value>, ty: &Value, data: Option<&Value>) -
 /// A `/ws` request: `{"id","type","data"}` → `{"id","status","data"|"error"}`.
 async fn request(state: &State, ty: &str, id: Option<&Value>, data: &Value) -> Message {
     let body = Bytes::from(data.to_string());
-    let (status, body) = round_trip(state, EventType::of(ty), Some("application/json"), body).await;
+    let (status, body) = round_trip(state, ty, Some("application/json"), body).await;
     let payload: Value = serde_json::from_slice(&body)
         .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into_owned()));
     let mut out = serde_json::Map::new();
@@ -575,7 +414,6 @@ async fn request(state: &State, ty: &str, id: Option<&Value>, data: &Value) -> M
 /// order. A failed round trip closes with 1011.
 async fn echo_session(state: Arc<State>, ws: Ws) {
     let (mut sink, mut stream) = ws.split();
-    let ty = EventType::of(ECHO_EVENT);
     while let Some(msg) = stream.next().await {
         let (binary, body) = match msg {
             Ok(Message::Text(t)) => (false, Bytes::from(t)),
@@ -591,7 +429,7 @@ async fn echo_session(state: Arc<State>, ws: Ws) {
                 return;
             }
         };
-        let (status, reply) = round_trip(&state, ty, Some("application/octet-stream"), body).await;
+        let (status, reply) = round_trip(&state, ECHO_EVENT, Some("application/octet-stream"), body).await;
         let out = if status != 200 {
             tracing::warn!(status, "websocket echo round trip failed");
             close_message(Some((1011, "server error")))

@@ -47,8 +47,10 @@ pub enum Control {
     SessionClosed { session: u64 },
 }
 
-/// The meta key of a notification that names its type (`order.created`):
-/// set by the SDK when a manager notifies, needed for prefix subscriptions.
+/// The meta key that names an event's type (`order.created`): set by the
+/// SDK when a manager notifies (prefix subscriptions need it), and by the
+/// listener on requests whose type a WebSocket or gRPC client named (so
+/// the router can say which type no manager declares).
 pub const META_EVENT: &str = "event";
 
 /// The meta key of a push frame (broker → listener pipe): the recipients,

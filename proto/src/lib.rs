@@ -14,6 +14,8 @@
 //!   meta headers, payload (inline or shared-memory handle).
 //! - [`frame`]: bytes ↔ frames (two-phase: `check` then `parse`).
 //! - [`transport`]: the batched frame writer, the frame reader, peer checks.
+//! - [`accept`]: the accept loop of every listening socket: back-off on
+//!   errors, peer checks on group sockets.
 //! - [`control`]: control messages between group processes (hello, route
 //!   table, registration).
 //! - [`supervision`]: the child ↔ supervisor control channel.
@@ -29,6 +31,7 @@
 //!   crate without it.
 //! - `grpc`: the generated gRPC service.
 
+pub mod accept;
 pub mod codec;
 pub mod control;
 pub mod event;

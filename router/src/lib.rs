@@ -23,6 +23,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use switchyard_proto::accept::Acceptor;
 use switchyard_proto::control::Control;
 use switchyard_proto::transport::{FrameReader, FrameSink, PeerPolicy, spawn_writer};
 use switchyard_proto::{Envelope, Kind, Origin};
@@ -86,23 +87,12 @@ pub async fn run(
     tokio::spawn(broker_link(shared.clone(), ready));
     tokio::spawn(deadline_sweeper(shared.clone()));
     let policy = PeerPolicy::for_group();
+    let mut acceptor = Acceptor::new(listener);
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
             _ = &mut shutdown => return Ok(()),
-            accepted = listener.accept() => {
-                let (stream, _) = match accepted {
-                    Ok(s) => s,
-                    Err(err) => {
-                        tracing::warn!(%err, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(10)).await;
-                        continue;
-                    }
-                };
-                if let Err(err) = policy.check(&stream) {
-                    tracing::warn!(%err, "refusing connection");
-                    continue;
-                }
+            stream = acceptor.accept_peer(&policy) => {
                 tokio::spawn(manager_connection(shared.clone(), stream));
             }
         }

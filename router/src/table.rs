@@ -1,9 +1,9 @@
 //! The router's state: who serves what, and which requests are in flight.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use switchyard_proto::control::{
-    Control, HandledType, ManagerDescription, ManagerHealth, RouteEntry, RouteTable,
+    Control, HandledType, META_EVENT, ManagerDescription, ManagerHealth, RouteEntry, RouteTable,
 };
 use switchyard_proto::transport::FrameSink;
 use switchyard_proto::{Deadline, Envelope, EventType, Origin};
@@ -42,6 +42,10 @@ pub(crate) struct Table {
     /// the listener answers 503 for them, not 404.
     routes: BTreeMap<(String, String), RouteEntry>,
     declared: Vec<String>,
+    /// Managers that have registered an instance since the router started:
+    /// once every declared one has, `known` holds every type the group
+    /// serves.
+    registered: HashSet<String>,
     broker: Option<FrameSink>,
     version: u64,
     next_id: u64,
@@ -59,6 +63,7 @@ impl Table {
             in_flight: HashMap::new(),
             routes: BTreeMap::new(),
             declared,
+            registered: HashSet::new(),
             broker: None,
             version: 0,
             next_id: 0,
@@ -120,6 +125,7 @@ impl Table {
         for sub in &description.subscribes {
             self.subscribers.entry(*sub).or_default().push(id);
         }
+        self.registered.insert(description.name.clone());
         self.instances.insert(
             id,
             Instance {
@@ -162,18 +168,7 @@ impl Table {
     pub(crate) fn route_request(&mut self, env: Envelope) {
         let key = (env.origin, env.correlation);
         let Some(id) = self.pick(env.event_type) else {
-            let (status, detail) = match self.known.get(&env.event_type) {
-                Some(known) => (503, format!("manager `{}` is not running", known.manager)),
-                // A listener only sends types from the route table: the
-                // manager is known to the group, just not registered yet.
-                None if matches!(env.origin, Origin::Pipe(_)) => {
-                    (503, "no manager serves this route right now".to_owned())
-                }
-                None => (
-                    404,
-                    format!("no manager handles event type {:#x}", env.event_type.0),
-                ),
-            };
+            let (status, detail) = self.unroutable(&env);
             return self.deliver(Envelope::error_to(&env, status, &detail));
         };
         let inst = self.instances.get_mut(&id).expect("picked instances exist");
@@ -205,6 +200,44 @@ impl Table {
                 }
                 self.deliver(err);
             }
+        }
+    }
+
+    /// Why a request no instance can take is refused: 503 while a manager
+    /// that serves (or may serve) its type is down, 404 when no manager
+    /// declares it. The type is named by its name when the request carries
+    /// it (meta `event`: WebSocket and gRPC calls) or the router knows it.
+    fn unroutable(&self, env: &Envelope) -> (u16, String) {
+        if let Some(known) = self.known.get(&env.event_type) {
+            return (503, format!("manager `{}` is not running", known.manager));
+        }
+        let name = env
+            .meta
+            .get(META_EVENT)
+            .filter(|name| EventType::of(name) == env.event_type);
+        let Some(name) = name else {
+            // A listener's HTTP route comes from its route table, which
+            // keeps the routes of every manager ever registered: this router
+            // restarted since, and the manager has not registered again yet.
+            if matches!(env.origin, Origin::Pipe(_)) {
+                return (503, "no manager serves this route right now".to_owned());
+            }
+            return self.undeclared(&format!("{:#x}", env.event_type.0));
+        };
+        self.undeclared(&format!("`{name}`"))
+    }
+
+    /// A type no registered manager declares: 404, unless a declared
+    /// manager has not registered yet (it may be the one that serves it).
+    fn undeclared(&self, ty: &str) -> (u16, String) {
+        match self.declared.iter().find(|m| !self.registered.contains(*m)) {
+            Some(missing) => (
+                503,
+                format!(
+                    "no running manager declares event type {ty}; manager `{missing}` has not started yet"
+                ),
+            ),
+            None => (404, format!("no manager declares event type {ty}")),
         }
     }
 

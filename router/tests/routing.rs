@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use bytes::Bytes;
-use switchyard_proto::control::{Control, HandledType, ManagerDescription, RouteTable};
+use switchyard_proto::control::{Control, HandledType, META_EVENT, ManagerDescription, RouteTable};
 use switchyard_proto::transport::{FrameReader, FrameSink, spawn_writer};
 use switchyard_proto::{DEFAULT_MAX_FRAME, Deadline, Envelope, EventType, Kind, Origin};
 use tokio::io::AsyncWriteExt;
@@ -192,6 +192,60 @@ async fn unrouted_requests_are_answered_at_once() {
     m.sink.send(call).unwrap();
     let answer = m.next().await;
     assert_eq!((answer.status, answer.correlation), (404, 5));
+    // Its name is nowhere to be had: the id stands in.
+    let id = format!("{:#x}", EventType::of("t.Nobody").0);
+    assert_eq!(detail(&answer), format!("no manager declares event type {id}"));
+}
+
+/// A request from a client that named its type (meta `event`): a
+/// WebSocket or gRPC call through the listener.
+fn named_request(ty: &str, correlation: u64) -> Envelope {
+    let mut env = request(ty, correlation, 1);
+    env.meta.push(META_EVENT, ty);
+    env
+}
+
+/// The problem+json detail of an error answer.
+fn detail(answer: &Envelope) -> String {
+    let body: serde_json::Value = serde_json::from_slice(answer.payload.inline().unwrap()).unwrap();
+    body["detail"].as_str().unwrap().to_owned()
+}
+
+#[tokio::test]
+async fn a_named_type_nobody_declares_is_404_by_its_name() {
+    let mut rig = rig(&["m"]).await;
+    // `m` has not registered yet: it may be the one that serves the type.
+    rig.broker.sink.send(named_request("t.Nobody", 1)).unwrap();
+    let early = rig.broker.next().await;
+    assert_eq!(early.status, 503, "{}", detail(&early));
+    assert!(
+        detail(&early).contains("manager `m` has not started yet"),
+        "{}",
+        detail(&early)
+    );
+
+    let m = manager(&rig, "m", &["t.A"], &[]).await;
+    rig.broker.sink.send(named_request("t.Nobody", 2)).unwrap();
+    let answer = rig.broker.next().await;
+    assert_eq!((answer.status, answer.correlation), (404, 2));
+    assert_eq!(detail(&answer), "no manager declares event type `t.Nobody`");
+
+    // Declared, but every instance down: still 503.
+    drop(m);
+    rig.broker.table(|t| !t.all_up()).await;
+    rig.broker.sink.send(named_request("t.A", 3)).unwrap();
+    let down = rig.broker.next().await;
+    assert_eq!(
+        (down.status, detail(&down).as_str()),
+        (503, "manager `m` is not running")
+    );
+
+    // A name that is not the type's is no name.
+    let mut forged = request("t.Nobody", 4, 1);
+    forged.meta.push(META_EVENT, "t.Other");
+    rig.broker.sink.send(forged).unwrap();
+    let unnamed = rig.broker.next().await;
+    assert_eq!(unnamed.status, 503, "an HTTP route's type: {}", detail(&unnamed));
 }
 
 #[tokio::test]
