@@ -15,7 +15,7 @@
 //! ```
 //!
 //! The channel (HTTP/2) reconnects by itself; a subscription whose stream
-//! breaks subscribes again in the background with exponential backoff (10 ms
+//! breaks subscribes again in the background with exponential backoff with jitter (10 ms
 //! up to 2 s), and its stream goes on (pushes sent meanwhile are lost).
 
 use std::pin::Pin;
@@ -29,6 +29,7 @@ use serde_json::Value;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use switchyard_proto::backoff::Backoff;
 use switchyard_proto::grpc::events_client::EventsClient;
 
 use switchyard_proto::grpc::{
@@ -262,10 +263,10 @@ async fn forward(
     mut stream: tonic::Streaming<switchyard_proto::grpc::Push>,
     tx: mpsc::UnboundedSender<Push>,
 ) {
-    let mut backoff = Duration::from_millis(10);
+    let mut backoff = Backoff::client();
     loop {
         while let Ok(Some(push)) = stream.message().await {
-            backoff = Duration::from_millis(10);
+            backoff.reset();
             let data = serde_json::from_slice(&push.payload).unwrap_or(Value::Null);
             if tx
                 .send(Push {
@@ -278,8 +279,7 @@ async fn forward(
             }
         }
         loop {
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_secs(2));
+            tokio::time::sleep(backoff.next_delay()).await;
             if tx.is_closed() {
                 return;
             }

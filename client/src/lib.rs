@@ -16,7 +16,7 @@
 //!
 //! One connection carries every call and subscription, interleaved. When it
 //! drops, calls in flight fail with [`ClientError::Disconnected`], and the
-//! client reconnects in the background with exponential backoff (10 ms up
+//! client reconnects in the background with exponential backoff with jitter (10 ms up
 //! to 2 s) and subscribes again to everything it was subscribed to; the
 //! subscription streams go on (pushes sent while disconnected are lost).
 
@@ -34,6 +34,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
+use switchyard_proto::backoff::Backoff;
 
 use futures_util::{SinkExt, Stream, StreamExt};
 use serde::Serialize;
@@ -274,7 +275,7 @@ async fn open(url: &str) -> Result<Socket, ClientError> {
 async fn run(inner: Weak<Inner>, first: Socket, first_rx: mpsc::UnboundedReceiver<Message>) {
     let mut socket = Some(first);
     let mut first_rx = Some(first_rx);
-    let mut backoff = Duration::from_millis(10);
+    let mut backoff = Backoff::client();
     loop {
         let ws = match socket.take() {
             Some(ws) => ws,
@@ -286,8 +287,7 @@ async fn run(inner: Weak<Inner>, first: Socket, first_rx: mpsc::UnboundedReceive
                     Ok(ws) => ws,
                     Err(err) => {
                         tracing::debug!(%err, "reconnect failed");
-                        tokio::time::sleep(backoff).await;
-                        backoff = (backoff * 2).min(Duration::from_secs(2));
+                        tokio::time::sleep(backoff.next_delay()).await;
                         continue;
                     }
                 }
@@ -331,10 +331,9 @@ async fn run(inner: Weak<Inner>, first: Socket, first_rx: mpsc::UnboundedReceive
         lock(&i.pending).clear();
         drop(i);
         if connected_at.elapsed() > Duration::from_secs(1) {
-            backoff = Duration::from_millis(10);
+            backoff.reset();
         }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(2));
+        tokio::time::sleep(backoff.next_delay()).await;
     }
 }
 

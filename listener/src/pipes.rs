@@ -17,8 +17,8 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
-use std::time::Duration;
 
+use switchyard_proto::backoff::Backoff;
 use switchyard_proto::control::{Control, Filter, META_EVENT, META_TO, RouteTable, pattern_prefix};
 use switchyard_proto::grpc::{Push, ServerMessage, server_message};
 use switchyard_proto::transport::{FrameReader, FrameSink, spawn_writer};
@@ -349,11 +349,11 @@ impl Pool {
 }
 
 async fn pipe_task(pool: Arc<Pool>, index: usize) {
-    let mut backoff = Duration::from_millis(2);
+    let mut backoff = Backoff::peer();
     loop {
         match connect(&pool, index).await {
             Ok((reader, sink)) => {
-                backoff = Duration::from_millis(2);
+                backoff.reset();
                 resubscribe(&pool.slots[index], &sink);
                 *lock(&pool.slots[index].sink) = Some(sink);
                 pool.mark(1, false);
@@ -365,8 +365,7 @@ async fn pipe_task(pool: Arc<Pool>, index: usize) {
             }
             Err(err) => {
                 tracing::debug!(%err, pipe = index, "broker not reachable");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_millis(200));
+                tokio::time::sleep(backoff.next_delay()).await;
             }
         }
     }

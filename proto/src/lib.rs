@@ -9,6 +9,7 @@
 //! one vocabulary.
 //!
 //! # Layout
+//! - [`backoff`]: the back-off policy of every reconnect loop.
 //! - [`codec`]: the only module that calls bincode; every decode is bounded.
 //! - [`event`]: the envelope: type id, kind, correlation, origin, deadline,
 //!   meta headers, payload (inline or shared-memory handle).
@@ -31,7 +32,9 @@
 //!   crate without it.
 //! - `grpc`: the generated gRPC service.
 
+#[cfg(feature = "runtime")]
 pub mod accept;
+pub mod backoff;
 pub mod codec;
 pub mod control;
 pub mod event;

@@ -24,6 +24,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use switchyard_proto::accept::Acceptor;
+use switchyard_proto::backoff::Backoff;
 use switchyard_proto::control::Control;
 use switchyard_proto::transport::{FrameReader, FrameSink, PeerPolicy, spawn_writer};
 use switchyard_proto::{Envelope, Kind, Origin};
@@ -102,11 +103,11 @@ pub async fn run(
 /// Keeps the connection to the broker up for the life of the router.
 async fn broker_link(shared: Shared, ready: oneshot::Sender<()>) {
     let mut ready = Some(ready);
-    let mut backoff = Duration::from_millis(5);
+    let mut backoff = Backoff::peer();
     loop {
         match connect_broker(&shared).await {
             Ok((reader, sink)) => {
-                backoff = Duration::from_millis(5);
+                backoff.reset();
                 shared.lock().set_broker(Some(sink));
                 if let Some(ready) = ready.take() {
                     let _ = ready.send(());
@@ -118,8 +119,7 @@ async fn broker_link(shared: Shared, ready: oneshot::Sender<()>) {
             }
             Err(err) => {
                 tracing::debug!(%err, "broker not reachable yet");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_millis(200));
+                tokio::time::sleep(backoff.next_delay()).await;
             }
         }
     }

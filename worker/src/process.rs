@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use switchyard_proto::backoff::Backoff;
 use switchyard_proto::transport::{FrameReader, FrameSink, PeerPolicy, spawn_writer};
 use switchyard_proto::{Envelope, Kind, Meta, Payload};
 use tokio::net::UnixStream;
@@ -318,7 +319,7 @@ pub async fn serve(
 ) {
     let mut ready = Some(ready);
     tokio::pin!(shutdown);
-    let mut backoff = Duration::from_millis(5);
+    let mut backoff = Backoff::peer();
     loop {
         let connected = tokio::select! {
             _ = &mut shutdown => return,
@@ -330,13 +331,12 @@ pub async fn serve(
                 tracing::debug!(%err, "manager's worker socket not reachable yet");
                 tokio::select! {
                     _ = &mut shutdown => return,
-                    _ = tokio::time::sleep(backoff) => {}
+                    _ = tokio::time::sleep(backoff.next_delay()) => {}
                 }
-                backoff = (backoff * 2).min(Duration::from_millis(200));
                 continue;
             }
         };
-        backoff = Duration::from_millis(5);
+        backoff.reset();
         if let Some(ready) = ready.take() {
             let _ = ready.send(());
         }

@@ -14,6 +14,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use bytes::Bytes;
+use switchyard_proto::backoff::Backoff;
 use switchyard_proto::control::Control;
 use switchyard_proto::transport::{FrameReader, FrameSink, spawn_writer};
 use switchyard_proto::{Deadline, Envelope, EventType, Kind, Origin, Payload, problem};
@@ -95,7 +96,7 @@ pub async fn run(
 ) -> Result<(), LoadError> {
     let mut ready = Some(ready);
     tokio::pin!(shutdown);
-    let mut backoff = Duration::from_millis(5);
+    let mut backoff = Backoff::peer();
     let (pool, mut results) = config.workers.start(&plugin, config.max_frame)?;
     let mut host = Host {
         requests: HashMap::new(),
@@ -113,7 +114,7 @@ pub async fn run(
         };
         match link {
             Ok((reader, sink, id)) => {
-                backoff = Duration::from_millis(5);
+                backoff.reset();
                 tracing::info!(
                     instance = config.instance,
                     router_id = id,
@@ -133,9 +134,8 @@ pub async fn run(
                 tracing::debug!(%err, "router not reachable yet");
                 tokio::select! {
                     _ = &mut shutdown => return Ok(()),
-                    _ = tokio::time::sleep(backoff) => {}
+                    _ = tokio::time::sleep(backoff.next_delay()) => {}
                 }
-                backoff = (backoff * 2).min(Duration::from_millis(200));
             }
         }
     }

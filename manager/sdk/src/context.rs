@@ -131,6 +131,8 @@ impl Context {
             let mut meta = Meta::default();
             meta.push("content-type", BINCODE);
             meta.push("accept", BINCODE);
+            // The router names the type in its answer when nobody serves it.
+            meta.push(switchyard_proto::control::META_EVENT, E::NAME);
             shared.calls.borrow_mut().insert(
                 call,
                 CallSlot {
