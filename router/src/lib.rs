@@ -168,6 +168,9 @@ async fn manager_connection(shared: Shared, stream: UnixStream) {
     };
     let (sink, _writer) = spawn_writer(write, shared.config.queue_capacity, max);
     let name = description.name.clone();
+    // Logged by pid, as `switchyard status` lists processes; `router_id` is
+    // this router's own registration number.
+    let pid = description.pid;
     let id = match shared.lock().add_instance(description, sink.clone()) {
         Ok(id) => id,
         Err(reason) => {
@@ -178,7 +181,7 @@ async fn manager_connection(shared: Shared, stream: UnixStream) {
     if let Ok(welcome) = Envelope::control(&Control::Welcome { id }) {
         let _ = sink.send(welcome);
     }
-    tracing::info!(manager = %name, instance = id, "manager registered");
+    tracing::info!(manager = %name, pid, router_id = id, "manager registered");
     let mut batch = Vec::with_capacity(64);
     loop {
         match reader.read_batch(&mut batch).await {
@@ -203,7 +206,7 @@ async fn manager_connection(shared: Shared, stream: UnixStream) {
         }
     }
     let failed = shared.lock().remove_instance(id);
-    tracing::warn!(manager = %name, instance = id, failed, "manager disconnected");
+    tracing::warn!(manager = %name, pid, router_id = id, failed, "manager disconnected");
 }
 
 async fn deadline_sweeper(shared: Shared) {
