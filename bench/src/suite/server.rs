@@ -14,8 +14,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
+use tempfile::TempDir;
 
-use super::tmp::TempDir;
+use super::tmp::scratch;
 
 /// How long a server may take to print its address. A group's children each
 /// get `start_timeout_ms` (10 s by default) and start one after the other.
@@ -300,7 +301,7 @@ pub(crate) struct Group {
 impl Group {
     /// `config`: a `switchyard.toml` to start with; `None` for the defaults.
     pub(crate) fn start(exe: &Path, config: Option<&str>) -> anyhow::Result<Group> {
-        let dir = TempDir::new("group")?;
+        let dir = scratch("group")?;
         let mut command = Command::new(exe);
         command
             .arg("up")
@@ -340,7 +341,7 @@ impl Group {
 /// Validates `config` with `switchyard check`: `Err` carries its message,
 /// which names the key a build does not know.
 pub(crate) fn check_config(exe: &Path, config: &str) -> anyhow::Result<Result<(), String>> {
-    let dir = TempDir::new("check")?;
+    let dir = scratch("check")?;
     let file = dir.path().join("switchyard.toml");
     std::fs::write(&file, config).with_context(|| format!("cannot write {}", file.display()))?;
     let output = Command::new(exe)
