@@ -13,6 +13,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 use tempfile::TempDir;
 
@@ -159,10 +161,9 @@ impl Server {
         if self.exited {
             return Ok(());
         }
-        // SAFETY: kill has no memory-safety preconditions. The pid cannot
-        // have been reused: the child is reaped only by our waiter thread,
-        // which reports it, and we have not seen that report.
-        unsafe { libc::kill(self.pid, libc::SIGTERM) };
+        // The pid cannot have been reused: the child is reaped only by our
+        // waiter thread, which reports it, and we have not seen that report.
+        let _ = kill(Pid::from_raw(self.pid), Signal::SIGTERM);
         if let Some(status) = self.wait_exit(STOP_TIMEOUT) {
             return match status {
                 Ok(status) if status.success() => Ok(()),
@@ -179,8 +180,8 @@ impl Server {
         let mut doomed = descendants(self.pid);
         doomed.push(self.pid);
         for pid in doomed {
-            // SAFETY: as above; descendants were read while the server lived.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
+            // As above; descendants were read while the server lived.
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
         }
         let _ = self.wait_exit(Duration::from_secs(5));
         // Whatever became of it, a second SIGTERM from `drop` would not help.
