@@ -8,17 +8,16 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
 
 /// How long any wait in a test may take before it counts as a failure. Not a
 /// performance threshold: a generous bound so a broken build fails instead
 /// of hanging the suite.
 pub const PATIENCE: Duration = Duration::from_secs(30);
-
-static COUNTER: AtomicU32 = AtomicU32::new(0);
 
 /// Builds the plugin crate `package` (same profile as the binary under test)
 /// and returns its shared library. Cheap when it is up to date.
@@ -41,19 +40,25 @@ pub fn plugin(package: &str) -> PathBuf {
     path
 }
 
-/// A fresh, not-yet-existing path for a runtime dir.
-pub fn fresh_dir(tag: &str) -> PathBuf {
-    let base = std::env::temp_dir().join(format!("switchyard-tests-{}", std::process::id()));
-    std::fs::create_dir_all(&base).unwrap();
-    base.join(format!("{tag}-{}", COUNTER.fetch_add(1, Ordering::Relaxed)))
+/// A fresh directory of this user's (mode 0700), removed with what it holds
+/// when dropped.
+pub fn scratch_dir(tag: &str) -> TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("switchyard-{tag}-"))
+        .tempdir()
+        .expect("create a scratch directory")
 }
 
 pub struct Group {
     child: Option<Child>,
     pub addr: SocketAddr,
+    /// `<scratch>/rt`, made and removed by the supervisor.
     pub runtime_dir: PathBuf,
     lines: Arc<Mutex<Vec<String>>>,
     line_events: mpsc::Receiver<String>,
+    /// Holds the runtime dir and the configuration file; removed after the
+    /// group has stopped (fields drop after `Drop::drop`).
+    scratch: TempDir,
 }
 
 pub struct GroupBuilder {
@@ -90,7 +95,11 @@ impl GroupBuilder {
 
     /// Starts the group, or returns everything it printed if it exits first.
     pub fn try_start(self) -> Result<Group, String> {
-        let runtime_dir = fresh_dir(self.tag);
+        // The runtime dir must not exist yet: the supervisor then creates it
+        // (mode 0700) and removes it whole when it stops, which
+        // tests/shutdown.rs checks; a directory it did not make it leaves.
+        let scratch = scratch_dir(self.tag);
+        let runtime_dir = scratch.path().join("rt");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_switchyard"));
         cmd.arg("up")
             .arg("--bind")
@@ -98,7 +107,7 @@ impl GroupBuilder {
             .arg("--runtime-dir")
             .arg(&runtime_dir);
         if let Some(config) = &self.config {
-            let path = runtime_dir.with_extension("toml");
+            let path = scratch.path().join("switchyard.toml");
             std::fs::write(&path, config).unwrap();
             cmd.arg("-c").arg(path);
         }
@@ -140,6 +149,7 @@ impl GroupBuilder {
             runtime_dir,
             lines,
             line_events,
+            scratch,
         };
         let deadline = Instant::now() + PATIENCE;
         loop {
@@ -320,8 +330,6 @@ impl Drop for Group {
             let _ = child.kill();
             let _ = child.wait();
         }
-        let _ = std::fs::remove_dir_all(&self.runtime_dir);
-        let _ = std::fs::remove_file(self.runtime_dir.with_extension("toml"));
     }
 }
 
