@@ -110,7 +110,7 @@ instances = 2
         .and_then(|pid| pid.parse().ok())
         .unwrap_or_else(|| panic!("no pid in {line:?}"));
     assert!(instance_pids(&g, "payload").contains(&(victim as u64)));
-    kill(victim, libc::SIGKILL);
+    kill(victim, Signal::SIGKILL);
 
     let r = in_flight.join().unwrap();
     assert_eq!(r.status, 503, "{}", r.text());

@@ -421,7 +421,7 @@ fn a_stream_in_progress_finishes_within_the_shutdown_grace() {
     assert_eq!(read_checked(&mut s, 0, 1 << 20, &pattern), 1 << 20);
     // SIGTERM mid-stream: the listener drains (its open connections get
     // the grace period) before the manager producing the stream stops.
-    kill(g.supervisor_pid(), libc::SIGTERM);
+    kill(g.supervisor_pid(), Signal::SIGTERM);
     let rest = std::thread::spawn(move || read_checked(&mut s, 1 << 20, size - (1 << 20), &pattern));
     assert_eq!(rest.join().unwrap(), size - (1 << 20), "the stream was cut");
     assert!(g.terminate().success());

@@ -12,6 +12,8 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+pub use nix::sys::signal::Signal;
+use nix::unistd::Pid;
 use tempfile::TempDir;
 
 /// How long any wait in a test may take before it counts as a failure. Not a
@@ -292,14 +294,14 @@ impl Group {
 
     pub fn kill9(&self, name: &str) -> u32 {
         let pid = self.pid_of(name);
-        kill(pid, libc::SIGKILL);
+        kill(pid, Signal::SIGKILL);
         pid
     }
 
     /// Sends SIGTERM to the supervisor and waits for it to exit.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
         let mut child = self.child.take().unwrap();
-        kill(child.id(), libc::SIGTERM);
+        kill(child.id(), Signal::SIGTERM);
         wait_with_patience(&mut child)
     }
 }
@@ -321,7 +323,8 @@ fn wait_with_patience(child: &mut Child) -> std::process::ExitStatus {
 impl Drop for Group {
     fn drop(&mut self) {
         if let Some(mut child) = self.child.take() {
-            kill(child.id(), libc::SIGTERM);
+            // Not `kill`: a drop must not panic, and the supervisor may be gone.
+            let _ = nix::sys::signal::kill(pid(child.id()), Signal::SIGTERM);
             let deadline = Instant::now() + Duration::from_secs(15);
             while child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(20));
@@ -333,11 +336,15 @@ impl Drop for Group {
     }
 }
 
-pub fn kill(pid: u32, signal: i32) {
-    // SAFETY: kill(2) has no memory-safety preconditions.
-    unsafe {
-        libc::kill(pid as i32, signal);
-    }
+/// Sends `signal` to `pid`, a process the test knows to be there.
+#[track_caller]
+pub fn kill(pid: u32, signal: Signal) {
+    nix::sys::signal::kill(self::pid(pid), signal)
+        .unwrap_or_else(|err| panic!("cannot send {signal} to {pid}: {err}"));
+}
+
+fn pid(pid: u32) -> Pid {
+    Pid::from_raw(i32::try_from(pid).expect("a pid fits in pid_t"))
 }
 
 /// Open descriptors of `pid`.
