@@ -4,6 +4,7 @@
 
 #![allow(dead_code, unreachable_pub)]
 
+use std::fmt::Debug;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -20,6 +21,38 @@ use tempfile::TempDir;
 /// performance threshold: a generous bound so a broken build fails instead
 /// of hanging the suite.
 pub const PATIENCE: Duration = Duration::from_secs(30);
+
+/// Longest pause between two checks of [`eventually`].
+const MAX_POLL_PAUSE: Duration = Duration::from_millis(50);
+
+/// Checks until `check` returns `Ok`, and returns its value. Panics when
+/// `patience` runs out, naming `what` (the condition awaited) and the last
+/// `Err` (what `check` saw instead). The pause between checks grows from
+/// 5 ms to [`MAX_POLL_PAUSE`], so a quick condition is seen at once and a
+/// slow one is not polled hot.
+#[track_caller]
+pub fn eventually<T, E: Debug>(what: &str, patience: Duration, check: impl FnMut() -> Result<T, E>) -> T {
+    poll(patience, check)
+        .unwrap_or_else(|last| panic!("not within {patience:?}: {what}; last seen: {last:?}"))
+}
+
+/// [`eventually`] without the panic: the last `Err` when patience runs out.
+fn poll<T, E>(patience: Duration, mut check: impl FnMut() -> Result<T, E>) -> Result<T, E> {
+    let deadline = Instant::now() + patience;
+    let mut pause = Duration::from_millis(5);
+    loop {
+        let last = match check() {
+            Ok(value) => return Ok(value),
+            Err(last) => last,
+        };
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(last);
+        }
+        std::thread::sleep(pause.min(left));
+        pause = (pause * 2).min(MAX_POLL_PAUSE);
+    }
+}
 
 /// Builds the plugin crate `package` (same profile as the binary under test)
 /// and returns its shared library. Cheap when it is up to date.
@@ -130,7 +163,10 @@ impl GroupBuilder {
         let (tx, line_events) = mpsc::channel();
         let store = lines.clone();
         let err_store = lines.clone();
+        // Disconnected once stderr is drained.
+        let (stderr_open, stderr_drained) = mpsc::channel::<()>();
         std::thread::spawn(move || {
+            let _open = stderr_open;
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 eprintln!("group! {line}");
                 err_store.lock().unwrap().push(line);
@@ -174,7 +210,7 @@ impl GroupBuilder {
                     let status = group.child.as_mut().unwrap().wait().unwrap();
                     group.child = None;
                     // stderr may still be draining into the log.
-                    std::thread::sleep(Duration::from_millis(50));
+                    let _ = stderr_drained.recv_timeout(PATIENCE);
                     let out = group.lines.lock().unwrap().join("\n");
                     return Err(format!("{status}\n{out}"));
                 }
@@ -257,23 +293,20 @@ impl Group {
 
     /// Polls `GET path` until it answers `status` (the group's readiness, as a
     /// client sees it), within [`PATIENCE`].
+    #[track_caller]
     pub fn eventually_status(&self, path: &str, status: u16) {
-        let deadline = Instant::now() + PATIENCE;
-        let mut last = None;
-        while Instant::now() < deadline {
+        eventually(&format!("GET {path} answers {status}"), PATIENCE, || {
             match get(self.addr, path) {
-                Ok(r) if r.status == status => return,
-                other => last = Some(other.map(|r| r.status)),
+                Ok(r) if r.status == status => Ok(()),
+                other => Err(other.map(|r| r.status)),
             }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        panic!("GET {path} never answered {status}; last: {last:?}");
+        })
     }
 
     /// Waits until `name` runs again under a pid other than `old`.
+    #[track_caller]
     pub fn eventually_restarted(&self, name: &str, old: u32) {
-        let deadline = Instant::now() + PATIENCE;
-        while Instant::now() < deadline {
+        eventually(&format!("{name} runs again, not as {old}"), PATIENCE, || {
             let status = self.status();
             let p = status["processes"]
                 .as_array()
@@ -281,15 +314,15 @@ impl Group {
                 .iter()
                 .find(|p| p["name"] == name)
                 .cloned();
-            if let Some(p) = p
-                && p["state"] == "running"
-                && p["pid"].as_u64().is_some_and(|pid| pid as u32 != old)
-            {
-                return;
+            match p {
+                Some(p)
+                    if p["state"] == "running" && p["pid"].as_u64().is_some_and(|pid| pid as u32 != old) =>
+                {
+                    Ok(())
+                }
+                other => Err(other),
             }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        panic!("{name} was not restarted within {PATIENCE:?}");
+        })
     }
 
     pub fn kill9(&self, name: &str) -> u32 {
@@ -302,21 +335,13 @@ impl Group {
     pub fn terminate(&mut self) -> std::process::ExitStatus {
         let mut child = self.child.take().unwrap();
         kill(child.id(), Signal::SIGTERM);
-        wait_with_patience(&mut child)
-    }
-}
-
-fn wait_with_patience(child: &mut Child) -> std::process::ExitStatus {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status;
+        match poll(PATIENCE, || child.try_wait().unwrap().ok_or(())) {
+            Ok(status) => status,
+            Err(()) => {
+                let _ = child.kill();
+                panic!("supervisor did not exit within {PATIENCE:?}");
+            }
         }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("supervisor did not exit within {PATIENCE:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -325,10 +350,9 @@ impl Drop for Group {
         if let Some(mut child) = self.child.take() {
             // Not `kill`: a drop must not panic, and the supervisor may be gone.
             let _ = nix::sys::signal::kill(pid(child.id()), Signal::SIGTERM);
-            let deadline = Instant::now() + Duration::from_secs(15);
-            while child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(20));
-            }
+            let _ = poll(Duration::from_secs(15), || {
+                child.try_wait().ok().flatten().ok_or(())
+            });
             // Children die with the supervisor (PR_SET_PDEATHSIG).
             let _ = child.kill();
             let _ = child.wait();
