@@ -10,9 +10,8 @@ use std::process::Command;
 #[test]
 #[ignore = "builds a fresh crate in release mode (~1 min); run by .ci/run"]
 fn a_new_plugin_builds_tests_and_serves() {
-    let base = fresh_dir("scaffold");
-    std::fs::create_dir_all(&base).unwrap();
-    let crate_dir = base.join("my-plugin");
+    let base = scratch_dir("scaffold");
+    let crate_dir = base.path().join("my-plugin");
     let out = Command::new(env!("CARGO_BIN_EXE_switchyard"))
         .arg("new")
         .arg(&crate_dir)
@@ -44,6 +43,4 @@ fn a_new_plugin_builds_tests_and_serves() {
     let r = get(g.addr, "/my-plugin/hello/world").unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.text(), r#"{"message":"Hello, world!","count":1}"#);
-    drop(g);
-    let _ = std::fs::remove_dir_all(base);
 }

@@ -4,7 +4,6 @@
 mod common;
 
 use common::*;
-use std::time::{Duration, Instant};
 
 #[test]
 fn queued_jobs_and_requests_in_flight_show_in_status() {
@@ -23,8 +22,7 @@ fn queued_jobs_and_requests_in_flight_show_in_status() {
     // (in flight, queued) of the process called `name`, polled until
     // `done` says so.
     let load_until = |name: &str, what: &str, done: &dyn Fn(u64, u64) -> bool| -> (u64, u64) {
-        let deadline = Instant::now() + PATIENCE;
-        loop {
+        eventually(&format!("{what} of {name} in status"), PATIENCE, || {
             let status = g.status();
             let compute = status["processes"]
                 .as_array()
@@ -38,15 +36,9 @@ fn queued_jobs_and_requests_in_flight_show_in_status() {
                     c["load"]["queued"].as_u64().unwrap_or(0),
                 )
             });
-            if let Some((in_flight, queued)) = load.filter(|&(i, q)| done(i, q)) {
-                return (in_flight, queued);
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{what} never showed in status: {status}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+            // Seen: (in flight, queued), or None when `name` is not listed.
+            load.filter(|&(i, q)| done(i, q)).ok_or(load)
+        })
     };
     let (in_flight, queued) = load_until("compute", "queued jobs", &|_, queued| queued > 0);
     assert!(

@@ -7,7 +7,7 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 use sha2::Digest;
@@ -75,13 +75,18 @@ fn stream_threads(pid: u32) -> Vec<u32> {
         .unwrap_or_default()
 }
 
-/// Waits (polling /proc, bounded) until `condition` holds.
-fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = Instant::now() + PATIENCE;
-    while !condition() {
-        assert!(Instant::now() < deadline, "never: {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+/// For [`eventually`]: `pid` runs no stream producer or upload reader;
+/// else the ones it runs.
+fn no_stream_threads(pid: u32) -> Result<(), Vec<u32>> {
+    let threads = stream_threads(pid);
+    if threads.is_empty() { Ok(()) } else { Err(threads) }
+}
+
+/// For [`eventually`]: `pid` holds no more descriptors than `before`; else
+/// how many it holds.
+fn fds_back_to(pid: u32, before: usize) -> Result<(), usize> {
+    let now = open_fds(pid);
+    if now <= before { Ok(()) } else { Err(now) }
 }
 
 /// The bound this test states for the listener: its RSS may grow by at
@@ -128,15 +133,23 @@ fn a_reader_that_stops_blocks_the_producer_with_memory_flat() {
     // then sleeps in poll(2) (syscall 7 on x86-64, 73 ppoll on aarch64)
     // until there is room: it is blocked, not spinning and not buffering.
     let blocked_in_poll = || {
-        stream_threads(manager).iter().any(|tid| {
-            std::fs::read_to_string(format!("/proc/{manager}/task/{tid}/syscall"))
-                .is_ok_and(|s| matches!(s.split(' ').next(), Some("7" | "73" | "271")))
-        })
+        let syscalls: Vec<String> = stream_threads(manager)
+            .iter()
+            .filter_map(|tid| std::fs::read_to_string(format!("/proc/{manager}/task/{tid}/syscall")).ok())
+            .collect();
+        if syscalls
+            .iter()
+            .any(|s| matches!(s.split(' ').next(), Some("7" | "73" | "271")))
+        {
+            Ok(())
+        } else {
+            Err(syscalls)
+        }
     };
-    eventually("the producer blocks in poll", blocked_in_poll);
+    eventually("the producer blocks in poll", PATIENCE, blocked_in_poll);
     let (listener_paused, manager_paused) = (rss_kib(listener), rss_kib(manager));
     // Still blocked a moment later: not a passing state.
-    eventually("the producer stays blocked", blocked_in_poll);
+    eventually("the producer stays blocked", PATIENCE, blocked_in_poll);
     // Then the rest arrives intact, with memory where it was.
     let got = read_checked(&mut s, 1 << 20, size - (1 << 20), &pattern);
     assert_eq!(got, size - (1 << 20));
@@ -164,9 +177,11 @@ fn a_client_that_goes_away_stops_the_producer() {
     assert_eq!(stream_threads(manager).len(), 1);
     drop(s);
     // 64 GiB would take minutes: the producer must have stopped instead.
-    eventually("the producer thread ends", || stream_threads(manager).is_empty());
-    eventually("the listener's descriptors are back", || {
-        open_fds(listener) <= fds_before
+    eventually("the producer thread ends", PATIENCE, || {
+        no_stream_threads(manager)
+    });
+    eventually("the listener's descriptors are back", PATIENCE, || {
+        fds_back_to(listener, fds_before)
     });
     assert_eq!(get(g.addr, "/stream/1000").unwrap().body.len(), 1000);
 }
@@ -193,8 +208,8 @@ fn kill_9_of_the_manager_mid_stream_ends_the_stream_with_an_error() {
     let r = get(g.addr, "/stream/100000").unwrap();
     assert_eq!(r.body.len(), 100_000);
     assert!(r.body[..] == pattern[..100_000], "the next stream is fine");
-    eventually("the listener's descriptors are back", || {
-        open_fds(listener) <= fds_before
+    eventually("the listener's descriptors are back", PATIENCE, || {
+        fds_back_to(listener, fds_before)
     });
     let new: Vec<String> = dev_shm_listing()
         .into_iter()
@@ -290,9 +305,12 @@ fn uploads_stream_in_chunked_or_sized_and_oversized_ones_get_413() {
         s.write_all(b"POST /upload HTTP/1.1\r\nhost: t\r\ncontent-length: 6000000\r\n\r\n")
             .unwrap();
         s.write_all(&body[..1_000_000]).unwrap();
-        eventually("the upload is being read", || stream_threads(manager).len() == 1);
+        eventually("the upload is being read", PATIENCE, || {
+            let threads = stream_threads(manager);
+            if threads.len() == 1 { Ok(()) } else { Err(threads) }
+        });
     }
-    eventually("the upload reader ends", || stream_threads(manager).is_empty());
+    eventually("the upload reader ends", PATIENCE, || no_stream_threads(manager));
     let r = chunked(&body[..1000]);
     assert_eq!(r.status, 200, "{}", r.text());
 }
@@ -315,8 +333,11 @@ fn streams_past_the_shared_memory_budget_get_503() {
     assert_eq!(r.status, 503, "{}", r.text());
     assert_eq!(r.header("retry-after"), Some("1"));
     drop(held);
-    eventually("the budget frees up", || {
-        get(g.addr, "/stream/1000").is_ok_and(|r| r.status == 200)
+    eventually("the budget frees up", PATIENCE, || {
+        match get(g.addr, "/stream/1000") {
+            Ok(r) if r.status == 200 => Ok(()),
+            other => Err(other.map(|r| r.status)),
+        }
     });
 }
 
@@ -360,7 +381,7 @@ fn an_upload_may_outlast_the_request_timeout_while_it_moves_but_not_stall() {
     s.read_to_end(&mut answer).unwrap();
     let r = parse_response(&answer).unwrap();
     assert_eq!(r.status, 408, "{}", r.text());
-    eventually("the upload reader ends", || stream_threads(manager).is_empty());
+    eventually("the upload reader ends", PATIENCE, || no_stream_threads(manager));
 }
 
 #[test]
@@ -409,7 +430,7 @@ fn over_grpc_a_streamed_reply_arrives_whole_up_to_the_message_limit() {
         assert!(err.message().contains("larger than a message"), "{err:?}");
     });
     let manager = g.pid_of("payload");
-    eventually("no producer is left", || stream_threads(manager).is_empty());
+    eventually("no producer is left", PATIENCE, || no_stream_threads(manager));
 }
 
 #[test]
@@ -421,7 +442,7 @@ fn a_stream_in_progress_finishes_within_the_shutdown_grace() {
     assert_eq!(read_checked(&mut s, 0, 1 << 20, &pattern), 1 << 20);
     // SIGTERM mid-stream: the listener drains (its open connections get
     // the grace period) before the manager producing the stream stops.
-    kill(g.supervisor_pid(), libc::SIGTERM);
+    kill(g.supervisor_pid(), Signal::SIGTERM);
     let rest = std::thread::spawn(move || read_checked(&mut s, 1 << 20, size - (1 << 20), &pattern));
     assert_eq!(rest.join().unwrap(), size - (1 << 20), "the stream was cut");
     assert!(g.terminate().success());

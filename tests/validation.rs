@@ -84,7 +84,8 @@ fn the_supervisor_never_maps_a_plugin_library() {
 }
 
 fn check(config: &str, tag: &str) -> (Option<i32>, String) {
-    let path = fresh_dir(tag).with_extension("toml");
+    let dir = scratch_dir(tag);
+    let path = dir.path().join("switchyard.toml");
     std::fs::write(&path, config).unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_switchyard"))
         .arg("check")

@@ -8,7 +8,6 @@
 mod common;
 
 use std::collections::HashSet;
-use std::time::Instant;
 
 use common::*;
 
@@ -54,23 +53,21 @@ fn manager_pid(g: &Group, name: &str) -> u64 {
 
 /// Waits until `name` has `size` running workers with `restarts` restarts
 /// between them; returns their pids.
+#[track_caller]
 fn eventually_pool(g: &Group, name: &str, size: usize, restarts: u64) -> HashSet<u64> {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
+    let what = format!("the pool of {name} settles at {size} workers, {restarts} restarts");
+    eventually(&what, PATIENCE, || {
         let w = workers(g, name);
         if w.len() == size
             && w.iter()
                 .all(|(pid, _, state)| pid.is_some() && state == "running")
             && w.iter().map(|(_, r, _)| r).sum::<u64>() == restarts
         {
-            return w.iter().filter_map(|(pid, _, _)| *pid).collect();
+            Ok(w.iter().filter_map(|(pid, _, _)| *pid).collect())
+        } else {
+            Err(w)
         }
-        assert!(
-            Instant::now() < deadline,
-            "the pool of {name} did not settle at {size} workers, {restarts} restarts: {w:?}"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    })
 }
 
 fn json(r: &HttpResponse) -> serde_json::Value {

@@ -4,21 +4,55 @@
 
 #![allow(dead_code, unreachable_pub)]
 
+use std::fmt::Debug;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+pub use nix::sys::signal::Signal;
+use nix::unistd::Pid;
+use tempfile::TempDir;
 
 /// How long any wait in a test may take before it counts as a failure. Not a
 /// performance threshold: a generous bound so a broken build fails instead
 /// of hanging the suite.
 pub const PATIENCE: Duration = Duration::from_secs(30);
 
-static COUNTER: AtomicU32 = AtomicU32::new(0);
+/// Longest pause between two checks of [`eventually`].
+const MAX_POLL_PAUSE: Duration = Duration::from_millis(50);
+
+/// Checks until `check` returns `Ok`, and returns its value. Panics when
+/// `patience` runs out, naming `what` (the condition awaited) and the last
+/// `Err` (what `check` saw instead). The pause between checks grows from
+/// 5 ms to [`MAX_POLL_PAUSE`], so a quick condition is seen at once and a
+/// slow one is not polled hot.
+#[track_caller]
+pub fn eventually<T, E: Debug>(what: &str, patience: Duration, check: impl FnMut() -> Result<T, E>) -> T {
+    poll(patience, check)
+        .unwrap_or_else(|last| panic!("not within {patience:?}: {what}; last seen: {last:?}"))
+}
+
+/// [`eventually`] without the panic: the last `Err` when patience runs out.
+fn poll<T, E>(patience: Duration, mut check: impl FnMut() -> Result<T, E>) -> Result<T, E> {
+    let deadline = Instant::now() + patience;
+    let mut pause = Duration::from_millis(5);
+    loop {
+        let last = match check() {
+            Ok(value) => return Ok(value),
+            Err(last) => last,
+        };
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(last);
+        }
+        std::thread::sleep(pause.min(left));
+        pause = (pause * 2).min(MAX_POLL_PAUSE);
+    }
+}
 
 /// Builds the plugin crate `package` (same profile as the binary under test)
 /// and returns its shared library. Cheap when it is up to date.
@@ -41,19 +75,25 @@ pub fn plugin(package: &str) -> PathBuf {
     path
 }
 
-/// A fresh, not-yet-existing path for a runtime dir.
-pub fn fresh_dir(tag: &str) -> PathBuf {
-    let base = std::env::temp_dir().join(format!("switchyard-tests-{}", std::process::id()));
-    std::fs::create_dir_all(&base).unwrap();
-    base.join(format!("{tag}-{}", COUNTER.fetch_add(1, Ordering::Relaxed)))
+/// A fresh directory of this user's (mode 0700), removed with what it holds
+/// when dropped.
+pub fn scratch_dir(tag: &str) -> TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("switchyard-{tag}-"))
+        .tempdir()
+        .expect("create a scratch directory")
 }
 
 pub struct Group {
     child: Option<Child>,
     pub addr: SocketAddr,
+    /// `<scratch>/rt`, made and removed by the supervisor.
     pub runtime_dir: PathBuf,
     lines: Arc<Mutex<Vec<String>>>,
     line_events: mpsc::Receiver<String>,
+    /// Holds the runtime dir and the configuration file; removed after the
+    /// group has stopped (fields drop after `Drop::drop`).
+    scratch: TempDir,
 }
 
 pub struct GroupBuilder {
@@ -90,7 +130,11 @@ impl GroupBuilder {
 
     /// Starts the group, or returns everything it printed if it exits first.
     pub fn try_start(self) -> Result<Group, String> {
-        let runtime_dir = fresh_dir(self.tag);
+        // The runtime dir must not exist yet: the supervisor then creates it
+        // (mode 0700) and removes it whole when it stops, which
+        // tests/shutdown.rs checks; a directory it did not make it leaves.
+        let scratch = scratch_dir(self.tag);
+        let runtime_dir = scratch.path().join("rt");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_switchyard"));
         cmd.arg("up")
             .arg("--bind")
@@ -98,7 +142,7 @@ impl GroupBuilder {
             .arg("--runtime-dir")
             .arg(&runtime_dir);
         if let Some(config) = &self.config {
-            let path = runtime_dir.with_extension("toml");
+            let path = scratch.path().join("switchyard.toml");
             std::fs::write(&path, config).unwrap();
             cmd.arg("-c").arg(path);
         }
@@ -119,7 +163,10 @@ impl GroupBuilder {
         let (tx, line_events) = mpsc::channel();
         let store = lines.clone();
         let err_store = lines.clone();
+        // Disconnected once stderr is drained.
+        let (stderr_open, stderr_drained) = mpsc::channel::<()>();
         std::thread::spawn(move || {
+            let _open = stderr_open;
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 eprintln!("group! {line}");
                 err_store.lock().unwrap().push(line);
@@ -140,6 +187,7 @@ impl GroupBuilder {
             runtime_dir,
             lines,
             line_events,
+            scratch,
         };
         let deadline = Instant::now() + PATIENCE;
         loop {
@@ -162,7 +210,7 @@ impl GroupBuilder {
                     let status = group.child.as_mut().unwrap().wait().unwrap();
                     group.child = None;
                     // stderr may still be draining into the log.
-                    std::thread::sleep(Duration::from_millis(50));
+                    let _ = stderr_drained.recv_timeout(PATIENCE);
                     let out = group.lines.lock().unwrap().join("\n");
                     return Err(format!("{status}\n{out}"));
                 }
@@ -245,23 +293,20 @@ impl Group {
 
     /// Polls `GET path` until it answers `status` (the group's readiness, as a
     /// client sees it), within [`PATIENCE`].
+    #[track_caller]
     pub fn eventually_status(&self, path: &str, status: u16) {
-        let deadline = Instant::now() + PATIENCE;
-        let mut last = None;
-        while Instant::now() < deadline {
+        eventually(&format!("GET {path} answers {status}"), PATIENCE, || {
             match get(self.addr, path) {
-                Ok(r) if r.status == status => return,
-                other => last = Some(other.map(|r| r.status)),
+                Ok(r) if r.status == status => Ok(()),
+                other => Err(other.map(|r| r.status)),
             }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        panic!("GET {path} never answered {status}; last: {last:?}");
+        })
     }
 
     /// Waits until `name` runs again under a pid other than `old`.
+    #[track_caller]
     pub fn eventually_restarted(&self, name: &str, old: u32) {
-        let deadline = Instant::now() + PATIENCE;
-        while Instant::now() < deadline {
+        eventually(&format!("{name} runs again, not as {old}"), PATIENCE, || {
             let status = self.status();
             let p = status["processes"]
                 .as_array()
@@ -269,67 +314,61 @@ impl Group {
                 .iter()
                 .find(|p| p["name"] == name)
                 .cloned();
-            if let Some(p) = p
-                && p["state"] == "running"
-                && p["pid"].as_u64().is_some_and(|pid| pid as u32 != old)
-            {
-                return;
+            match p {
+                Some(p)
+                    if p["state"] == "running" && p["pid"].as_u64().is_some_and(|pid| pid as u32 != old) =>
+                {
+                    Ok(())
+                }
+                other => Err(other),
             }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        panic!("{name} was not restarted within {PATIENCE:?}");
+        })
     }
 
     pub fn kill9(&self, name: &str) -> u32 {
         let pid = self.pid_of(name);
-        kill(pid, libc::SIGKILL);
+        kill(pid, Signal::SIGKILL);
         pid
     }
 
     /// Sends SIGTERM to the supervisor and waits for it to exit.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
         let mut child = self.child.take().unwrap();
-        kill(child.id(), libc::SIGTERM);
-        wait_with_patience(&mut child)
-    }
-}
-
-fn wait_with_patience(child: &mut Child) -> std::process::ExitStatus {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status;
+        kill(child.id(), Signal::SIGTERM);
+        match poll(PATIENCE, || child.try_wait().unwrap().ok_or(())) {
+            Ok(status) => status,
+            Err(()) => {
+                let _ = child.kill();
+                panic!("supervisor did not exit within {PATIENCE:?}");
+            }
         }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("supervisor did not exit within {PATIENCE:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
 impl Drop for Group {
     fn drop(&mut self) {
         if let Some(mut child) = self.child.take() {
-            kill(child.id(), libc::SIGTERM);
-            let deadline = Instant::now() + Duration::from_secs(15);
-            while child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(20));
-            }
+            // Not `kill`: a drop must not panic, and the supervisor may be gone.
+            let _ = nix::sys::signal::kill(pid(child.id()), Signal::SIGTERM);
+            let _ = poll(Duration::from_secs(15), || {
+                child.try_wait().ok().flatten().ok_or(())
+            });
             // Children die with the supervisor (PR_SET_PDEATHSIG).
             let _ = child.kill();
             let _ = child.wait();
         }
-        let _ = std::fs::remove_dir_all(&self.runtime_dir);
-        let _ = std::fs::remove_file(self.runtime_dir.with_extension("toml"));
     }
 }
 
-pub fn kill(pid: u32, signal: i32) {
-    // SAFETY: kill(2) has no memory-safety preconditions.
-    unsafe {
-        libc::kill(pid as i32, signal);
-    }
+/// Sends `signal` to `pid`, a process the test knows to be there.
+#[track_caller]
+pub fn kill(pid: u32, signal: Signal) {
+    nix::sys::signal::kill(self::pid(pid), signal)
+        .unwrap_or_else(|err| panic!("cannot send {signal} to {pid}: {err}"));
+}
+
+fn pid(pid: u32) -> Pid {
+    Pid::from_raw(i32::try_from(pid).expect("a pid fits in pid_t"))
 }
 
 /// Open descriptors of `pid`.

@@ -339,10 +339,9 @@ mod tests {
 
     #[test]
     fn body_from_a_file() {
-        let path = std::env::temp_dir().join(format!("switchyard-load-body-{}.json", std::process::id()));
-        std::fs::write(&path, b"[1,2]").unwrap();
-        let o = parse(&["http://h:1", "--body", &format!("@{}", path.display())]);
-        std::fs::remove_file(&path).unwrap();
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(file.path(), b"[1,2]").unwrap();
+        let o = parse(&["http://h:1", "--body", &format!("@{}", file.path().display())]);
         assert_eq!(o.unwrap().body.as_deref(), Some(&b"[1,2]"[..]));
         assert!(parse(&["http://h:1", "--body", "@/nonexistent/body.json"]).is_err());
     }

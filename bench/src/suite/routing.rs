@@ -25,7 +25,7 @@ use tokio::net::unix::OwnedReadHalf;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::tmp::TempDir;
+use super::tmp::scratch;
 
 /// The target of issue #7 for raw routing.
 pub const TARGET_ROUND_TRIPS: f64 = 300_000.0;
@@ -75,7 +75,7 @@ pub fn measure(window: usize, warmup: Duration, duration: Duration) -> anyhow::R
         (1..=MAX_OUTSTANDING as usize).contains(&window),
         "the window must be between 1 and {MAX_OUTSTANDING}"
     );
-    let dir = TempDir::new("routing")?;
+    let dir = scratch("routing")?;
     let router_socket = dir.path().join("router.sock");
     let (router, stop_router) = start_router(dir.path())?;
 

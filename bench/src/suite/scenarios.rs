@@ -1,5 +1,10 @@
 //! The scenarios: what each starts, what load it drives, and the section of
 //! output it produces.
+//!
+//! All but one compare two contenders under the same loads. Those are rows
+//! of [`COMPARISONS`] (routes, transports, contenders, targets, the words
+//! above the table), and [`Scenario::run`] runs any of them. `routing`
+//! measures the router alone and has code of its own.
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;
@@ -46,91 +51,391 @@ pub(crate) enum Outcome {
 
 /// Whether scenario `name` starts Switchyard groups or the baseline.
 pub(crate) fn needs_servers(name: &str) -> bool {
-    !matches!(name, "routing" | "middleware")
+    comparison(name).is_some()
 }
 
 pub(crate) fn run(name: &str, ctx: &Ctx) -> anyhow::Result<Outcome> {
     match name {
-        "rest" => rest(ctx),
-        "payload" => payload(ctx),
         "routing" => routing(ctx),
-        "managers" => managers(ctx),
-        "workers" => workers(ctx),
         "middleware" => Ok(Outcome::Skipped("middleware has not landed".to_owned())),
-        "slow" => slow(ctx),
-        "ws" => ws(ctx),
-        "grpc" => grpc(ctx),
-        "listener-workers" => listener_workers(ctx),
-        other => bail!("no scenario {other}"),
+        other => match comparison(other) {
+            Some(scenario) => scenario.run(ctx),
+            None => bail!("no scenario {other}"),
+        },
     }
 }
 
-fn rest(ctx: &Ctx) -> anyhow::Result<Outcome> {
-    let load = Load {
-        route: "/noop".to_owned(),
-        rows: [1, 8, 32].map(|c| (c.to_string(), c)).to_vec(),
-        transport: &[],
-    };
-    let comparison = compare(
-        ctx,
-        "rest",
-        "clients",
-        [Contender::default_group(), Contender::Baseline],
-        &[load],
-    )?;
-    let mut body = String::new();
-    let _ = writeln!(
-        body,
-        "- Switchyard: `switchyard up` with no configuration (the demo group)"
-    );
-    let _ = writeln!(
-        body,
-        "- baseline: `switchyard-baseline`, the same route in-process\n"
-    );
-    body.push_str(&render_comparison(&comparison));
-    body.push_str(&targets(
-        &comparison,
-        "issue #7",
-        &[("1", 0.3), ("8", 0.5), ("32", 0.5)],
-    ));
-    Ok(Outcome::Done {
-        title: "rest: GET /noop".to_owned(),
-        body,
-    })
+fn comparison(name: &str) -> Option<&'static Scenario> {
+    COMPARISONS.iter().find(|s| s.name == name)
 }
 
-fn payload(ctx: &Ctx) -> anyhow::Result<Outcome> {
-    let loads = [(1024, "1 KiB"), (102_400, "100 KiB"), (1_048_576, "1 MiB")].map(|(size, key)| Load {
-        route: format!("/payload/{size}"),
-        rows: vec![(key.to_owned(), 8)],
-        transport: &[],
-    });
-    let comparison = compare(
-        ctx,
-        "payload",
-        "body, 8 clients",
-        [Contender::default_group(), Contender::Baseline],
-        &loads,
-    )?;
-    let mut body = String::new();
-    let _ = writeln!(
-        body,
-        "- GET /payload/1024, /payload/102400, /payload/1048576, one load run each"
-    );
-    let _ = writeln!(
-        body,
-        "- Switchyard: `switchyard up` with no configuration (the demo group)"
-    );
-    let _ = writeln!(
-        body,
-        "- baseline: `switchyard-baseline`, the same route in-process\n"
-    );
-    body.push_str(&render_comparison(&comparison));
-    body.push_str(&targets(&comparison, "issues #4 and #7", &[("1 MiB", 0.67)]));
-    Ok(Outcome::Done {
-        title: "payload: GET /payload/{size}".to_owned(),
-        body,
-    })
+/// Steps keyed by their clients.
+const CLIENTS: &[(&str, u32)] = &[("1", 1), ("8", 8), ("32", 32)];
+/// The busier steps of [`CLIENTS`].
+const BUSY: &[(&str, u32)] = &[("8", 8), ("32", 32)];
+
+const DEMO_GROUP: &str = "- Switchyard: `switchyard up` with no configuration (the demo group)";
+const DEMO_BASELINE: &str = "- baseline: `switchyard-baseline`, the same route in-process";
+
+/// The demo's basics and a fast ticker with padding, so that a consumer
+/// that does not read fills its queue within the run.
+const TICKING: &str = "[[managers]]\nname = \"basics\"\n\n[[managers]]\nname = \"ticker\"\n\
+                       [managers.config]\ninterval_ms = 2\npad_bytes = 4096\n";
+
+/// The scenarios that compare two contenders, in no particular order
+/// ([`SCENARIOS`](super::SCENARIOS) orders a run).
+const COMPARISONS: &[Scenario] = &[
+    Scenario {
+        name: "rest",
+        title: "rest: GET /noop",
+        about: &[DEMO_GROUP, DEMO_BASELINE],
+        key: "clients",
+        loads: &[Load::http("/noop", CLIENTS)],
+        contenders: Contenders::DemoAndBaseline,
+        targets: &[Target::Ratio {
+            issue: "issue #7",
+            at: &[("1", 0.3), ("8", 0.5), ("32", 0.5)],
+        }],
+    },
+    Scenario {
+        name: "payload",
+        title: "payload: GET /payload/{size}",
+        about: &[
+            "- GET /payload/1024, /payload/102400, /payload/1048576, one load run each",
+            DEMO_GROUP,
+            DEMO_BASELINE,
+        ],
+        key: "body, 8 clients",
+        loads: &[
+            Load::http("/payload/1024", &[("1 KiB", 8)]),
+            Load::http("/payload/102400", &[("100 KiB", 8)]),
+            Load::http("/payload/1048576", &[("1 MiB", 8)]),
+        ],
+        contenders: Contenders::DemoAndBaseline,
+        targets: &[Target::Ratio {
+            issue: "issues #4 and #7",
+            at: &[("1 MiB", 0.67)],
+        }],
+    },
+    Scenario {
+        name: "ws",
+        title: "ws: WebSocket round trips",
+        about: &[
+            "- WebSocket request/response: `demo.Noop` as `{\"id\",\"type\",\"data\"}` on `/ws`, one \
+             connection per client, closed loop (switchyard-client)",
+            "- Switchyard: `switchyard up` with no configuration; baseline: `switchyard-baseline`, \
+             which answers the same messages on its own `/ws` in-process",
+        ],
+        key: "clients",
+        loads: &[Load {
+            route: "/noop",
+            rows: CLIENTS,
+            transport: &["--ws"],
+        }],
+        contenders: Contenders::DemoAndBaseline,
+        targets: &[Target::RoundTrips("32")],
+    },
+    Scenario {
+        name: "grpc",
+        title: "grpc: gRPC round trips",
+        about: &[
+            "- `switchyard.v1.Events`: unary `Call` (one HTTP/2 stream per call) and bidi `Session` \
+             (calls on one stream per client), `demo.Noop`, one channel per client, closed loop \
+             (switchyard-client)",
+            "- Switchyard: `switchyard up` with no configuration; baseline: `switchyard-baseline`, \
+             the same service answered in-process by tonic",
+        ],
+        key: "call, clients",
+        loads: &[
+            Load {
+                route: "/noop",
+                rows: &[("unary 1", 1), ("unary 8", 8), ("unary 32", 32)],
+                transport: &["--grpc"],
+            },
+            Load {
+                route: "/noop",
+                rows: &[("bidi 1", 1), ("bidi 8", 8), ("bidi 32", 32)],
+                transport: &["--grpc-bidi"],
+            },
+        ],
+        contenders: Contenders::DemoAndBaseline,
+        targets: &[
+            Target::Ratio {
+                issue: "issue #5, within 1.5× of in-process tonic",
+                at: &[("unary 32", 1.0 / 1.5), ("bidi 32", 1.0 / 1.5)],
+            },
+            Target::RoundTrips("unary 32"),
+            Target::RoundTrips("bidi 32"),
+        ],
+    },
+    Scenario {
+        name: "slow",
+        title: "slow: latency next to consumers that do not drain",
+        about: &[
+            "- GET /noop from normal clients while 4 WebSocket clients subscribed to `demo.tick` \
+             (every 2 ms, 4 KiB each) never read (4 KiB receive buffers), against the same group \
+             without them; a stalled client is dropped once its queue is full \
+             (`listener.ws.queue`), so the first second carries the cost",
+        ],
+        key: "clients",
+        loads: &[Load::http("/noop", BUSY)],
+        contenders: Contenders::Groups {
+            groups: [("4 stalled subscribers", TICKING, 4), ("none", TICKING, 0)],
+            refused: None,
+        },
+        targets: &[],
+    },
+    Scenario {
+        name: "managers",
+        title: "managers: CPU inline, 1 vs 2 instances",
+        about: &[
+            "- GET /cpu-inline/2: 2 ms of CPU in the manager process itself, served by `{manager}`",
+            "- both contenders are Switchyard groups with the default group's managers (read from \
+             `switchyard status`), `{manager}` at 2 instances vs 1; no baseline (the in-process \
+             baseline does not serve /cpu-inline)",
+        ],
+        key: "clients",
+        loads: &[Load::http("/cpu-inline/2", &[("32", 32)])],
+        contenders: Contenders::Variants {
+            probe: "/cpu-inline/0",
+            serves: "GET /cpu-inline/{ms}",
+            edits: [
+                ("instances = 2", Edit::Instances(2)),
+                ("instances = 1", Edit::Instances(1)),
+            ],
+            refused: "this build refuses manager instances",
+        },
+        targets: &[],
+    },
+    Scenario {
+        name: "workers",
+        title: "workers: thread vs process pool",
+        about: &[
+            "- GET /cpu/2: a job of 2 ms of CPU in `{manager}`'s worker pool",
+            "- both contenders are Switchyard groups with the default group's managers (read from \
+             `switchyard status`), `{manager}` with {size} worker processes vs {size} worker \
+             threads (queue {queue}); no baseline (the in-process baseline does not serve /cpu)",
+        ],
+        key: "clients",
+        loads: &[Load::http("/cpu/2", &[("32", 32)])],
+        contenders: Contenders::Variants {
+            probe: "/cpu/0",
+            serves: "GET /cpu/{ms}",
+            edits: [
+                ("process pool", Edit::Pool("process")),
+                ("thread pool", Edit::Pool("thread")),
+            ],
+            refused: "this build has no `[managers.workers]` kind and size",
+        },
+        targets: &[],
+    },
+    Scenario {
+        name: "listener-workers",
+        title: "listener-workers: 1 vs 2 listener processes",
+        about: &[
+            "- GET /noop; both contenders are the demo group, with `listener.workers` 2 vs 1 \
+             (each listener process with one runtime thread per core); no baseline",
+        ],
+        key: "clients",
+        loads: &[Load::http("/noop", BUSY)],
+        // The key decides: once `switchyard check` takes it, the feature is there.
+        contenders: Contenders::Groups {
+            groups: [
+                ("2 listener processes", "[listener]\nworkers = 2\n", 0),
+                ("1 listener process", "[listener]\nworkers = 1\n", 0),
+            ],
+            refused: Some("listener.workers has not landed"),
+        },
+        targets: &[],
+    },
+];
+
+/// A scenario that runs the same loads against two contenders, alternating,
+/// and prints their comparison.
+struct Scenario {
+    name: &'static str,
+    /// The section's heading.
+    title: &'static str,
+    /// The lines above the table: what runs, against what. In a
+    /// [`Contenders::Variants`] scenario `{manager}` stands for the probed
+    /// manager, `{size}` and `{queue}` for its worker pool's.
+    about: &'static [&'static str],
+    /// Heading of the key column.
+    key: &'static str,
+    /// Run one after the other against each fresh server.
+    loads: &'static [Load],
+    contenders: Contenders,
+    /// Verdicts under the table.
+    targets: &'static [Target],
+}
+
+/// One load run per server start: a route and its concurrency steps, each
+/// step a row keyed as given.
+struct Load {
+    route: &'static str,
+    rows: &'static [(&'static str, u32)],
+    /// Transport flags of the load generator (`--ws`, `--grpc`, ...).
+    transport: &'static [&'static str],
+}
+
+impl Load {
+    /// Plain HTTP/1.1 requests.
+    const fn http(route: &'static str, rows: &'static [(&'static str, u32)]) -> Load {
+        Load {
+            route,
+            rows,
+            transport: &[],
+        }
+    }
+}
+
+/// Whom a scenario measures.
+enum Contenders {
+    /// The demo group (`switchyard up` with no configuration) against the
+    /// baseline.
+    DemoAndBaseline,
+    /// Two groups, each with its label, its configuration, and the
+    /// WebSocket subscribers opened after start that never read. With
+    /// `refused`, the scenario is skipped (saying it, and `switchyard
+    /// check`'s message) when this build refuses either configuration.
+    Groups {
+        groups: [(&'static str, &'static str, usize); 2],
+        refused: Option<&'static str>,
+    },
+    /// The default group's managers twice, as `switchyard status` shows
+    /// them, with the manager that answers GET `probe` changed by each edit.
+    /// Skipped when the default group does not serve `probe` (saying it
+    /// lacks `serves`), or when this build refuses an edit (saying
+    /// `refused`, and `switchyard check`'s message).
+    Variants {
+        probe: &'static str,
+        serves: &'static str,
+        edits: [(&'static str, Edit); 2],
+        refused: &'static str,
+    },
+}
+
+/// How a variant changes the probed manager's `[[managers]]` entry.
+#[derive(Clone, Copy)]
+enum Edit {
+    /// This many instances.
+    Instances(u32),
+    /// A worker pool of this kind, of the size and queue it had.
+    Pool(&'static str),
+}
+
+/// A verdict under a comparison's table.
+enum Target {
+    /// Contender 0's req/s over contender 1's, at least the given ratio on
+    /// each row named; `issue` says whose target it is.
+    Ratio {
+        issue: &'static str,
+        at: &'static [(&'static str, f64)],
+    },
+    /// Contender 0 at [`TRANSPORT_TARGET_RPS`] round trips per second or
+    /// more, on the row named.
+    RoundTrips(&'static str),
+}
+
+impl Target {
+    fn verdict(&self, c: &Comparison) -> String {
+        match *self {
+            Target::Ratio { issue, at } => targets(c, issue, at),
+            Target::RoundTrips(key) => absolute_target(c, key),
+        }
+    }
+}
+
+impl Scenario {
+    fn run(&self, ctx: &Ctx) -> anyhow::Result<Outcome> {
+        let (contenders, about) = match self.prepare(ctx)? {
+            Ok(ready) => ready,
+            Err(why) => return Ok(Outcome::Skipped(why)),
+        };
+        let comparison = compare(ctx, self.name, self.key, contenders, self.loads)?;
+        let mut body = about;
+        body.push('\n');
+        body.push_str(&render_comparison(&comparison));
+        for target in self.targets {
+            body.push_str(&target.verdict(&comparison));
+        }
+        Ok(Outcome::Done {
+            title: self.title.to_owned(),
+            body,
+        })
+    }
+
+    /// The contenders, and the lines above the table; `Err` with the reason
+    /// when this build cannot run the scenario.
+    fn prepare(&self, ctx: &Ctx) -> anyhow::Result<Result<([Contender; 2], String), String>> {
+        let about = |fill: &dyn Fn(&str) -> String| -> String {
+            self.about.iter().map(|line| fill(line) + "\n").collect()
+        };
+        let verbatim = |line: &str| line.to_owned();
+        match self.contenders {
+            Contenders::DemoAndBaseline => {
+                let demo = Contender::Group {
+                    label: "Switchyard",
+                    config: None,
+                    stalled: 0,
+                };
+                Ok(Ok(([demo, Contender::Baseline], about(&verbatim))))
+            }
+            Contenders::Groups { groups, refused } => {
+                let contenders = groups.map(|(label, config, stalled)| Contender::Group {
+                    label,
+                    config: Some(config.to_owned()),
+                    stalled,
+                });
+                if let Some(refused) = refused
+                    && let Err(why) = accepted(ctx, &contenders, refused)?
+                {
+                    return Ok(Err(why));
+                }
+                Ok(Ok((contenders, about(&verbatim))))
+            }
+            Contenders::Variants {
+                probe,
+                serves,
+                edits,
+                refused,
+            } => {
+                let Some(found) = probe_default_group(ctx, probe)? else {
+                    return Ok(Err(format!(
+                        "not available in this build (the default group does not serve {serves})"
+                    )));
+                };
+                let [(a, edit_a), (b, edit_b)] = edits;
+                let contenders = [(a, found.config_with(edit_a)?), (b, found.config_with(edit_b)?)].map(
+                    |(label, config)| Contender::Group {
+                        label,
+                        config: Some(config),
+                        stalled: 0,
+                    },
+                );
+                if let Err(why) = accepted(ctx, &contenders, refused)? {
+                    return Ok(Err(why));
+                }
+                Ok(Ok((contenders, about(&|line| found.fill(line)))))
+            }
+        }
+    }
+}
+
+/// Whether this build takes the configuration of every group in
+/// `contenders`; `Err` with `refused` and `switchyard check`'s message when
+/// it does not.
+fn accepted(ctx: &Ctx, contenders: &[Contender; 2], refused: &str) -> anyhow::Result<Result<(), String>> {
+    for contender in contenders {
+        if let Contender::Group {
+            config: Some(config), ..
+        } = contender
+            && let Err(message) = check_config(&ctx.switchyard, config)?
+        {
+            return Ok(Err(format!("{refused}: {message}")));
+        }
+    }
+    Ok(Ok(()))
 }
 
 /// Round trips per second the event transports must reach at 32 clients
@@ -155,106 +460,6 @@ fn absolute_target(c: &Comparison, key: &str) -> String {
     format!(
         "Target (issue #5) ≥ {TRANSPORT_TARGET_RPS:.0} round trips/s at {key}: {verdict} ({best:.0}/s).\n"
     )
-}
-
-fn ws(ctx: &Ctx) -> anyhow::Result<Outcome> {
-    let load = Load {
-        route: "/noop".to_owned(),
-        rows: [1, 8, 32].map(|c| (c.to_string(), c)).to_vec(),
-        transport: &["--ws"],
-    };
-    let comparison = compare(
-        ctx,
-        "ws",
-        "clients",
-        [Contender::default_group(), Contender::Baseline],
-        &[load],
-    )?;
-    let mut body = String::from(
-        "- WebSocket request/response: `demo.Noop` as `{\"id\",\"type\",\"data\"}` on `/ws`, one \
-         connection per client, closed loop (switchyard-client)\n\
-         - Switchyard: `switchyard up` with no configuration; baseline: `switchyard-baseline`, \
-         which answers the same messages on its own `/ws` in-process\n\n",
-    );
-    body.push_str(&render_comparison(&comparison));
-    body.push_str(&absolute_target(&comparison, "32"));
-    Ok(Outcome::Done {
-        title: "ws: WebSocket round trips".to_owned(),
-        body,
-    })
-}
-
-fn grpc(ctx: &Ctx) -> anyhow::Result<Outcome> {
-    const UNARY: &[&str] = &["--grpc"];
-    const BIDI: &[&str] = &["--grpc-bidi"];
-    let loads = [("unary", UNARY), ("bidi", BIDI)].map(|(kind, transport)| Load {
-        route: "/noop".to_owned(),
-        rows: [1, 8, 32].map(|c| (format!("{kind} {c}"), c)).to_vec(),
-        transport,
-    });
-    let comparison = compare(
-        ctx,
-        "grpc",
-        "call, clients",
-        [Contender::default_group(), Contender::Baseline],
-        &loads,
-    )?;
-    let mut body = String::from(
-        "- `switchyard.v1.Events`: unary `Call` (one HTTP/2 stream per call) and bidi `Session` \
-         (calls on one stream per client), `demo.Noop`, one channel per client, closed loop \
-         (switchyard-client)\n\
-         - Switchyard: `switchyard up` with no configuration; baseline: `switchyard-baseline`, \
-         the same service answered in-process by tonic\n\n",
-    );
-    body.push_str(&render_comparison(&comparison));
-    body.push_str(&targets(
-        &comparison,
-        "issue #5, within 1.5× of in-process tonic",
-        &[("unary 32", 1.0 / 1.5), ("bidi 32", 1.0 / 1.5)],
-    ));
-    body.push_str(&absolute_target(&comparison, "unary 32"));
-    body.push_str(&absolute_target(&comparison, "bidi 32"));
-    Ok(Outcome::Done {
-        title: "grpc: gRPC round trips".to_owned(),
-        body,
-    })
-}
-
-/// Subscribers that never read, in the `slow` scenario.
-const STALLED_CONSUMERS: usize = 4;
-
-fn slow(ctx: &Ctx) -> anyhow::Result<Outcome> {
-    // A fast ticker with padding, so that a consumer that does not read
-    // fills its queue within the run.
-    let config = "[[managers]]\nname = \"basics\"\n\n[[managers]]\nname = \"ticker\"\n\
-                  [managers.config]\ninterval_ms = 2\npad_bytes = 4096\n";
-    let load = Load {
-        route: "/noop".to_owned(),
-        rows: [8, 32].map(|c| (c.to_string(), c)).to_vec(),
-        transport: &[],
-    };
-    let stalled = Contender::Group {
-        label: format!("{STALLED_CONSUMERS} stalled subscribers"),
-        config: Some(config.to_owned()),
-        stalled: STALLED_CONSUMERS,
-    };
-    let calm = Contender::Group {
-        label: "none".to_owned(),
-        config: Some(config.to_owned()),
-        stalled: 0,
-    };
-    let comparison = compare(ctx, "slow", "clients", [stalled, calm], &[load])?;
-    let mut body = format!(
-        "- GET /noop from normal clients while {STALLED_CONSUMERS} WebSocket clients subscribed to \
-         `demo.tick` (every 2 ms, 4 KiB each) never read (4 KiB receive buffers), against the \
-         same group without them; a stalled client is dropped once its queue is full \
-         (`listener.ws.queue`), so the first second carries the cost\n\n"
-    );
-    body.push_str(&render_comparison(&comparison));
-    Ok(Outcome::Done {
-        title: "slow: latency next to consumers that do not drain".to_owned(),
-        body,
-    })
 }
 
 /// Opens `n` WebSocket subscriptions to `demo.tick` that are never read.
@@ -350,163 +555,6 @@ fn routing(ctx: &Ctx) -> anyhow::Result<Outcome> {
     })
 }
 
-fn managers(ctx: &Ctx) -> anyhow::Result<Outcome> {
-    const PROBE: &str = "/cpu-inline/0";
-    let Some(found) = probe(ctx, PROBE)? else {
-        return Ok(not_available("GET /cpu-inline/{ms}"));
-    };
-    let with_instances = |n: u32| found.config_with(|m| m.instances = n);
-    let variants = [
-        ("instances = 2", with_instances(2)?),
-        ("instances = 1", with_instances(1)?),
-    ];
-    let comparison = match compare_variants(ctx, "managers", "/cpu-inline/2", variants)? {
-        Ok(comparison) => comparison,
-        Err(message) => {
-            return Ok(Outcome::Skipped(format!(
-                "this build refuses manager instances: {message}"
-            )));
-        }
-    };
-    let mut body = String::new();
-    let _ = writeln!(
-        body,
-        "- GET /cpu-inline/2: 2 ms of CPU in the manager process itself, served by `{}`",
-        found.manager
-    );
-    let _ = writeln!(
-        body,
-        "- both contenders are Switchyard groups with the default group's managers (read from \
-         `switchyard status`), `{}` at 2 instances vs 1; no baseline (the in-process baseline \
-         does not serve /cpu-inline)\n",
-        found.manager
-    );
-    body.push_str(&render_comparison(&comparison));
-    Ok(Outcome::Done {
-        title: "managers: CPU inline, 1 vs 2 instances".to_owned(),
-        body,
-    })
-}
-
-fn workers(ctx: &Ctx) -> anyhow::Result<Outcome> {
-    const PROBE: &str = "/cpu/0";
-    let Some(found) = probe(ctx, PROBE)? else {
-        return Ok(not_available("GET /cpu/{ms}"));
-    };
-    let pool = found
-        .managers
-        .iter()
-        .find(|m| m.name == found.manager)
-        .and_then(|m| m.workers.clone());
-    // The same size for both kinds, so that only the kind differs.
-    let (size, queue) = pool.map_or((2, 256), |p| (p.size, p.queue));
-    let with_pool = |kind: &str| {
-        found.config_with(|m| {
-            m.workers = Some(Pool {
-                kind: kind.to_owned(),
-                size,
-                queue,
-            })
-        })
-    };
-    let variants = [
-        ("process pool", with_pool("process")?),
-        ("thread pool", with_pool("thread")?),
-    ];
-    let comparison = match compare_variants(ctx, "workers", "/cpu/2", variants)? {
-        Ok(comparison) => comparison,
-        Err(message) => {
-            return Ok(Outcome::Skipped(format!(
-                "this build has no `[managers.workers]` kind and size: {message}"
-            )));
-        }
-    };
-    let mut body = String::new();
-    let _ = writeln!(
-        body,
-        "- GET /cpu/2: a job of 2 ms of CPU in `{}`'s worker pool",
-        found.manager
-    );
-    let _ = writeln!(
-        body,
-        "- both contenders are Switchyard groups with the default group's managers (read from \
-         `switchyard status`), `{}` with {size} worker processes vs {size} worker threads \
-         (queue {queue}); no baseline (the in-process baseline does not serve /cpu)\n",
-        found.manager
-    );
-    body.push_str(&render_comparison(&comparison));
-    Ok(Outcome::Done {
-        title: "workers: thread vs process pool".to_owned(),
-        body,
-    })
-}
-
-fn listener_workers(ctx: &Ctx) -> anyhow::Result<Outcome> {
-    // The key decides: once `switchyard check` takes it, the feature is there.
-    let (two, one) = (
-        "[listener]\nworkers = 2\n".to_owned(),
-        "[listener]\nworkers = 1\n".to_owned(),
-    );
-    if let Err(message) = check_config(&ctx.switchyard, &two)? {
-        return Ok(Outcome::Skipped(format!(
-            "listener.workers has not landed: {message}"
-        )));
-    }
-    let load = Load {
-        route: "/noop".to_owned(),
-        rows: vec![("8".to_owned(), 8), ("32".to_owned(), 32)],
-        transport: &[],
-    };
-    let comparison = compare(
-        ctx,
-        "listener-workers",
-        "clients",
-        [
-            Contender::group("2 listener processes", two),
-            Contender::group("1 listener process", one),
-        ],
-        &[load],
-    )?;
-    let mut body = String::from(
-        "- GET /noop; both contenders are the demo group, with `listener.workers` 2 vs 1 \
-         (each listener process with one runtime thread per core); no baseline\n\n",
-    );
-    body.push_str(&render_comparison(&comparison));
-    Ok(Outcome::Done {
-        title: "listener-workers: 1 vs 2 listener processes".to_owned(),
-        body,
-    })
-}
-
-/// Two configurations of the default group's managers under GET `route`
-/// at 32 clients; `Err` with `switchyard check`'s message when this build
-/// refuses either configuration.
-fn compare_variants(
-    ctx: &Ctx,
-    scenario: &str,
-    route: &str,
-    variants: [(&str, String); 2],
-) -> anyhow::Result<Result<Comparison, String>> {
-    for (_, config) in &variants {
-        if let Err(message) = check_config(&ctx.switchyard, config)? {
-            return Ok(Err(message));
-        }
-    }
-    let load = Load {
-        route: route.to_owned(),
-        rows: vec![("32".to_owned(), 32)],
-        transport: &[],
-    };
-    let contenders = variants.map(|(label, config)| Contender::group(label, config));
-    compare(ctx, scenario, "clients", contenders, &[load]).map(Ok)
-}
-
-fn not_available(route: &str) -> Outcome {
-    Outcome::Skipped(format!(
-        "not available in this build (the default group does not serve {route})"
-    ))
-}
-
 /// What a probe of the default group found: the manager that answered, and
 /// every manager of the group.
 struct Found {
@@ -516,20 +564,47 @@ struct Found {
 
 impl Found {
     /// The default group's configuration with the probed manager changed by `edit`.
-    fn config_with(&self, edit: impl Fn(&mut ManagerEntry)) -> anyhow::Result<String> {
+    fn config_with(&self, edit: Edit) -> anyhow::Result<String> {
+        let (size, queue) = self.pool();
         let mut managers = self.managers.clone();
-        managers
-            .iter_mut()
-            .filter(|m| m.name == self.manager)
-            .for_each(edit);
+        for m in managers.iter_mut().filter(|m| m.name == self.manager) {
+            match edit {
+                Edit::Instances(n) => m.instances = n,
+                Edit::Pool(kind) => {
+                    m.workers = Some(Pool {
+                        kind: kind.to_owned(),
+                        size,
+                        queue,
+                    })
+                }
+            }
+        }
         config_toml(&managers)
+    }
+
+    /// The size and queue of the probed manager's worker pool (2 and 256
+    /// when it has none): a pool edit keeps them, so that only the kind differs.
+    fn pool(&self) -> (usize, usize) {
+        self.managers
+            .iter()
+            .find(|m| m.name == self.manager)
+            .and_then(|m| m.workers.as_ref())
+            .map_or((2, 256), |p| (p.size, p.queue))
+    }
+
+    /// `line` with `{manager}`, `{size}` and `{queue}` filled in.
+    fn fill(&self, line: &str) -> String {
+        let (size, queue) = self.pool();
+        line.replace("{manager}", &self.manager)
+            .replace("{size}", &size.to_string())
+            .replace("{queue}", &queue.to_string())
     }
 }
 
 /// Starts the default group and asks it for `path`, a demo route that
 /// answers with the `pid` of the process that served it; `None` when the
 /// group has no such route.
-fn probe(ctx: &Ctx, path: &str) -> anyhow::Result<Option<Found>> {
+fn probe_default_group(ctx: &Ctx, path: &str) -> anyhow::Result<Option<Found>> {
     eprintln!("suite: probing the default group for GET {path}");
     let mut group = Group::start(&ctx.switchyard, None)?;
     let (status, body) = ctx.runtime.block_on(get(group.server.addr(), path))?;
@@ -574,7 +649,7 @@ async fn get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, Bytes)> {
 /// A server a scenario measures.
 enum Contender {
     Group {
-        label: String,
+        label: &'static str,
         config: Option<String>,
         /// WebSocket subscribers opened after start that never read.
         stalled: usize,
@@ -583,23 +658,7 @@ enum Contender {
 }
 
 impl Contender {
-    fn default_group() -> Contender {
-        Contender::Group {
-            label: "Switchyard".to_owned(),
-            config: None,
-            stalled: 0,
-        }
-    }
-
-    fn group(label: &str, config: String) -> Contender {
-        Contender::Group {
-            label: label.to_owned(),
-            config: Some(config),
-            stalled: 0,
-        }
-    }
-
-    fn label(&self) -> &str {
+    fn label(&self) -> &'static str {
         match self {
             Contender::Group { label, .. } => label,
             Contender::Baseline => "baseline",
@@ -634,15 +693,6 @@ impl Running {
     }
 }
 
-/// One load run per server start: a route and its concurrency steps, each
-/// step a row keyed as given.
-struct Load {
-    route: String,
-    rows: Vec<(String, u32)>,
-    /// Transport flags of the load generator (`--ws`, `--grpc`, ...).
-    transport: &'static [&'static str],
-}
-
 /// Runs `loads` against both contenders `ctx.runs` times, each time on fresh
 /// servers, alternating and flipping the order every round.
 fn compare(
@@ -654,9 +704,9 @@ fn compare(
 ) -> anyhow::Result<Comparison> {
     let mut rows: Vec<Row> = loads
         .iter()
-        .flat_map(|load| &load.rows)
-        .map(|(key, _)| Row {
-            key: key.clone(),
+        .flat_map(|load| load.rows)
+        .map(|&(key, _)| Row {
+            key: key.to_owned(),
             samples: [Vec::new(), Vec::new()],
         })
         .collect();
@@ -686,7 +736,7 @@ fn compare(
                     .runtime
                     .block_on(load::run(load_options(
                         &url,
-                        &load.route,
+                        load.route,
                         &concurrency,
                         ctx.duration,
                         load.transport,
@@ -814,6 +864,71 @@ mod tests {
             "Targets (issue #7), req/s ratio: ≥ 0.30 at 1: met (0.47); ≥ 0.50 at 8: missed by 0.20 (0.30).\n"
         );
         assert_eq!(targets(&c, "issue #7", &[("64", 0.5)]), "");
+    }
+
+    /// Every scenario the command line offers has its code, and the table
+    /// is sound: row keys unique within a scenario, every target on a row.
+    #[test]
+    fn the_table_covers_every_scenario() {
+        for name in super::super::SCENARIOS {
+            assert!(
+                comparison(name).is_some() || matches!(name, "routing" | "middleware"),
+                "{name} runs nothing"
+            );
+        }
+        for s in COMPARISONS {
+            assert!(
+                super::super::SCENARIOS.contains(&s.name),
+                "{} is not offered",
+                s.name
+            );
+            let keys: Vec<&str> = s.loads.iter().flat_map(|l| l.rows).map(|&(k, _)| k).collect();
+            for (i, key) in keys.iter().enumerate() {
+                assert!(!keys[..i].contains(key), "{}: row {key} twice", s.name);
+            }
+            for target in s.targets {
+                let named = match *target {
+                    Target::Ratio { at, .. } => at.iter().map(|&(k, _)| k).collect(),
+                    Target::RoundTrips(key) => vec![key],
+                };
+                for key in named {
+                    assert!(keys.contains(&key), "{}: a target on no row: {key}", s.name);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn variants_edit_and_name_the_probed_manager() {
+        let entry = |name: &str, workers: Option<Pool>| ManagerEntry {
+            name: name.to_owned(),
+            instances: 1,
+            workers,
+        };
+        let pool = Pool {
+            kind: "process".to_owned(),
+            size: 3,
+            queue: 64,
+        };
+        let found = |manager: &str| Found {
+            manager: manager.to_owned(),
+            managers: vec![entry("basics", None), entry("compute", Some(pool.clone()))],
+        };
+        let compute = found("compute");
+        assert_eq!(
+            compute.fill("`{manager}`: {size} vs {size} (queue {queue}), {\"id\"}"),
+            "`compute`: 3 vs 3 (queue 64), {\"id\"}"
+        );
+        let threads = compute.config_with(Edit::Pool("thread")).unwrap();
+        assert!(
+            threads.contains("name = \"compute\"\ninstances = 1\n\n[managers.workers]\nkind = \"thread\"\nsize = 3\nqueue = 64\n"),
+            "{threads}"
+        );
+        let two = compute.config_with(Edit::Instances(2)).unwrap();
+        assert!(two.contains("name = \"basics\"\ninstances = 1\n"), "{two}");
+        assert!(two.contains("name = \"compute\"\ninstances = 2\n"), "{two}");
+        // A manager without a pool gets the default shape.
+        assert_eq!(found("basics").pool(), (2, 256));
     }
 
     #[test]

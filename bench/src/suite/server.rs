@@ -13,9 +13,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
+use tempfile::TempDir;
 
-use super::tmp::TempDir;
+use super::tmp::scratch;
 
 /// How long a server may take to print its address. A group's children each
 /// get `start_timeout_ms` (10 s by default) and start one after the other.
@@ -158,10 +161,9 @@ impl Server {
         if self.exited {
             return Ok(());
         }
-        // SAFETY: kill has no memory-safety preconditions. The pid cannot
-        // have been reused: the child is reaped only by our waiter thread,
-        // which reports it, and we have not seen that report.
-        unsafe { libc::kill(self.pid, libc::SIGTERM) };
+        // The pid cannot have been reused: the child is reaped only by our
+        // waiter thread, which reports it, and we have not seen that report.
+        let _ = kill(Pid::from_raw(self.pid), Signal::SIGTERM);
         if let Some(status) = self.wait_exit(STOP_TIMEOUT) {
             return match status {
                 Ok(status) if status.success() => Ok(()),
@@ -178,8 +180,8 @@ impl Server {
         let mut doomed = descendants(self.pid);
         doomed.push(self.pid);
         for pid in doomed {
-            // SAFETY: as above; descendants were read while the server lived.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
+            // As above; descendants were read while the server lived.
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
         }
         let _ = self.wait_exit(Duration::from_secs(5));
         // Whatever became of it, a second SIGTERM from `drop` would not help.
@@ -300,7 +302,7 @@ pub(crate) struct Group {
 impl Group {
     /// `config`: a `switchyard.toml` to start with; `None` for the defaults.
     pub(crate) fn start(exe: &Path, config: Option<&str>) -> anyhow::Result<Group> {
-        let dir = TempDir::new("group")?;
+        let dir = scratch("group")?;
         let mut command = Command::new(exe);
         command
             .arg("up")
@@ -340,7 +342,7 @@ impl Group {
 /// Validates `config` with `switchyard check`: `Err` carries its message,
 /// which names the key a build does not know.
 pub(crate) fn check_config(exe: &Path, config: &str) -> anyhow::Result<Result<(), String>> {
-    let dir = TempDir::new("check")?;
+    let dir = scratch("check")?;
     let file = dir.path().join("switchyard.toml");
     std::fs::write(&file, config).with_context(|| format!("cannot write {}", file.display()))?;
     let output = Command::new(exe)
