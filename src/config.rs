@@ -168,6 +168,11 @@ pub(crate) struct GroupConfig {
     /// Shared memory one process may hold (created or mapped) at once, in
     /// bytes; past it, requests get 503.
     pub(crate) shm_budget_bytes: u64,
+    /// Milliseconds a manager may spend in one call into its plugin (a
+    /// synchronous handler, or a batch of them, that has not returned)
+    /// before its watchdog kills the process and the supervisor restarts
+    /// it; its requests in flight get 503. Default 30 000; at least 100.
+    pub(crate) handler_timeout_ms: u64,
 }
 
 impl Default for GroupConfig {
@@ -181,6 +186,7 @@ impl Default for GroupConfig {
             expose_errors: false,
             shm_threshold_bytes: switchyard_proto::shm::DEFAULT_THRESHOLD,
             shm_budget_bytes: 1 << 30,
+            handler_timeout_ms: 30_000,
         }
     }
 }
@@ -447,6 +453,9 @@ impl Config {
                 "group.shm_threshold_bytes: must be at least 64 KiB below group.max_frame_bytes ({})",
                 self.group.max_frame_bytes
             ));
+        }
+        if self.group.handler_timeout_ms < 100 {
+            problems.push("group.handler_timeout_ms: must be at least 100".to_owned());
         }
         if self.managers.is_empty() {
             problems.push("managers: at least one manager is needed".to_owned());

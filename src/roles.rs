@@ -135,6 +135,7 @@ async fn serve(role: Role, name: String, instance: u32, spec: Spec) -> anyhow::R
                 max_frame,
                 queue_capacity,
                 shm_threshold: config.group.shm_threshold_bytes,
+                handler_timeout: Duration::from_millis(config.group.handler_timeout_ms),
                 workers: switchyard_manager_host::Workers {
                     kind: w.kind,
                     size: w.size(),
