@@ -52,6 +52,9 @@ pub struct Group {
     child: Option<Child>,
     pub addr: SocketAddr,
     pub runtime_dir: PathBuf,
+    /// The runtime dir is the test's own (`GroupBuilder::runtime_dir`): not
+    /// removed on drop.
+    keep_dir: bool,
     lines: Arc<Mutex<Vec<String>>>,
     line_events: mpsc::Receiver<String>,
 }
@@ -61,6 +64,7 @@ pub struct GroupBuilder {
     config_file: Option<PathBuf>,
     tag: &'static str,
     env: Vec<(String, String)>,
+    runtime_dir: Option<PathBuf>,
 }
 
 impl GroupBuilder {
@@ -73,6 +77,12 @@ impl GroupBuilder {
     /// Sets an environment variable for the group's processes.
     pub fn env(mut self, key: &str, value: &str) -> Self {
         self.env.push((key.to_owned(), value.to_owned()));
+        self
+    }
+
+    /// Uses this runtime dir (which may exist already) instead of a fresh one.
+    pub fn runtime_dir(mut self, path: &Path) -> Self {
+        self.runtime_dir = Some(path.to_owned());
         self
     }
 
@@ -90,7 +100,7 @@ impl GroupBuilder {
 
     /// Starts the group, or returns everything it printed if it exits first.
     pub fn try_start(self) -> Result<Group, String> {
-        let runtime_dir = fresh_dir(self.tag);
+        let runtime_dir = self.runtime_dir.clone().unwrap_or_else(|| fresh_dir(self.tag));
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_switchyard"));
         cmd.arg("up")
             .arg("--bind")
@@ -138,6 +148,7 @@ impl GroupBuilder {
             child: Some(child),
             addr: "127.0.0.1:1".parse().unwrap(),
             runtime_dir,
+            keep_dir: self.runtime_dir.is_some(),
             lines,
             line_events,
         };
@@ -179,6 +190,7 @@ impl Group {
             config_file: None,
             tag,
             env: Vec::new(),
+            runtime_dir: None,
         }
     }
 
@@ -288,13 +300,18 @@ impl Group {
 
     /// Sends SIGTERM to the supervisor and waits for it to exit.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
+        self.stop_with(libc::SIGTERM)
+    }
+
+    /// Sends `signal` to the supervisor and waits for it to exit.
+    pub fn stop_with(&mut self, signal: i32) -> std::process::ExitStatus {
         let mut child = self.child.take().unwrap();
-        kill(child.id(), libc::SIGTERM);
+        kill(child.id(), signal);
         wait_with_patience(&mut child)
     }
 }
 
-fn wait_with_patience(child: &mut Child) -> std::process::ExitStatus {
+pub fn wait_with_patience(child: &mut Child) -> std::process::ExitStatus {
     let deadline = Instant::now() + PATIENCE;
     loop {
         if let Some(status) = child.try_wait().unwrap() {
@@ -320,7 +337,9 @@ impl Drop for Group {
             let _ = child.kill();
             let _ = child.wait();
         }
-        let _ = std::fs::remove_dir_all(&self.runtime_dir);
+        if !self.keep_dir {
+            let _ = std::fs::remove_dir_all(&self.runtime_dir);
+        }
         let _ = std::fs::remove_file(self.runtime_dir.with_extension("toml"));
     }
 }
