@@ -289,3 +289,41 @@ fn print_line(prefix: &str, line: &[u8]) {
         String::from_utf8_lossy(line)
     );
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    #[tokio::test]
+    async fn a_child_that_sends_an_endless_line_loses_its_channel() {
+        let (child_end, ours) = std::os::unix::net::UnixStream::pair().unwrap();
+        ours.set_nonblocking(true).unwrap();
+        let (read, _write) = tokio::net::UnixStream::from_std(ours).unwrap().into_split();
+        let (events, mut rx) = mpsc::unbounded_channel();
+        let reader = tokio::spawn(read_reports(read, 0, 1, 42, events));
+        // A phase, then 8 MiB without a newline from a broken child.
+        let child = std::thread::spawn(move || {
+            let mut child_end = child_end;
+            child_end
+                .write_all(b"{\"msg\":\"phase\",\"phase\":\"ready\"}\n")
+                .unwrap();
+            let flood = child_end.write_all(&vec![b'x'; 8 << 20]);
+            // The channel is closed both ways: the child reads end-of-file.
+            let mut rest = Vec::new();
+            let eof = child_end.read_to_end(&mut rest).map(|_| rest.len());
+            (flood, eof)
+        });
+        assert!(matches!(
+            rx.recv().await,
+            Some(Event::Phase {
+                phase: switchyard_proto::supervision::Phase::Ready,
+                ..
+            })
+        ));
+        reader.await.unwrap();
+        let (flood, eof) = child.join().unwrap();
+        assert!(flood.is_err(), "the supervisor took the whole line");
+        assert_eq!(eof.unwrap(), 0);
+    }
+}
