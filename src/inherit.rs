@@ -8,9 +8,16 @@ use switchyard_proto::process::{GRPC_LISTEN_FD, LISTEN_FD, SPEC_FD};
 
 fn owned(fd: i32) -> std::io::Result<OwnedFd> {
     // Refuse a closed fd instead of adopting garbage.
-    // SAFETY: the borrow lives only for this probe, which reads fd flags.
+    // SAFETY: the borrow lives only for these two calls on fd flags.
     let probe = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
     nix::fcntl::fcntl(probe, nix::fcntl::FcntlArg::F_GETFD).map_err(std::io::Error::from)?;
+    // dup2 cleared close-on-exec for our exec; set it again, or every
+    // process a plugin starts would inherit the group's sockets.
+    nix::fcntl::fcntl(
+        probe,
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+    )
+    .map_err(std::io::Error::from)?;
     // SAFETY: the supervisor placed a descriptor at `fd` for this process alone
     // (pre_exec dup2), nothing else in this process refers to it, and it is
     // adopted exactly once per process.

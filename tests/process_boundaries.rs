@@ -128,3 +128,34 @@ fn a_clean_stop_removes_only_what_the_group_made_in_an_existing_runtime_dir() {
     drop(g);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn inherited_descriptors_do_not_leak_into_what_a_plugin_starts() {
+    let g = Group::start("cloexec");
+    let supervisor = g.supervisor_pid();
+    for pid in g.all_pids().into_iter().filter(|&p| p != supervisor) {
+        // The control socket (3) and a listening socket (4, 5) may not
+        // survive an exec; the spec (6) is closed at start (its number may
+        // be reused by then, by a descriptor of the process's own).
+        for fd in 3..=6 {
+            let Ok(info) = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}")) else {
+                assert_ne!(fd, 3, "process {pid} has no control socket");
+                continue;
+            };
+            let target = std::fs::read_link(format!("/proc/{pid}/fd/{fd}")).unwrap_or_default();
+            assert!(
+                !target.to_string_lossy().contains("switchyard-spec"),
+                "process {pid} kept its spec open at fd {fd}"
+            );
+            let flags = info
+                .lines()
+                .find_map(|l| l.strip_prefix("flags:"))
+                .map(|f| u32::from_str_radix(f.trim(), 8).unwrap())
+                .unwrap();
+            assert!(
+                flags & libc::O_CLOEXEC as u32 != 0,
+                "process {pid}: fd {fd} would be inherited by any process a plugin starts ({info})"
+            );
+        }
+    }
+}

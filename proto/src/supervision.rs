@@ -150,6 +150,13 @@ impl ChildChannel {
     pub unsafe fn from_fd(fd: RawFd) -> Result<ChildChannel> {
         // SAFETY: the caller guarantees `fd` is an owned, open socket.
         let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+        // Inherited across our exec, so close-on-exec is off: set it, or
+        // every process this one starts (a plugin may) holds the channel.
+        nix::fcntl::fcntl(
+            &owned,
+            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+        )
+        .map_err(std::io::Error::from)?;
         let std = std::os::unix::net::UnixStream::from(owned);
         std.set_nonblocking(true)?;
         let (reader, writer) = UnixStream::from_std(std)?.into_split();
