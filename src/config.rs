@@ -168,6 +168,11 @@ pub(crate) struct GroupConfig {
     /// Shared memory one process may hold (created or mapped) at once, in
     /// bytes; past it, requests get 503.
     pub(crate) shm_budget_bytes: u64,
+    /// Milliseconds a manager may spend in one call into its plugin (a
+    /// synchronous handler, or a batch of them, that has not returned)
+    /// before its watchdog kills the process and the supervisor restarts
+    /// it; its requests in flight get 503. Default 30 000; at least 100.
+    pub(crate) handler_timeout_ms: u64,
 }
 
 impl Default for GroupConfig {
@@ -181,22 +186,32 @@ impl Default for GroupConfig {
             expose_errors: false,
             shm_threshold_bytes: switchyard_proto::shm::DEFAULT_THRESHOLD,
             shm_budget_bytes: 1 << 30,
+            handler_timeout_ms: 30_000,
         }
     }
 }
 
-/// One-for-one restart policy.
+/// One-for-one restart policy, with a restart intensity per child
+/// (docs/operations.md, decision 0025).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub(crate) struct RestartConfig {
     /// First restart delay in milliseconds; doubles per quick failure.
+    /// Default 10.
     pub(crate) initial_backoff_ms: u64,
-    /// Largest restart delay in milliseconds.
+    /// Largest restart delay in milliseconds (below the intensity).
+    /// Default 5 000.
     pub(crate) max_backoff_ms: u64,
-    /// At most this many restarts of one child within `window_s` ...
+    /// The restart intensity: at most this many restarts of one child
+    /// within `window_s` ... Default 10.
     pub(crate) max_restarts: u32,
-    /// ... seconds; more stops the group with an error.
+    /// ... seconds. Past the intensity, a broker, router or listener stops
+    /// the group (exit 1); a manager or worker is crash-looping. A child
+    /// that stays up this long starts afresh. Default 30.
     pub(crate) window_s: u64,
+    /// Milliseconds between restarts of a crash-looping manager or worker;
+    /// its routes answer 503 with `Retry-After` meanwhile. Default 30 000.
+    pub(crate) crash_loop_backoff_ms: u64,
 }
 
 impl Default for RestartConfig {
@@ -206,6 +221,7 @@ impl Default for RestartConfig {
             max_backoff_ms: 5_000,
             max_restarts: 10,
             window_s: 30,
+            crash_loop_backoff_ms: 30_000,
         }
     }
 }
@@ -448,6 +464,28 @@ impl Config {
                 self.group.max_frame_bytes
             ));
         }
+        if self.group.handler_timeout_ms < 100 {
+            problems.push("group.handler_timeout_ms: must be at least 100".to_owned());
+        }
+        let r = &self.restart;
+        if r.initial_backoff_ms == 0 {
+            problems.push("restart.initial_backoff_ms: must be positive".to_owned());
+        }
+        if r.max_backoff_ms < r.initial_backoff_ms {
+            problems.push(format!(
+                "restart.max_backoff_ms: must be at least restart.initial_backoff_ms ({})",
+                r.initial_backoff_ms
+            ));
+        }
+        if r.window_s == 0 {
+            problems.push("restart.window_s: must be positive".to_owned());
+        }
+        if r.crash_loop_backoff_ms < r.max_backoff_ms || r.crash_loop_backoff_ms > 3_600_000 {
+            problems.push(format!(
+                "restart.crash_loop_backoff_ms: must be between restart.max_backoff_ms ({}) and 3600000 (an hour)",
+                r.max_backoff_ms
+            ));
+        }
         if self.managers.is_empty() {
             problems.push("managers: at least one manager is needed".to_owned());
         }
@@ -513,7 +551,10 @@ mod tests {
 
     #[test]
     fn bind_takes_host_names() {
-        assert_eq!(resolve_bind("localhost:0").unwrap(), SocketAddr::from(([127, 0, 0, 1], 0)));
+        assert_eq!(
+            resolve_bind("localhost:0").unwrap(),
+            SocketAddr::from(([127, 0, 0, 1], 0))
+        );
         assert_eq!(resolve_bind("127.0.0.1:8080").unwrap().port(), 8080);
         assert!(resolve_bind("localhost").unwrap_err().contains("HOST:PORT"));
         let config: Config = toml::from_str("[listener]\nbind = \"localhost:9000\"\n").unwrap();
@@ -537,6 +578,17 @@ mod tests {
         let err = config.validate().unwrap_err().to_string();
         assert!(err.contains("listener.max_header_bytes"), "{err}");
         assert!(err.contains("managers[0].instances"), "{err}");
+        let config: Config = toml::from_str(
+            "[group]\nhandler_timeout_ms = 5\n[restart]\nmax_backoff_ms = 100\ncrash_loop_backoff_ms = 50\nwindow_s = 0\n",
+        )
+        .unwrap();
+        let err = config.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("group.handler_timeout_ms: must be at least 100"),
+            "{err}"
+        );
+        assert!(err.contains("restart.crash_loop_backoff_ms"), "{err}");
+        assert!(err.contains("restart.window_s"), "{err}");
         // Plugins are checked by the validation child: tests/validation.rs.
     }
 }

@@ -1,19 +1,38 @@
 //! File descriptors a child inherits from the supervisor at fixed numbers.
 //! The only unsafe code of the binary: adopting raw fds as owned sockets.
 
+use std::io::{Read, Seek};
 use std::os::fd::{FromRawFd, OwnedFd};
 
-use switchyard_proto::process::{GRPC_LISTEN_FD, LISTEN_FD};
+use switchyard_proto::process::{GRPC_LISTEN_FD, LISTEN_FD, SPEC_FD};
 
 fn owned(fd: i32) -> std::io::Result<OwnedFd> {
     // Refuse a closed fd instead of adopting garbage.
-    // SAFETY: the borrow lives only for this probe, which reads fd flags.
+    // SAFETY: the borrow lives only for these two calls on fd flags.
     let probe = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
     nix::fcntl::fcntl(probe, nix::fcntl::FcntlArg::F_GETFD).map_err(std::io::Error::from)?;
-    // SAFETY: the supervisor placed a socket at `fd` for this process alone
+    // dup2 cleared close-on-exec for our exec; set it again, or every
+    // process a plugin starts would inherit the group's sockets.
+    nix::fcntl::fcntl(
+        probe,
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+    )
+    .map_err(std::io::Error::from)?;
+    // SAFETY: the supervisor placed a descriptor at `fd` for this process alone
     // (pre_exec dup2), nothing else in this process refers to it, and it is
     // adopted exactly once per process.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The spec the supervisor wrote into a memfd at [`SPEC_FD`]. The
+/// descriptor is closed on return.
+pub(crate) fn spec() -> std::io::Result<Vec<u8>> {
+    let mut file = std::fs::File::from(owned(SPEC_FD)?);
+    // The supervisor's writes left the shared offset at the end.
+    file.rewind()?;
+    let mut spec = Vec::new();
+    file.read_to_end(&mut spec)?;
+    Ok(spec)
 }
 
 /// The inherited listening Unix socket (broker, router).

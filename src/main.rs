@@ -96,8 +96,6 @@ enum Command {
         name: String,
         #[arg(long, default_value_t = 0)]
         instance: u32,
-        #[arg(long)]
-        spec: String,
     },
 }
 
@@ -153,11 +151,6 @@ fn main() -> ExitCode {
             Err(code) => code,
         },
         Command::Validate => validate::child_main(),
-        Command::Role {
-            role,
-            name,
-            instance,
-            spec,
-        } => roles::main(role, name, instance, spec),
+        Command::Role { role, name, instance } => roles::main(role, name, instance),
     }
 }

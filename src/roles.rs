@@ -1,5 +1,6 @@
-//! The entry of each child process: adopt the inherited sockets, run the
-//! role's library `run`, and report phases to the supervisor.
+//! The entry of each child process: read the spec, adopt the inherited
+//! sockets, run the role's library `run`, and report phases to the
+//! supervisor.
 
 use std::future::Future;
 use std::process::ExitCode;
@@ -25,6 +26,12 @@ pub(crate) enum Role {
 }
 
 impl Role {
+    /// The processes every request crosses: past its restart intensity, one
+    /// of them stops the group. Managers and workers only crash-loop.
+    pub(crate) fn is_core(self) -> bool {
+        matches!(self, Role::Broker | Role::Router | Role::Listener)
+    }
+
     pub(crate) fn as_str(self) -> &'static str {
         match self {
             Role::Broker => "broker",
@@ -36,19 +43,45 @@ impl Role {
     }
 }
 
-/// What a child is told: the group's configuration and runtime directory.
+/// What a child is told, through a descriptor (never argv, which every
+/// local user can read): the group's configuration and runtime directory.
 #[derive(serde::Serialize, serde::Deserialize)]
 pub(crate) struct Spec {
     pub(crate) config: Config,
     pub(crate) runtime_dir: std::path::PathBuf,
 }
 
-pub(crate) fn main(role: Role, name: String, instance: u32, spec: String) -> ExitCode {
+impl Spec {
+    /// The spec of one child: every manager's `config` table (its secrets)
+    /// goes to that manager's own processes only.
+    pub(crate) fn for_child(config: &Config, runtime_dir: &std::path::Path, role: Role, name: &str) -> Spec {
+        let mut config = config.clone();
+        for m in &mut config.managers {
+            if !(role == Role::Manager && m.name == name) {
+                m.config = toml::Table::new();
+            }
+        }
+        Spec {
+            config,
+            runtime_dir: runtime_dir.to_path_buf(),
+        }
+    }
+}
+
+pub(crate) fn main(role: Role, name: String, instance: u32) -> ExitCode {
     init_child_logging();
-    let spec: Spec = match serde_json::from_str(&spec) {
+    // Read and closed before any plugin code runs, so nothing the plugin
+    // starts can inherit it.
+    let spec: Spec = match inherit::spec()
+        .map_err(anyhow::Error::from)
+        .and_then(|text| serde_json::from_slice(&text).map_err(anyhow::Error::from))
+    {
         Ok(s) => s,
         Err(err) => {
-            tracing::error!(%err, "bad role spec");
+            tracing::error!(
+                "bad role spec on fd {}: {err:#}",
+                switchyard_proto::process::SPEC_FD
+            );
             return ExitCode::from(crate::EXIT_CONFIG);
         }
     };
@@ -67,15 +100,19 @@ pub(crate) fn main(role: Role, name: String, instance: u32, spec: String) -> Exi
         }
     };
     match runtime.block_on(serve(role, name, instance, spec)) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(cause) => {
+            tracing::info!("stopped: {cause}");
+            ExitCode::SUCCESS
+        }
         Err(err) => {
-            tracing::error!("{err:#}");
+            tracing::error!("stopped: {err:#}");
             ExitCode::FAILURE
         }
     }
 }
 
-async fn serve(role: Role, name: String, instance: u32, spec: Spec) -> anyhow::Result<()> {
+/// Runs the role until it ends; returns why it stopped.
+async fn serve(role: Role, name: String, instance: u32, spec: Spec) -> anyhow::Result<&'static str> {
     // SAFETY: the supervisor placed our end of the control socketpair at
     // CONTROL_FD before exec; nothing else adopts it.
     let control = unsafe { ChildChannel::from_fd(CONTROL_FD) }?;
@@ -135,6 +172,7 @@ async fn serve(role: Role, name: String, instance: u32, spec: Spec) -> anyhow::R
                 max_frame,
                 queue_capacity,
                 shm_threshold: config.group.shm_threshold_bytes,
+                handler_timeout: Duration::from_millis(config.group.handler_timeout_ms),
                 workers: switchyard_manager_host::Workers {
                     kind: w.kind,
                     size: w.size(),
@@ -218,5 +256,6 @@ async fn serve(role: Role, name: String, instance: u32, spec: Spec) -> anyhow::R
         never = report_ready => match never {},
     };
     control.report(Phase::Stopped).await;
-    result
+    let cause = control.commands().borrow().cause();
+    result.map(|()| cause)
 }

@@ -2,16 +2,19 @@
 //! socket in its runtime directory, for its process tree.
 //!
 //! The protocol is one JSON line each way: `{"cmd":"status"}` →
-//! `{"processes":[...]}`, so `socat` works as a client too.
+//! `{"processes":[...]}`, so `socat` works as a client too. A request line
+//! longer than `supervision::MAX_LINE` bytes (64 KiB) ends the connection.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use switchyard_proto::process::RuntimePaths;
+use switchyard_proto::supervision::{line_error, lines};
 use switchyard_proto::transport::PeerPolicy;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::supervisor::{Event, ProcessInfo, runtime_dir};
@@ -45,8 +48,16 @@ pub(crate) async fn serve(socket: std::os::unix::net::UnixListener, events: mpsc
         let events = events.clone();
         tokio::spawn(async move {
             let (read, mut write) = stream.into_split();
-            let mut lines = tokio::io::BufReader::new(read).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
+            let mut requests = lines(read);
+            while let Some(line) = requests.next().await {
+                let line = match line {
+                    Ok(line) => line,
+                    Err(err) => {
+                        tracing::warn!(err = line_error(&err), "dropping a control connection");
+                        let _ = write.write_all(b"{\"error\":\"request line too long\"}\n").await;
+                        break;
+                    }
+                };
                 let reply = match serde_json::from_str::<serde_json::Value>(&line) {
                     Ok(v) if v["cmd"] == "status" => {
                         let (tx, rx) = oneshot::channel();
@@ -124,12 +135,12 @@ pub(crate) fn main(json: bool, runtime_dir: Option<PathBuf>) -> ExitCode {
         println!("{}", serde_json::to_string_pretty(&reply).unwrap_or_default());
     } else {
         println!(
-            "{:<12} {:<12} {:>4} {:>8} {:<10} {:>8} {:>10} {:>9} {:>7}  WORKERS",
+            "{:<12} {:<12} {:>4} {:>8} {:<13} {:>8} {:>10} {:>9} {:>7}  WORKERS",
             "ROLE", "NAME", "INST", "PID", "STATE", "RESTARTS", "UPTIME", "IN-FLIGHT", "QUEUED"
         );
         for p in &reply.processes {
             println!(
-                "{:<12} {:<12} {:>4} {:>8} {:<10} {:>8} {:>9.1}s {:>9} {:>7}  {}",
+                "{:<12} {:<12} {:>4} {:>8} {:<13} {:>8} {:>9.1}s {:>9} {:>7}  {}",
                 p.role,
                 p.name,
                 p.instance,

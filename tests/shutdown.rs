@@ -1,5 +1,6 @@
 //! SIGTERM: in-flight requests complete, every process exits, the runtime
-//! dir is removed, and the supervisor exits 0.
+//! dir is removed, and the supervisor exits 0; a process that overruns its
+//! stop is killed and named.
 
 mod common;
 
@@ -30,4 +31,41 @@ fn sigterm_drains_in_flight_requests_and_leaves_nothing_behind() {
     );
     // The port is closed.
     assert!(std::net::TcpStream::connect(addr).is_err());
+}
+
+#[test]
+fn a_stop_that_overruns_names_the_process_it_kills() {
+    // A manager stuck in a handler cannot stop when told to; its watchdog
+    // is set far beyond the test, so only the supervisor's patience ends it.
+    let plugin = plugin("switchyard-fixture-stuck");
+    let config = format!(
+        "[listener]\nrequest_timeout_ms = 120000\n[group]\nhandler_timeout_ms = 600000\nshutdown_grace_ms = 500\n\
+         [[managers]]\nname = \"stuck\"\nplugin = \"{}\"\n",
+        plugin.display()
+    );
+    let mut g = Group::builder("shutdown-overrun").config(&config).start();
+    let pids = g.all_pids();
+    let stuck = g.pid_of("stuck");
+    let addr = g.addr;
+    let hung = std::thread::spawn(move || get(addr, "/hang"));
+    g.wait_line("a handler hangs from now on");
+
+    let status = g.terminate();
+    assert!(status.success(), "{status:?}");
+    let line = g.wait_line("did not stop within");
+    assert!(
+        line.contains("manager `stuck`")
+            && line.contains(&format!("pid {stuck}"))
+            && line.contains("killing it"),
+        "the log names the process it kills: {line}"
+    );
+    g.wait_line("stopped cause=SIGTERM");
+    // Its client was answered (503 when its manager went) or cut, not left
+    // waiting.
+    let answer = hung.join().unwrap();
+    assert!(answer.as_ref().map_or(true, |r| r.status == 503), "{answer:?}");
+    for pid in pids {
+        assert!(!alive(pid), "process {pid} outlived the group");
+    }
+    assert!(!g.runtime_dir.exists());
 }

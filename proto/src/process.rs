@@ -1,6 +1,8 @@
 //! What every process of a group shares: its logging set-up, the names of
-//! the sockets in the runtime directory, and the environment it is given.
+//! the sockets in the runtime directory, the descriptors and environment it
+//! is given, and how one process of the group signals another ([`Pidfd`]).
 
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 /// Environment variable naming the supervisor's pid (peer checks).
@@ -13,6 +15,14 @@ pub const CONTROL_FD: i32 = 3;
 pub const LISTEN_FD: i32 = 4;
 /// The fd a listener's gRPC-only socket (`listener.grpc_bind`) is inherited on.
 pub const GRPC_LISTEN_FD: i32 = 5;
+/// The fd a child reads its spec (the configuration it needs, secrets
+/// included) from: a memfd the supervisor wrote, which the child reads and
+/// closes before it runs any plugin code. Never argv or the environment,
+/// which every local user can read in `/proc`.
+pub const SPEC_FD: i32 = 6;
+/// Exit code of a manager whose watchdog found a handler that did not
+/// return in time (`group.handler_timeout_ms`); EX_SOFTWARE.
+pub const EXIT_WATCHDOG: u8 = 70;
 
 /// Paths inside a group's runtime directory.
 #[derive(Clone, Debug)]
@@ -53,4 +63,61 @@ pub fn init_child_logging() {
         .with_target(false)
         .compact()
         .try_init();
+}
+
+/// A process of the group as something to signal: a pidfd, which keeps
+/// naming the process it was opened for even after that process died and
+/// its pid was reused, where `kill(pid)` would hit whatever runs under the
+/// pid by then. Linux 5.3 or later.
+#[derive(Debug)]
+pub struct Pidfd(OwnedFd);
+
+impl Pidfd {
+    /// Opens a pidfd for `pid`. Race-free only while `pid` cannot have been
+    /// reused: for a child not reaped yet (its parent opens it right after
+    /// spawning it).
+    pub fn open(pid: u32) -> std::io::Result<Pidfd> {
+        let pid = i32::try_from(pid)
+            .ok()
+            .and_then(rustix::process::Pid::from_raw)
+            .ok_or_else(|| {
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!("no process has pid {pid}"),
+                )
+            })?;
+        let fd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())?;
+        Ok(Pidfd(fd))
+    }
+
+    /// The process at the other end of a connected Unix socket, as the
+    /// kernel recorded it when it connected (`SO_PEERPIDFD`, Linux 6.5).
+    /// On older kernels, a pidfd opened for the pid in its credentials
+    /// (`SO_PEERCRED`): that pid names the peer unless it died and its pid
+    /// was reused between its `connect` and this call.
+    pub fn of_peer(socket: &impl AsFd) -> std::io::Result<Pidfd> {
+        use nix::sys::socket::{getsockopt, sockopt};
+        match getsockopt(socket, sockopt::PeerPidfd) {
+            Ok(fd) => Ok(Pidfd(fd)),
+            Err(nix::errno::Errno::ENOPROTOOPT | nix::errno::Errno::EINVAL) => {
+                let cred = getsockopt(socket, sockopt::PeerCredentials)?;
+                Pidfd::open(u32::try_from(cred.pid()).unwrap_or(0))
+            }
+            Err(err) => Err(err.into()),
+        }
+    }
+
+    /// Sends SIGKILL. A process that has exited already is not an error: it
+    /// is what the caller wanted, and no other process can be hit.
+    pub fn kill(&self) -> std::io::Result<()> {
+        self.signal(rustix::process::Signal::KILL)
+    }
+
+    /// Sends `signal` (`ESRCH`, the process is gone, counts as done).
+    pub fn signal(&self, signal: rustix::process::Signal) -> std::io::Result<()> {
+        match rustix::process::pidfd_send_signal(&self.0, signal) {
+            Ok(()) | Err(rustix::io::Errno::SRCH) => Ok(()),
+            Err(err) => Err(err.into()),
+        }
+    }
 }

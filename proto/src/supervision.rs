@@ -4,15 +4,21 @@
 //! The child's lifecycle is a latch the supervisor can wait on instead of
 //! sleeping: `Starting → Ready → Draining → Stopped`. When the supervisor
 //! goes away the channel reads end-of-file and the child stops.
+//!
+//! Lines are capped at [`MAX_LINE`] bytes on every reader ([`lines`]): a
+//! peer that sends more without a newline has its channel dropped instead
+//! of growing the reader's memory without bound.
 
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncRead, AsyncWriteExt};
 use tokio::net::UnixStream;
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::{Mutex, watch};
+use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
 
 use crate::Result;
 
@@ -87,8 +93,45 @@ pub enum ToChild {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Command {
     Run,
-    Drain { grace_ms: u64 },
+    Drain {
+        grace_ms: u64,
+    },
     Stop,
+    /// The channel ended (the supervisor is gone, or broke the protocol):
+    /// stop, as for [`Command::Stop`].
+    SupervisorGone,
+}
+
+impl Command {
+    /// Why a child stops, for its last log line.
+    pub fn cause(self) -> &'static str {
+        match self {
+            Command::Run => "its work ended on its own",
+            Command::Drain { .. } => "the supervisor asked it to drain",
+            Command::Stop => "the supervisor asked it to stop",
+            Command::SupervisorGone => "its control channel closed (the supervisor is gone)",
+        }
+    }
+}
+
+/// Longest line either side of a control channel (the supervisor's
+/// `control.sock` too) accepts, in bytes. Real messages are a few dozen
+/// bytes; the cap bounds what a broken or hostile peer can make a reader
+/// hold.
+pub const MAX_LINE: usize = 64 * 1024;
+
+/// The lines `reader` sends, each at most [`MAX_LINE`] bytes. A longer one
+/// yields [`LinesCodecError::MaxLineLengthExceeded`]: drop the channel then.
+pub fn lines<R: AsyncRead>(reader: R) -> FramedRead<R, LinesCodec> {
+    FramedRead::new(reader, LinesCodec::new_with_max_length(MAX_LINE))
+}
+
+/// Why a control line could not be read, for a log line.
+pub fn line_error(err: &LinesCodecError) -> String {
+    match err {
+        LinesCodecError::MaxLineLengthExceeded => format!("a line longer than {MAX_LINE} bytes"),
+        LinesCodecError::Io(err) => err.to_string(),
+    }
 }
 
 /// The child's end of its control channel.
@@ -99,13 +142,21 @@ pub struct ChildChannel {
 
 impl ChildChannel {
     /// Adopts the inherited socket `fd` and starts reading commands.
-    /// End-of-file (the supervisor is gone) reads as [`Command::Stop`].
+    /// End-of-file (the supervisor is gone) reads as
+    /// [`Command::SupervisorGone`].
     ///
     /// # Safety
     /// `fd` must be an open socket that this process owns and nothing else uses.
     pub unsafe fn from_fd(fd: RawFd) -> Result<ChildChannel> {
         // SAFETY: the caller guarantees `fd` is an owned, open socket.
         let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+        // Inherited across our exec, so close-on-exec is off: set it, or
+        // every process this one starts (a plugin may) holds the channel.
+        nix::fcntl::fcntl(
+            &owned,
+            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+        )
+        .map_err(std::io::Error::from)?;
         let std = std::os::unix::net::UnixStream::from(owned);
         std.set_nonblocking(true)?;
         let (reader, writer) = UnixStream::from_std(std)?.into_split();
@@ -138,8 +189,15 @@ impl ChildChannel {
 }
 
 async fn read_commands(reader: OwnedReadHalf, tx: watch::Sender<Command>) {
-    let mut lines = BufReader::new(reader).lines();
-    while let Ok(Some(line)) = lines.next_line().await {
+    let mut lines = lines(reader);
+    while let Some(line) = lines.next().await {
+        let line = match line {
+            Ok(line) => line,
+            Err(err) => {
+                tracing::error!(err = line_error(&err), "control channel unusable; stopping");
+                break;
+            }
+        };
         match serde_json::from_str::<ToChild>(&line) {
             Ok(ToChild::Drain { grace_ms }) => {
                 let _ = tx.send(Command::Drain { grace_ms });
@@ -150,13 +208,75 @@ async fn read_commands(reader: OwnedReadHalf, tx: watch::Sender<Command>) {
             Err(err) => tracing::warn!(%err, "ignoring bad control line"),
         }
     }
-    let _ = tx.send(Command::Stop);
+    // A stop or drain already given stays the cause; otherwise the
+    // supervisor vanished.
+    tx.send_if_modified(|c| {
+        let gone = *c == Command::Run;
+        if gone {
+            *c = Command::SupervisorGone;
+        }
+        gone
+    });
 }
 
 /// Waits until the command is no longer [`Command::Run`] and returns it.
 pub async fn wait_stop(commands: &mut watch::Receiver<Command>) -> Command {
     match commands.wait_for(|c| *c != Command::Run).await {
         Ok(c) => *c,
-        Err(_) => Command::Stop,
+        Err(_) => Command::SupervisorGone,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn an_endless_line_ends_the_channel_instead_of_growing_the_reader() {
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        theirs.set_nonblocking(true).unwrap();
+        let (read, write) = UnixStream::from_std(theirs).unwrap().into_split();
+        drop(write);
+        let (tx, mut commands) = watch::channel(Command::Run);
+        let reader = tokio::spawn(read_commands(read, tx));
+        // A drain, then 8 MiB without a newline from a broken supervisor.
+        let writer = std::thread::spawn(move || {
+            use std::io::Write;
+            let mut ours = ours;
+            ours.write_all(b"{\"cmd\":\"drain\",\"grace_ms\":5}\n").unwrap();
+            ours.write_all(&vec![b'x'; 8 << 20])
+        });
+        assert_eq!(wait_stop(&mut commands).await, Command::Drain { grace_ms: 5 });
+        reader.await.unwrap();
+        // The command given stays the cause, and the reader closed its end
+        // long before the line was over.
+        assert_eq!(*commands.borrow(), Command::Drain { grace_ms: 5 });
+        assert!(writer.join().unwrap().is_err(), "the reader took the whole line");
+    }
+
+    #[tokio::test]
+    async fn end_of_file_means_the_supervisor_is_gone() {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        let (read, _write) = theirs.into_split();
+        let (tx, mut commands) = watch::channel(Command::Run);
+        drop(ours);
+        read_commands(read, tx).await;
+        assert_eq!(wait_stop(&mut commands).await, Command::SupervisorGone);
+    }
+
+    #[tokio::test]
+    async fn lines_are_capped() {
+        let (mut ours, theirs) = UnixStream::pair().unwrap();
+        let mut lines = lines(theirs);
+        let writer = tokio::spawn(async move {
+            ours.write_all(b"short\n").await.unwrap();
+            let _ = ours.write_all(&vec![b'y'; MAX_LINE + 10]).await;
+            ours
+        });
+        assert_eq!(lines.next().await.unwrap().unwrap(), "short");
+        let err = lines.next().await.unwrap().unwrap_err();
+        assert!(matches!(err, LinesCodecError::MaxLineLengthExceeded), "{err:?}");
+        drop(lines);
+        drop(writer.await.unwrap());
     }
 }

@@ -169,7 +169,12 @@ impl Table {
         let key = (env.origin, env.correlation);
         let Some(id) = self.pick(env.event_type) else {
             let (status, detail) = self.unroutable(&env);
-            return self.deliver(Envelope::error_to(&env, status, &detail));
+            let mut err = Envelope::error_to(&env, status, &detail);
+            if status == 503 {
+                // Its manager is restarting (or crash-looping): come back.
+                err.meta.push("retry-after", "1");
+            }
+            return self.deliver(err);
         };
         let inst = self.instances.get_mut(&id).expect("picked instances exist");
         if inst.outstanding >= self.max_outstanding {

@@ -7,13 +7,21 @@
 //! same socket: peers that reconnect (and clients that connect) queue in its
 //! backlog instead of being refused while the child comes back.
 //!
+//! Restart intensity applies per child, and only the core processes
+//! (broker, router, listener) escalate: a manager or worker that exceeds it
+//! is *crash-looping*, restarted after `restart.crash_loop_backoff_ms`
+//! while its routes answer 503 and the rest of the group serves on
+//! (docs/decisions/0025-crash-loops.md).
+//!
 //! # Layout
 //! - `runtime_dir`: the private directory and where `status` finds it.
 //! - `child`: spawning one child and watching its pipes and exit.
+//! - `signals`: every signal that would otherwise end the group silently.
 //! - this module: the event loop, restart policy and shutdown.
 
 mod child;
 pub(crate) mod runtime_dir;
+mod signals;
 
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -23,13 +31,13 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use switchyard_proto::supervision::{Load, Phase, ToChild};
-use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::config::Config;
+use crate::config::{Config, RestartConfig, WorkerKind};
 use crate::roles::{Role, Spec};
 use child::ChildHandle;
 use runtime_dir::RuntimeDir;
+use signals::{Meaning, Signals};
 
 /// What the supervisor loop reacts to.
 pub(crate) enum Event {
@@ -64,6 +72,11 @@ pub(crate) struct ProcessInfo {
     pub(crate) pid: Option<u32>,
     pub(crate) state: String,
     pub(crate) restarts: u32,
+    /// A manager or worker over its restart intensity: restarted after
+    /// `restart.crash_loop_backoff_ms` until it stays up for
+    /// `restart.window_s`.
+    #[serde(default)]
+    pub(crate) crash_looping: bool,
     pub(crate) uptime_ms: u64,
     /// A manager's worker pool: kind and size per instance.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -109,6 +122,9 @@ struct Child {
     /// Restart times inside the intensity window.
     recent: VecDeque<Instant>,
     backoff: Duration,
+    /// Over its restart intensity (managers and workers only): restarted
+    /// after the crash-loop delay until it stays up for the window.
+    crash_loop: bool,
     /// A manager's worker pool.
     pool: Option<PoolInfo>,
     /// The load it last reported.
@@ -117,7 +133,6 @@ struct Child {
 
 struct Supervisor {
     config: Config,
-    spec_json: String,
     dir: RuntimeDir,
     children: Vec<Child>,
     events: mpsc::UnboundedSender<Event>,
@@ -154,8 +169,20 @@ pub(crate) fn main(config: Config, runtime_dir: Option<PathBuf>) -> ExitCode {
 }
 
 async fn up(config: Config, runtime_dir: Option<PathBuf>) -> anyhow::Result<ExitCode> {
-    let dir = RuntimeDir::prepare(runtime_dir)?;
+    // First of all: from here on no signal ends the group unlogged.
+    let mut signals = Signals::install()?;
+    let mut dir = RuntimeDir::prepare(runtime_dir)?;
     let paths = dir.paths();
+    // The managers bind their worker sockets; the group removes them.
+    for m in config
+        .managers
+        .iter()
+        .filter(|m| m.workers.kind == WorkerKind::Process)
+    {
+        for instance in 0..m.instances {
+            dir.own(m.workers_socket(dir.path(), instance));
+        }
+    }
     let tcp = std::net::TcpListener::bind(config.listener.bind)
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listener.bind));
     let tcp = match tcp {
@@ -188,10 +215,6 @@ async fn up(config: Config, runtime_dir: Option<PathBuf>) -> anyhow::Result<Exit
     let router_sock = runtime_dir::bind_unix(&paths.router_socket())?;
     let control_sock = runtime_dir::bind_unix(&paths.control_socket())?;
 
-    let spec_json = serde_json::to_string(&Spec {
-        config: config.clone(),
-        runtime_dir: dir.path().to_path_buf(),
-    })?;
     let (events, mut rx) = mpsc::unbounded_channel();
     let mut children = vec![
         Child::new(Role::Broker, "broker", Some(OwnedFd::from(broker_sock))),
@@ -233,7 +256,6 @@ async fn up(config: Config, runtime_dir: Option<PathBuf>) -> anyhow::Result<Exit
     drop(grpc_tcp);
     let mut sup = Supervisor {
         config,
-        spec_json,
         dir,
         children,
         events,
@@ -241,21 +263,30 @@ async fn up(config: Config, runtime_dir: Option<PathBuf>) -> anyhow::Result<Exit
     };
 
     let control = tokio::spawn(crate::status::serve(control_sock, sup.events.clone()));
-    let mut sigterm = signal(SignalKind::terminate())?;
-    let mut sigint = signal(SignalKind::interrupt())?;
 
     // Start in dependency order, each only once the previous is ready.
     for idx in 0..sup.children.len() {
-        let started = tokio::select! {
-            r = sup.start_one(idx, &mut rx) => r,
-            _ = sigterm.recv() => Err(anyhow::anyhow!("SIGTERM during start-up")),
-            _ = sigint.recv() => Err(anyhow::anyhow!("SIGINT during start-up")),
+        let started = {
+            let start = sup.start_one(idx, &mut rx);
+            tokio::pin!(start);
+            loop {
+                tokio::select! {
+                    r = &mut start => break r,
+                    caught = signals.recv() => match caught.meaning() {
+                        Meaning::Drain | Meaning::Quit => {
+                            break Err(anyhow::anyhow!("{} during start-up", caught.name()));
+                        }
+                        Meaning::Ignore(why) => tracing::warn!(signal = caught.name(), "{why}; ignored"),
+                    },
+                }
+            }
         };
         if let Err(err) = started {
             tracing::error!("start-up failed: {err:#}");
-            sup.shutdown(&mut rx, &mut sigterm, &mut sigint).await;
+            sup.shutdown(&mut rx, &mut signals, false).await;
             control.abort();
             sup.dir.remove();
+            tracing::info!(cause = "start-up failed", "stopped");
             return Ok(ExitCode::FAILURE);
         }
     }
@@ -273,22 +304,31 @@ async fn up(config: Config, runtime_dir: Option<PathBuf>) -> anyhow::Result<Exit
         println!("switchyard gRPC (only) listening on http://{grpc_addr}");
     }
 
-    let code = loop {
+    let (code, cause, hurry) = loop {
         tokio::select! {
-            _ = sigterm.recv() => { tracing::info!("SIGTERM: draining"); break ExitCode::SUCCESS; }
-            _ = sigint.recv() => { tracing::info!("SIGINT: draining"); break ExitCode::SUCCESS; }
+            caught = signals.recv() => match caught.meaning() {
+                Meaning::Drain => {
+                    tracing::info!(signal = caught.name(), "draining");
+                    break (ExitCode::SUCCESS, caught.name().to_owned(), false);
+                }
+                Meaning::Quit => {
+                    tracing::warn!(signal = caught.name(), "stopping at once, without draining");
+                    break (ExitCode::SUCCESS, caught.name().to_owned(), true);
+                }
+                Meaning::Ignore(why) => tracing::warn!(signal = caught.name(), "{why}; ignored"),
+            },
             Some(ev) = rx.recv() => {
                 if let Err(err) = sup.handle(ev) {
                     tracing::error!("{err:#}; stopping the group");
-                    break ExitCode::FAILURE;
+                    break (ExitCode::FAILURE, format!("{err:#}"), false);
                 }
             }
         }
     };
-    sup.shutdown(&mut rx, &mut sigterm, &mut sigint).await;
+    sup.shutdown(&mut rx, &mut signals, hurry).await;
     control.abort();
     sup.dir.remove();
-    tracing::info!("stopped");
+    tracing::info!(%cause, "stopped");
     Ok(code)
 }
 
@@ -307,19 +347,46 @@ impl Child {
             started: Instant::now(),
             recent: VecDeque::new(),
             backoff: Duration::ZERO,
+            crash_loop: false,
             pool: None,
             load: Load::default(),
         }
     }
 
-    fn info(&self) -> ProcessInfo {
+    /// Still crash-looping: it has not stayed up for the window since.
+    fn crash_looping(&self, policy: &RestartConfig) -> bool {
+        self.crash_loop
+            && !(self.state == State::Running
+                && self.started.elapsed() > Duration::from_secs(policy.window_s))
+    }
+
+    fn describe(&self) -> String {
+        let pid = self
+            .handle
+            .as_ref()
+            .map_or(String::new(), |h| format!(", pid {}", h.pid));
+        format!(
+            "{} `{}` (instance {}{pid})",
+            self.role.as_str(),
+            self.name,
+            self.instance
+        )
+    }
+
+    fn info(&self, policy: &RestartConfig) -> ProcessInfo {
+        let crash_looping = self.crash_looping(policy);
         ProcessInfo {
             role: self.role.as_str().to_owned(),
             name: self.name.clone(),
             instance: self.instance,
             pid: self.handle.as_ref().map(|h| h.pid),
-            state: format!("{:?}", self.state).to_lowercase(),
+            state: if crash_looping && self.state == State::Backoff {
+                "crash-looping".to_owned()
+            } else {
+                format!("{:?}", self.state).to_lowercase()
+            },
             restarts: self.restarts,
+            crash_looping,
             uptime_ms: if self.state == State::Running {
                 self.started.elapsed().as_millis() as u64
             } else {
@@ -339,6 +406,12 @@ impl Supervisor {
     fn spawn(&mut self, idx: usize) -> anyhow::Result<()> {
         let exe = std::env::current_exe()?;
         let child = &mut self.children[idx];
+        let spec = serde_json::to_vec(&Spec::for_child(
+            &self.config,
+            self.dir.path(),
+            child.role,
+            &child.name,
+        ))?;
         child.generation += 1;
         let handle = child::spawn(
             &exe,
@@ -348,7 +421,7 @@ impl Supervisor {
                 role: child.role,
                 name: &child.name,
                 instance: child.instance,
-                spec_json: &self.spec_json,
+                spec: &spec,
                 socket: child.socket.as_ref().map(|s| s.as_raw_fd()),
                 grpc_socket: child.grpc_socket.as_ref().map(|s| s.as_raw_fd()),
             },
@@ -404,11 +477,12 @@ impl Supervisor {
             pid: Some(std::process::id()),
             state: "running".into(),
             restarts: 0,
+            crash_looping: false,
             uptime_ms: self.started.elapsed().as_millis() as u64,
             workers: None,
             load: Load::default(),
         }];
-        out.extend(self.children.iter().map(Child::info));
+        out.extend(self.children.iter().map(|c| c.info(&self.config.restart)));
         out
     }
 
@@ -423,7 +497,7 @@ impl Supervisor {
                 let c = &mut self.children[child];
                 if generation == c.generation && phase == Phase::Ready && c.state == State::Starting {
                     c.state = State::Running;
-                    tracing::info!(role = c.role.as_str(), name = %c.name, instance = c.instance, restarts = c.restarts, "ready again");
+                    tracing::info!(role = c.role.as_str(), name = %c.name, instance = c.instance, restarts = c.restarts, crash_looping = c.crash_loop, "ready again");
                 }
             }
             Event::Exited {
@@ -442,26 +516,48 @@ impl Supervisor {
                 while c.recent.front().is_some_and(|t| now.duration_since(*t) > window) {
                     c.recent.pop_front();
                 }
-                if c.recent.len() as u32 >= policy.max_restarts {
-                    c.state = State::Stopped;
-                    anyhow::bail!(
-                        "{} {} (instance {}) exited ({status}) after {} restarts within {} s",
-                        c.role.as_str(),
-                        c.name,
-                        c.instance,
-                        c.recent.len(),
-                        policy.window_s
-                    );
-                }
-                // A child that ran for a while earns a fresh backoff.
+                // A child that ran for a while earns a fresh backoff, and is
+                // no longer crash-looping.
                 if now.duration_since(c.started) > window {
                     c.backoff = Duration::ZERO;
+                    c.crash_loop = false;
                 }
-                c.backoff = if c.backoff.is_zero() {
-                    Duration::from_millis(policy.initial_backoff_ms)
+                if c.crash_loop || c.recent.len() as u32 >= policy.max_restarts {
+                    // Intensity is per child; only the core escalates: no
+                    // manager or worker, whatever its clients make it do,
+                    // may take the others' routes down.
+                    if c.role.is_core() {
+                        c.state = State::Stopped;
+                        anyhow::bail!(
+                            "{} {} (instance {}) exited ({status}) after {} restarts within {} s",
+                            c.role.as_str(),
+                            c.name,
+                            c.instance,
+                            c.recent.len(),
+                            policy.window_s
+                        );
+                    }
+                    if !c.crash_loop {
+                        c.crash_loop = true;
+                        tracing::error!(
+                            role = c.role.as_str(),
+                            name = %c.name,
+                            instance = c.instance,
+                            %status,
+                            delay_ms = policy.crash_loop_backoff_ms,
+                            "crash-looping: {} restarts within {} s; restarting it after the crash-loop delay, the rest of the group serves on",
+                            c.recent.len(),
+                            policy.window_s
+                        );
+                    }
+                    c.backoff = Duration::from_millis(policy.crash_loop_backoff_ms);
                 } else {
-                    (c.backoff * 2).min(Duration::from_millis(policy.max_backoff_ms))
-                };
+                    c.backoff = if c.backoff.is_zero() {
+                        Duration::from_millis(policy.initial_backoff_ms)
+                    } else {
+                        (c.backoff * 2).min(Duration::from_millis(policy.max_backoff_ms))
+                    };
+                }
                 c.recent.push_back(now);
                 c.restarts += 1;
                 c.state = State::Backoff;
@@ -510,12 +606,13 @@ impl Supervisor {
     }
 
     /// Stops the group: listeners drain first, then managers, router, broker.
-    /// A second signal skips the waiting and kills what is left.
+    /// A second SIGTERM or SIGINT (or a SIGQUIT) skips the waiting and kills
+    /// what is left; `hurry` starts that way.
     async fn shutdown(
         &mut self,
         rx: &mut mpsc::UnboundedReceiver<Event>,
-        sigterm: &mut tokio::signal::unix::Signal,
-        sigint: &mut tokio::signal::unix::Signal,
+        signals: &mut Signals,
+        mut hurry: bool,
     ) {
         let grace = self.config.shutdown_grace();
         // Our copy of the TCP socket goes first: the listener's close then
@@ -539,7 +636,6 @@ impl Supervisor {
             (&[Role::Router], ToChild::Stop, Duration::from_secs(3)),
             (&[Role::Broker], ToChild::Stop, Duration::from_secs(3)),
         ];
-        let mut hurry = false;
         for (roles, command, patience) in stages {
             let members: Vec<usize> = (0..self.children.len())
                 .filter(|&i| roles.contains(&self.children[i].role))
@@ -553,6 +649,7 @@ impl Supervisor {
                 };
                 if let Some(h) = &c.handle {
                     if hurry {
+                        tracing::warn!("fast stop: killing {}", c.describe());
                         h.kill();
                     } else {
                         h.command(command).await;
@@ -563,18 +660,42 @@ impl Supervisor {
             while members.iter().any(|&i| self.children[i].handle.is_some()) {
                 tokio::select! {
                     ev = rx.recv() => match ev {
-                        Some(Event::Exited { child, generation, .. }) if generation == self.children[child].generation => {
-                            self.children[child].handle = None;
-                            self.children[child].state = State::Stopped;
+                        Some(Event::Exited { child, generation, status }) if generation == self.children[child].generation => {
+                            let c = &mut self.children[child];
+                            tracing::info!(role = c.role.as_str(), name = %c.name, instance = c.instance, %status, "stopped");
+                            c.handle = None;
+                            c.state = State::Stopped;
                         }
                         Some(Event::Status(reply)) => { let _ = reply.send(self.snapshot()); }
                         Some(_) => {}
                         None => break,
                     },
-                    _ = sigterm.recv(), if !hurry => { hurry = true; self.kill(&members); }
-                    _ = sigint.recv(), if !hurry => { hurry = true; self.kill(&members); }
+                    caught = signals.recv(), if !hurry => match caught.meaning() {
+                        Meaning::Drain | Meaning::Quit => {
+                            hurry = true;
+                            for &i in &members {
+                                if self.children[i].handle.is_some() {
+                                    tracing::warn!("{}: killing {}", caught.name(), self.children[i].describe());
+                                }
+                            }
+                            self.kill(&members);
+                        }
+                        Meaning::Ignore(why) => tracing::warn!(signal = caught.name(), "{why}; ignored"),
+                    },
                     _ = tokio::time::sleep_until(deadline) => {
-                        tracing::warn!("stage did not stop in time; killing it");
+                        let told = match command {
+                            ToChild::Drain { .. } => "drain",
+                            ToChild::Stop => "stop",
+                        };
+                        for &i in &members {
+                            if self.children[i].handle.is_some() {
+                                tracing::warn!(
+                                    "{} did not {told} within {} ms; killing it",
+                                    self.children[i].describe(),
+                                    patience.as_millis()
+                                );
+                            }
+                        }
                         self.kill(&members);
                         // Killed processes are reaped promptly; do not wait forever.
                         let reap = tokio::time::Instant::now() + Duration::from_secs(2);
@@ -586,6 +707,11 @@ impl Supervisor {
                                 }
                                 Ok(Some(_)) => {}
                                 _ => break,
+                            }
+                        }
+                        for &i in &members {
+                            if self.children[i].handle.is_some() {
+                                tracing::error!("{} was killed but has not exited", self.children[i].describe());
                             }
                         }
                         break;

@@ -89,6 +89,8 @@ pub struct Group {
     pub addr: SocketAddr,
     /// `<scratch>/rt`, made and removed by the supervisor.
     pub runtime_dir: PathBuf,
+    /// The runtime dir is the test's own (`GroupBuilder::runtime_dir`): not
+    /// removed on drop.
     lines: Arc<Mutex<Vec<String>>>,
     line_events: mpsc::Receiver<String>,
     /// Holds the runtime dir and the configuration file; removed after the
@@ -101,6 +103,7 @@ pub struct GroupBuilder {
     config_file: Option<PathBuf>,
     tag: &'static str,
     env: Vec<(String, String)>,
+    runtime_dir: Option<PathBuf>,
 }
 
 impl GroupBuilder {
@@ -113,6 +116,12 @@ impl GroupBuilder {
     /// Sets an environment variable for the group's processes.
     pub fn env(mut self, key: &str, value: &str) -> Self {
         self.env.push((key.to_owned(), value.to_owned()));
+        self
+    }
+
+    /// Uses this runtime dir (which may exist already) instead of a fresh one.
+    pub fn runtime_dir(mut self, path: &Path) -> Self {
+        self.runtime_dir = Some(path.to_owned());
         self
     }
 
@@ -133,8 +142,12 @@ impl GroupBuilder {
         // The runtime dir must not exist yet: the supervisor then creates it
         // (mode 0700) and removes it whole when it stops, which
         // tests/shutdown.rs checks; a directory it did not make it leaves.
+        // A test may supply its own (`runtime_dir`), which stays its own.
         let scratch = scratch_dir(self.tag);
-        let runtime_dir = scratch.path().join("rt");
+        let runtime_dir = self
+            .runtime_dir
+            .clone()
+            .unwrap_or_else(|| scratch.path().join("rt"));
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_switchyard"));
         cmd.arg("up")
             .arg("--bind")
@@ -227,6 +240,7 @@ impl Group {
             config_file: None,
             tag,
             env: Vec::new(),
+            runtime_dir: None,
         }
     }
 
@@ -333,14 +347,24 @@ impl Group {
 
     /// Sends SIGTERM to the supervisor and waits for it to exit.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
+        self.stop_with(Signal::SIGTERM)
+    }
+
+    /// Sends `signal` to the supervisor and waits for it to exit.
+    pub fn stop_with(&mut self, signal: Signal) -> std::process::ExitStatus {
         let mut child = self.child.take().unwrap();
-        kill(child.id(), Signal::SIGTERM);
-        match poll(PATIENCE, || child.try_wait().unwrap().ok_or(())) {
-            Ok(status) => status,
-            Err(()) => {
-                let _ = child.kill();
-                panic!("supervisor did not exit within {PATIENCE:?}");
-            }
+        kill(child.id(), signal);
+        wait_with_patience(&mut child)
+    }
+}
+
+/// Waits for `child` to exit, within [`PATIENCE`] (then kills it and fails).
+pub fn wait_with_patience(child: &mut Child) -> std::process::ExitStatus {
+    match poll(PATIENCE, || child.try_wait().unwrap().ok_or(())) {
+        Ok(status) => status,
+        Err(()) => {
+            let _ = child.kill();
+            panic!("process {} did not exit within {PATIENCE:?}", child.id());
         }
     }
 }

@@ -9,9 +9,16 @@
 //! The pool hands a job to an idle worker or queues it (bounded). A worker
 //! whose connection ends while it runs a job has died: the job fails with
 //! [`WORKER_DIED`](crate::WORKER_DIED) and is not retried. A job past its
-//! deadline fails with 504 and its worker is killed with SIGKILL (pid from
-//! the peer credentials); the supervisor replaces it and the new worker
-//! connects, so the pool's size restores.
+//! deadline fails with 504 and its worker is killed with SIGKILL, through a
+//! pidfd the kernel gave for the peer when it connected (never by pid: the
+//! pid of a worker that died may name another process by then); the
+//! supervisor replaces it and the new worker connects, so the pool's size
+//! restores.
+//!
+//! When the last worker is gone (they crash and restart, or crash-loop and
+//! wait out their delay), jobs wait for one for [`NO_WORKER_WAIT`]; past it
+//! they fail with [`NO_WORKER`] (503, the client gets `Retry-After`) until
+//! a worker connects again, instead of queueing until their deadline.
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -22,6 +29,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use switchyard_proto::backoff::Backoff;
+use switchyard_proto::process::Pidfd;
 use switchyard_proto::transport::{FrameReader, FrameSink, PeerPolicy, spawn_writer};
 use switchyard_proto::{Envelope, Kind, Meta, Payload};
 use tokio::net::UnixStream;
@@ -32,6 +40,18 @@ use crate::{Done, Job, Refused, Runner, WORKER_DIED, timed_out};
 
 /// Frames queued towards one worker (it runs one job at a time).
 const WORKER_QUEUE: usize = 16;
+
+/// How long jobs wait when no worker is connected before they are refused
+/// with [`NO_WORKER`]. A worker that merely restarts is back well within
+/// it; one that crash-loops is not.
+pub const NO_WORKER_WAIT: Duration = Duration::from_secs(1);
+
+/// Status and message of a job refused because no worker process has been
+/// running for [`NO_WORKER_WAIT`].
+pub const NO_WORKER: (u16, &str) = (
+    503,
+    "no worker process is running (they are being restarted); try again later",
+);
 
 /// Binds the pool's socket at `path` (replacing a stale one), readable and
 /// writable by the owner only.
@@ -49,6 +69,9 @@ pub fn bind(path: &Path) -> std::io::Result<std::os::unix::net::UnixListener> {
 struct Worker {
     sink: FrameSink,
     pid: u32,
+    /// The worker process as the kernel knew it when it connected: what a
+    /// deadline kills.
+    pidfd: Pidfd,
     /// The job it is running.
     running: Option<u64>,
     /// Killed for a deadline: it gets no more jobs.
@@ -62,6 +85,9 @@ struct State {
     idle: VecDeque<u64>,
     timers: HashMap<u64, AbortHandle>,
     next_worker: u64,
+    /// No worker has been connected for [`NO_WORKER_WAIT`]: jobs are
+    /// refused until one connects.
+    starved: bool,
 }
 
 struct Shared {
@@ -80,6 +106,21 @@ impl Shared {
             timer.abort();
         }
         let _ = self.results.send(done);
+    }
+
+    /// Fails every queued job with [`NO_WORKER`].
+    fn refuse_queued(&self, state: &mut State) {
+        let (status, message) = NO_WORKER;
+        while let Some(job) = state.queue.pop_front() {
+            self.finish(
+                state,
+                Done {
+                    id: job.id,
+                    status,
+                    body: Bytes::from_static(message.as_bytes()),
+                },
+            );
+        }
     }
 }
 
@@ -150,6 +191,15 @@ impl ProcessPool {
         let shared = &self.shared;
         let mut state = shared.lock();
         let (id, timeout) = (job.id, job.timeout);
+        if state.starved {
+            let (status, message) = NO_WORKER;
+            let _ = shared.results.send(Done {
+                id,
+                status,
+                body: Bytes::from_static(message.as_bytes()),
+            });
+            return Ok(());
+        }
         let mut job = Some(job);
         while let Some(worker) = state.idle.pop_front() {
             let Some(w) = state.workers.get_mut(&worker) else {
@@ -202,10 +252,9 @@ fn expire(shared: &Shared, id: u64, timeout: Duration) {
         w.running = None;
         w.doomed = true;
         tracing::warn!(pid = w.pid, job = id, "job past its deadline; killing its worker");
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(w.pid as i32),
-            nix::sys::signal::Signal::SIGKILL,
-        );
+        if let Err(err) = w.pidfd.kill() {
+            tracing::error!(pid = w.pid, %err, "cannot kill a runaway worker");
+        }
     }
     let _ = shared.results.send(timed_out(id, timeout));
 }
@@ -228,6 +277,14 @@ async fn accept(listener: tokio::net::UnixListener, shared: Arc<Shared>, max_fra
                 continue;
             }
         };
+        // A worker we could not kill on a deadline is no worker.
+        let pidfd = match Pidfd::of_peer(&stream) {
+            Ok(fd) => fd,
+            Err(err) => {
+                tracing::warn!(pid, %err, "refusing worker connection: no pidfd for it");
+                continue;
+            }
+        };
         let (read, write) = stream.into_split();
         let (sink, _writer) = spawn_writer(write, WORKER_QUEUE, max_frame);
         let id = {
@@ -239,10 +296,12 @@ async fn accept(listener: tokio::net::UnixListener, shared: Arc<Shared>, max_fra
                 Worker {
                     sink,
                     pid,
+                    pidfd,
                     running: None,
                     doomed: false,
                 },
             );
+            state.starved = false;
             feed(&mut state, id);
             id
         };
@@ -303,6 +362,23 @@ async fn read_worker(
                 },
             );
         }
+    }
+    if state.workers.is_empty() {
+        let weak = Arc::downgrade(&shared);
+        tokio::spawn(async move {
+            tokio::time::sleep(NO_WORKER_WAIT).await;
+            let Some(shared) = weak.upgrade() else { return };
+            let mut state = shared.lock();
+            if state.workers.is_empty() && !state.starved {
+                tracing::warn!(
+                    queued = state.queue.len(),
+                    "no worker process for {} ms; refusing jobs until one connects",
+                    NO_WORKER_WAIT.as_millis()
+                );
+                state.starved = true;
+                shared.refuse_queued(&mut state);
+            }
+        });
     }
 }
 

@@ -9,15 +9,18 @@
 //!
 //! # Layout
 //! - [`loader`]: opening a library, checking its ABI, creating instances
-//!   (all the unsafe code of the host).
+//!   (all the unsafe code of the host but the watchdog's `_exit`).
 //! - [`serve`]: the host loop: router connection, request bookkeeping,
 //!   calls, notifications, jobs, timers.
+//! - `watchdog`: the thread that kills the process when a handler does not
+//!   return (`group.handler_timeout_ms`).
 //! - [`testing`]: [`Group`](testing::Group), a real group for a plugin's
 //!   integration tests.
 
 pub mod loader;
 pub mod serve;
 pub mod testing;
+mod watchdog;
 
 pub use loader::{Library, LoadError, Plugin};
 pub use serve::{Config, Workers, run};

@@ -57,6 +57,8 @@ pub enum LoadError {
     Decode(String),
     #[error("worker pool: {0}")]
     Workers(String),
+    #[error("cannot start the watchdog thread: {0}")]
+    Watchdog(std::io::Error),
     #[error(
         "plugin {path} was built with `panic = \"abort\"`: a panicking handler would kill its whole process instead of answering 500; remove `panic = \"abort\"` from the profile it is built with"
     )]

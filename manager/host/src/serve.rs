@@ -6,7 +6,9 @@
 //! Requests from different callers may carry equal correlation ids, so the
 //! host gives each request a local id of its own for the plugin and maps the
 //! answer back. If the router goes away, calls the plugin is awaiting fail
-//! with 503 and the host reconnects and declares itself again.
+//! with 503 and the host reconnects and declares itself again. Every step
+//! runs under the [`watchdog`](crate::watchdog): one that does not return
+//! within `handler_timeout` ends the process.
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -27,6 +29,7 @@ use switchyard_manager_abi::handover;
 use switchyard_manager_abi::messages::{Description, FromPlugin, LogLevel, ToPlugin};
 
 use crate::loader::{LoadError, Plugin};
+use crate::watchdog::Watchdog;
 
 /// The host's settings.
 #[derive(Clone, Debug)]
@@ -44,6 +47,9 @@ pub struct Config {
     pub queue_capacity: usize,
     /// Bodies of at least this many bytes leave through shared memory.
     pub shm_threshold: usize,
+    /// Longest a call into the plugin may take before the watchdog kills
+    /// this process (`group.handler_timeout_ms`).
+    pub handler_timeout: Duration,
     /// The manager's worker pool.
     pub workers: Workers,
 }
@@ -98,7 +104,9 @@ pub async fn run(
     tokio::pin!(shutdown);
     let mut backoff = Backoff::peer();
     let (pool, mut results) = config.workers.start(&plugin, config.max_frame)?;
+    let watchdog = Watchdog::start(config.handler_timeout, &description).map_err(LoadError::Watchdog)?;
     let mut host = Host {
+        watchdog,
         requests: HashMap::new(),
         calls: HashSet::new(),
         next_local: 1,
@@ -174,6 +182,8 @@ pub(crate) fn wake() {
 }
 
 struct Host {
+    /// Watches every step of the plugin.
+    watchdog: Watchdog,
     /// Local request id → the request's return address.
     requests: HashMap<u64, (Origin, u64, EventType)>,
     /// Calls the plugin is waiting on (their ids are our correlations).
@@ -285,7 +295,7 @@ impl Host {
             if inputs.is_empty() {
                 continue;
             }
-            let outputs = match plugin.step(&inputs) {
+            let outputs = match self.step(plugin, &inputs) {
                 Ok(outputs) => outputs,
                 // The batch never reached a handler (the plugin refused it
                 // whole): answer its requests and keep serving.
@@ -299,12 +309,18 @@ impl Host {
             self.dispatch(outputs, config, sink);
             while !self.immediate.is_empty() {
                 let now = std::mem::take(&mut self.immediate);
-                let outputs = plugin.step(&now)?;
+                let outputs = self.step(plugin, &now)?;
                 self.dispatch(outputs, config, sink);
             }
             switchyard_proto::supervision::GAUGES
                 .set(self.requests.len() + self.calls.len(), self.pool.queued());
         }
+    }
+
+    /// One call into the plugin, under the watchdog.
+    fn step(&self, plugin: &mut Plugin, inputs: &[ToPlugin]) -> Result<Vec<FromPlugin>, LoadError> {
+        let _stepping = self.watchdog.step(inputs);
+        plugin.step(inputs)
     }
 
     /// Answers the requests of a batch the plugin could not take with 500.
@@ -461,7 +477,7 @@ impl Host {
             })
             .collect();
         // Whatever the plugin answers now has nowhere to go but the log.
-        for output in plugin.step(&inputs)? {
+        for output in self.step(plugin, &inputs)? {
             if let FromPlugin::Log {
                 level,
                 correlation,
