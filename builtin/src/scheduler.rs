@@ -382,6 +382,8 @@ impl<C: Clock> Engine<C> {
         .transpose()
     }
 
+    /// Stores a job's definition, planned anew at `next_ms`; a firing in
+    /// flight for the old definition then settles nothing.
     fn write(&mut self, id: &str, spec: &Spec, next_ms: u64) -> Result<(), Error> {
         let text = serde_json::to_string(spec).map_err(|e| Error::internal(e.to_string()))?;
         self.db
@@ -394,9 +396,20 @@ impl<C: Clock> Engine<C> {
             )
             .and_then(|mut stmt| stmt.execute(params![id.as_bytes(), text, next_ms, spec.calendar()]))
             .map_err(|e| self.failed(e))?;
-        // A firing in flight for the old definition settles nothing now.
         self.in_flight.remove(id);
         self.earliest = None;
+        Ok(())
+    }
+
+    /// Changes what a job fires, not when: its plan and a firing in
+    /// flight stay as they are.
+    fn rewrite(&mut self, id: &str, spec: &Spec) -> Result<(), Error> {
+        let text = serde_json::to_string(spec).map_err(|e| Error::internal(e.to_string()))?;
+        self.db
+            .conn
+            .prepare_cached("UPDATE jobs SET spec = ?2 WHERE id = ?1")
+            .and_then(|mut stmt| stmt.execute(params![id.as_bytes(), text]))
+            .map_err(|e| self.failed(e))?;
         Ok(())
     }
 
@@ -496,8 +509,14 @@ impl<C: Clock> Engine<C> {
             spec.tz = ev.tz;
         }
         check_spec(&spec, &self.settings)?;
-        let next_ms = if replan { self.first(&spec)? } else { row.next_ms };
-        self.write(&ev.id, &spec, next_ms)?;
+        let next_ms = if replan {
+            let next_ms = self.first(&spec)?;
+            self.write(&ev.id, &spec, next_ms)?;
+            next_ms
+        } else {
+            self.rewrite(&ev.id, &spec)?;
+            row.next_ms
+        };
         Ok(Scheduled {
             id: ev.id,
             next_ms,

@@ -261,3 +261,28 @@ fn pending_jobs_are_rows_not_memory() {
     assert_eq!(page.jobs.len(), 10);
     assert_eq!(page.next.as_deref(), Some("j000009"));
 }
+
+#[test]
+fn an_update_of_the_payload_keeps_the_plan_and_the_firing_in_flight() {
+    let (d, clock) = (dir("update"), Fake::new());
+    let mut e = engine(&d, &clock);
+    let t0 = clock.wall_ms();
+    e.schedule(job("j", When::EveryMs(100), Missed::Once)).unwrap();
+    clock.pass(100);
+    let fires = e.due(10).unwrap();
+    assert_eq!(fires.len(), 1);
+    e.update(Update {
+        id: "j".into(),
+        payload: Some(JsonText::encode(&2).unwrap()),
+        ..Update::default()
+    })
+    .unwrap();
+    assert!(
+        e.due(10).unwrap().is_empty(),
+        "the firing in flight was sent again"
+    );
+    e.delivered(&fires[0].id, fires[0].token).unwrap();
+    let job = e.get("j").unwrap().unwrap();
+    assert_eq!((job.fired, job.next_ms), (1, t0 + 200));
+    assert_eq!(job.payload.decode::<i64>().unwrap(), 2);
+}
