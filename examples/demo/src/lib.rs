@@ -17,7 +17,9 @@
 #![forbid(unsafe_code)]
 
 mod state;
-pub use state::{Counted, KvGet, KvIncr, KvPut, Remind, Reminder, ReminderDue, ReminderSet};
+pub use state::{
+    Counted, KvGet, KvIncr, KvPut, Remind, Reminder, ReminderDue, ReminderSet, StoreBench, StoreBenched,
+};
 
 use serde::{Deserialize, Serialize};
 use switchyard_manager::{
@@ -96,7 +98,8 @@ impl Manager for Basics {
             .request_async(Self::kv_get)
             .request_async(Self::kv_incr)
             .request_async(Self::remind)
-            .request_async(Self::reminder_due);
+            .request_async(Self::reminder_due)
+            .request_async(Self::store_bench);
     }
 }
 

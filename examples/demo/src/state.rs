@@ -152,3 +152,93 @@ impl Basics {
         Ok(())
     }
 }
+
+/// `POST /bench/store {"op": "get"|"set"|"incr"|"schedule", "n": N,
+/// "concurrency": C, "keys": K}`: runs N operations on the Store (or
+/// schedules N far-future jobs) from this manager through the SDK, C in
+/// flight at once, over K keys; answers how long they took here. For
+/// `switchyard-store-bench` (BENCHMARKS.md).
+#[derive(Deserialize, Serialize, switchyard_manager::Event)]
+#[event(name = "demo.StoreBench", http = "POST /bench/store")]
+pub struct StoreBench {
+    pub op: String,
+    #[validate(range(min = 1, max = 2_000_000))]
+    pub n: u64,
+    #[validate(range(min = 1, max = 1024))]
+    pub concurrency: u32,
+    #[validate(range(min = 1))]
+    pub keys: u64,
+    /// Operation `i` uses key (and job) number `(from + i) % keys`.
+    #[serde(default)]
+    pub from: u64,
+}
+
+#[derive(Serialize, Deserialize, Reply)]
+pub struct StoreBenched {
+    pub ops: u64,
+    pub elapsed_us: u64,
+}
+
+type Op = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), Error>>>>;
+
+impl Basics {
+    pub(crate) async fn store_bench(
+        _: State<Self>,
+        ev: StoreBench,
+        cx: Context,
+    ) -> Result<StoreBenched, Error> {
+        let make = |i: u64| -> Result<Op, Error> {
+            let i = ev.from.wrapping_add(i);
+            let key = format!("bench:{}", i % ev.keys);
+            let store = cx.store();
+            Ok(match ev.op.as_str() {
+                "get" => Box::pin(async move { store.entry(&key).await.map(drop) }),
+                "set" => Box::pin(async move { store.set(&key, &i).await.map(drop) }),
+                "incr" => Box::pin(async move { store.increment(&key, 1).await.map(drop) }),
+                "schedule" => {
+                    let job = Job::after(Duration::from_secs(7 * 86_400))
+                        .id(&format!("bench-{}-{i}", cx.instance()))
+                        .notify::<Reminder>(&Reminder { text: key })?;
+                    let scheduler = cx.scheduler();
+                    Box::pin(async move { scheduler.schedule(job).await.map(drop) })
+                }
+                other => return Err(Error::unprocessable(format!("unknown op `{other}`"))),
+            })
+        };
+        let started = std::time::Instant::now();
+        let mut next = 0u64;
+        let mut in_flight: Vec<Op> = Vec::new();
+        std::future::poll_fn(|task| {
+            loop {
+                while in_flight.len() < ev.concurrency as usize && next < ev.n {
+                    in_flight.push(make(next)?);
+                    next += 1;
+                }
+                let before = in_flight.len();
+                let mut failed = None;
+                in_flight.retain_mut(|op| match op.as_mut().poll(task) {
+                    std::task::Poll::Ready(Ok(())) => false,
+                    std::task::Poll::Ready(Err(e)) => {
+                        failed = Some(e);
+                        false
+                    }
+                    std::task::Poll::Pending => true,
+                });
+                if let Some(e) = failed {
+                    return std::task::Poll::Ready(Err(e));
+                }
+                if in_flight.is_empty() && next >= ev.n {
+                    return std::task::Poll::Ready(Ok(()));
+                }
+                if in_flight.len() == before {
+                    return std::task::Poll::Pending;
+                }
+            }
+        })
+        .await?;
+        Ok(StoreBenched {
+            ops: ev.n,
+            elapsed_us: started.elapsed().as_micros() as u64,
+        })
+    }
+}
