@@ -629,7 +629,9 @@ impl<C: Clock> Engine<C> {
                 }
             }
         }
-        self.earliest = None;
+        if !fires.is_empty() {
+            self.earliest = None;
+        }
         Ok(fires)
     }
 
