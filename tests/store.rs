@@ -325,3 +325,33 @@ fn a_data_directory_serves_one_group_at_a_time() {
         .expect("a second group on the same data must not start");
     assert!(out.contains("in use by another store"), "{out}");
 }
+
+#[test]
+fn bad_builtin_settings_are_configuration_errors_naming_the_key() {
+    let path = fresh_dir("check").with_extension("toml");
+    std::fs::write(
+        &path,
+        "[[managers]]\nname = \"store\"\nbuiltin = \"store\"\ninstances = 2\n\
+         [managers.config]\ndurability = \"sometimes\"\n\n\
+         [[managers]]\nname = \"kv\"\nbuiltin = \"kv\"\n\n\
+         [[managers]]\nname = \"scheduler\"\nbuiltin = \"scheduler\"\n\
+         [managers.config]\ndata_dir = \"/elsewhere\"\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args(["check", "-c"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stderr).into_owned();
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(out.status.code(), Some(64), "{text}");
+    for needle in [
+        "managers[0].instances: the built-in `store` runs as one instance",
+        "managers[1].builtin: no built-in manager `kv`",
+        "config.durability: unknown variant `sometimes`",
+        "managers[2].config.data_dir: set the data directory with `data.dir` or `--data-dir`",
+    ] {
+        assert!(text.contains(needle), "{needle}: {text}");
+    }
+}
