@@ -244,19 +244,16 @@ impl Live {
             );
             dirty
         });
+        // The first write reserves a block (and persists its end) before
+        // it uses a version: a restart writes nothing until asked to.
         let start = hwm.max(max) + 1;
-        let mut live = Live {
+        Ok(Live {
             db,
             next_version: start,
             reserved: start,
             watches,
             dirty,
-        };
-        live.reserve().map_err(|e| BuiltinError::Database {
-            path: live.db.path.clone(),
-            message: e.message,
-        })?;
-        Ok(live)
+        })
     }
 
     /// Persists the end of a new block of versions before any is used.
