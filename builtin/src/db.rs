@@ -4,6 +4,8 @@
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rusqlite::Connection;
@@ -141,4 +143,31 @@ pub(crate) fn wal_path(path: &Path) -> PathBuf {
     let mut name = path.as_os_str().to_owned();
     name.push("-wal");
     PathBuf::from(name)
+}
+
+/// `group` durability: fsyncs the write-ahead log at most every `period`,
+/// when something was written since, off the manager's thread.
+pub(crate) fn spawn_group_commit(wal: PathBuf, dirty: Arc<AtomicBool>, period: Duration) {
+    let spawned = std::thread::Builder::new()
+        .name("store-group-commit".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(period);
+                if dirty.swap(false, Ordering::AcqRel) {
+                    // fsync flushes the file's pages whichever descriptor
+                    // asks; SQLite keeps the log while its connection lives.
+                    if let Err(e) = std::fs::OpenOptions::new()
+                        .write(true)
+                        .open(&wal)
+                        .and_then(|f| f.sync_data())
+                    {
+                        dirty.store(true, Ordering::Release);
+                        eprintln!("switchyard: cannot fsync {}: {e}", wal.display());
+                    }
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        eprintln!("switchyard: cannot start the group-commit thread: {e}");
+    }
 }

@@ -58,6 +58,8 @@ pub(crate) struct SchedulerSettings {
     pub(crate) data_dir: Option<PathBuf>,
     /// `fsync` (default) or `group`, as for the store.
     pub(crate) durability: Durability,
+    /// With `group`: how often the log is fsynced, in milliseconds.
+    pub(crate) group_commit_ms: u64,
     /// SQLite page cache, in KiB.
     pub(crate) cache_kib: u64,
     /// A firing later than this (ms) counts as missed: its job's `missed`
@@ -81,6 +83,7 @@ impl Default for SchedulerSettings {
         SchedulerSettings {
             data_dir: None,
             durability: Durability::Fsync,
+            group_commit_ms: 50,
             cache_kib: 2 * 1024,
             misfire_grace_ms: 60_000,
             call_timeout_ms: 10_000,
@@ -96,6 +99,7 @@ impl SchedulerSettings {
     pub(crate) fn parse(value: &serde_json::Value) -> Result<SchedulerSettings, BuiltinError> {
         let s: SchedulerSettings = settings(value)?;
         positive("cache_kib", s.cache_kib)?;
+        positive("group_commit_ms", s.group_commit_ms)?;
         positive("call_timeout_ms", s.call_timeout_ms)?;
         positive("max_attempts", s.max_attempts as u64)?;
         positive("retry_initial_ms", s.retry_initial_ms)?;
@@ -788,6 +792,9 @@ pub struct Scheduler {
     /// Notifications emitted at the last tick: settled at the next one,
     /// once the host has sent them on.
     emitted: Vec<(String, u64)>,
+    /// `group` durability: the syncer's flag, and the database's change
+    /// count when the last tick raised it.
+    dirty: Option<(std::sync::Arc<std::sync::atomic::AtomicBool>, u64)>,
 }
 
 impl Manager for Scheduler {
@@ -795,6 +802,7 @@ impl Manager for Scheduler {
 
     fn create(config: &Config) -> Result<Self, Error> {
         let settings = SchedulerSettings::parse(&config.value)?;
+        let mut dirty = None;
         let engine = if config.validation {
             None
         } else {
@@ -803,6 +811,15 @@ impl Manager for Scheduler {
                 message: "no data directory was given (the supervisor sets it from --data-dir)".into(),
             })?;
             let db = db::open(&dir, Self::NAME, settings.durability, settings.cache_kib)?;
+            if settings.durability == Durability::Group {
+                let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+                db::spawn_group_commit(
+                    db::wal_path(&db.path),
+                    flag.clone(),
+                    Duration::from_millis(settings.group_commit_ms),
+                );
+                dirty = Some((flag, db.conn.total_changes()));
+            }
             Some(Engine::new(db, SystemClock(Instant::now()), settings.clone())?)
         };
         Ok(Scheduler {
@@ -810,6 +827,7 @@ impl Manager for Scheduler {
             engine,
             pending: Vec::new(),
             emitted: Vec::new(),
+            dirty,
         })
     }
 
@@ -904,7 +922,17 @@ impl Scheduler {
         self.pending = still;
         let room = self.settings.max_in_flight.saturating_sub(engine.in_flight());
         let timeout = Duration::from_millis(self.settings.call_timeout_ms);
-        for fire in engine.due(room)? {
+        let fires = engine.due(room)?;
+        // Every change since the last tick (handlers' and this tick's) is
+        // in the next group commit, at most a tick late.
+        if let Some((flag, seen)) = &mut self.dirty {
+            let total = engine.db.conn.total_changes();
+            if total != *seen {
+                *seen = total;
+                flag.store(true, std::sync::atomic::Ordering::Release);
+            }
+        }
+        for fire in fires {
             match fire.kind {
                 Kind::Notification => {
                     cx.notify_json(&fire.event, fire.body);

@@ -237,7 +237,7 @@ impl Live {
         };
         let dirty = (settings.durability == Durability::Group).then(|| {
             let dirty = Arc::new(AtomicBool::new(false));
-            spawn_syncer(
+            db::spawn_group_commit(
                 db::wal_path(&db.path),
                 dirty.clone(),
                 Duration::from_millis(settings.group_commit_ms),
@@ -340,33 +340,6 @@ impl Live {
                 });
             }
         }
-    }
-}
-
-/// `group` durability: fsyncs the write-ahead log at most every `period`,
-/// when something was written since, off the manager's thread.
-fn spawn_syncer(wal: PathBuf, dirty: Arc<AtomicBool>, period: Duration) {
-    let spawned = std::thread::Builder::new()
-        .name("store-group-commit".into())
-        .spawn(move || {
-            loop {
-                std::thread::sleep(period);
-                if dirty.swap(false, Ordering::AcqRel) {
-                    // fsync flushes the file's pages whichever descriptor
-                    // asks; SQLite keeps the log while its connection lives.
-                    if let Err(e) = std::fs::OpenOptions::new()
-                        .write(true)
-                        .open(&wal)
-                        .and_then(|f| f.sync_data())
-                    {
-                        dirty.store(true, Ordering::Release);
-                        eprintln!("store: cannot fsync {}: {e}", wal.display());
-                    }
-                }
-            }
-        });
-    if let Err(e) = spawned {
-        eprintln!("store: cannot start the group-commit thread: {e}");
     }
 }
 
