@@ -355,3 +355,22 @@ fn bad_builtin_settings_are_configuration_errors_naming_the_key() {
         assert!(text.contains(needle), "{needle}: {text}");
     }
 }
+
+#[test]
+fn a_data_directory_that_cannot_be_made_stops_up_before_any_process() {
+    let blocker = fresh_dir("blocker");
+    std::fs::write(&blocker, b"a file, not a directory").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args(["up", "--bind", "127.0.0.1:0", "--data-dir"])
+        .arg(blocker.join("data"))
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&blocker);
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("data.dir: cannot create"), "{text}");
+    assert!(
+        !String::from_utf8_lossy(&out.stdout).contains("started"),
+        "a process started"
+    );
+}
