@@ -203,7 +203,23 @@ async fn operations_from_websocket_and_grpc_clients() {
         [("cart:7".to_owned(), Op::Set), ("cart:7".to_owned(), Op::Delete)]
     );
     assert!(store.unwatch("cart:").await.unwrap());
-    drop((changes, client, grpc));
+
+    // The same over gRPC, for a single key.
+    let mut on_grpc = grpc.store().changes("profile:1").await.unwrap();
+    store
+        .set("profile:1", &json!({"name": "Ada"}), None)
+        .await
+        .unwrap();
+    let push = tokio::time::timeout(PATIENCE, on_grpc.next())
+        .await
+        .unwrap()
+        .unwrap();
+    let c: Changed = push.data_as().unwrap();
+    assert_eq!(
+        (c.key.as_str(), c.value_as::<serde_json::Value>().unwrap()),
+        ("profile:1", json!({"name": "Ada"}))
+    );
+    drop((changes, on_grpc, client, grpc));
     stop(g).await;
 }
 
