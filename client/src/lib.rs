@@ -22,6 +22,12 @@
 //! client reconnects in the background with exponential backoff with jitter (10 ms up
 //! to 2 s) and subscribes again to everything it was subscribed to; the
 //! subscription streams go on (pushes sent while disconnected are lost).
+//!
+//! # Layout
+//! - this file: the WebSocket [`Client`] and the errors.
+//! - `grpc`: the [`GrpcClient`].
+//! - `state`: [`Store`] and [`Scheduler`], the built-in managers' typed
+//!   handles on either client ([`Caller`]).
 
 #![forbid(unsafe_code)]
 
