@@ -467,7 +467,11 @@ fn default_builtins() -> impl Iterator<Item = ManagerConfig> {
         builtin: Some((*name).to_owned()),
         instances: 1,
         config: toml::Table::new(),
-        workers: WorkersConfig::default(),
+        // They submit no jobs: one idle thread, not four.
+        workers: WorkersConfig {
+            size: Some(1),
+            ..WorkersConfig::default()
+        },
     })
 }
 
