@@ -193,3 +193,31 @@ async fn jobs_repeat_carry_their_firing_and_can_be_changed_and_cancelled() {
     drop((sub, client));
     stop(g).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_firing_is_retried_until_its_manager_is_back() {
+    // basics comes back 1.5 s after it dies: the firing meets it down.
+    let mut g = Group::builder("retry")
+        .config(
+            "[restart]\ninitial_backoff_ms = 1500\n\n\
+             [[managers]]\nname = \"store\"\nbuiltin = \"store\"\n\n\
+             [[managers]]\nname = \"scheduler\"\nbuiltin = \"scheduler\"\n\n\
+             [[managers]]\nname = \"basics\"\n",
+        )
+        .start();
+    let client = Client::connect(&ws(&g)).await.unwrap();
+    let mut sub = client.subscribe("demo.reminder").await.unwrap();
+    let old = g.kill9("basics");
+    let job = Job::after(Duration::ZERO)
+        .id("while-down")
+        .build("demo.ReminderDue", Kind::Request, &json!({"text": "retried"}))
+        .unwrap();
+    client.scheduler().schedule(&job).await.unwrap();
+    assert_eq!(next_push(&mut sub).await.data, json!({"text": "retried"}));
+    let retried =
+        tokio::task::block_in_place(|| g.wait_line("job `while-down`: demo.ReminderDue failed with 503"));
+    assert!(retried.contains("will retry"), "{retried}");
+    g.eventually_restarted("basics", old);
+    drop((sub, client));
+    stop(g).await;
+}
