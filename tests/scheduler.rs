@@ -1,7 +1,8 @@
 //! The built-in Scheduler against a real group: the demo's `/reminders`
 //! reaching a WebSocket subscriber once, a reminder that outlives a
-//! `kill -9` of the scheduler and a restart of the group, repeating and
-//! cron jobs, and the job API (idempotent ids, update, cancel, list) from
+//! `kill -9` of the scheduler and a restart of the group, a request firing
+//! retried while its manager is down, repeating and cron jobs, and the job
+//! API (idempotent ids, update, cancel, list) from
 //! a client. Waits are on pushes and answers, bounded by PATIENCE; the
 //! only timing checked is the window for a 300 ms reminder
 //! (300 ms to 1.5 s), whose upper end is also loose enough for a loaded
