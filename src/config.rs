@@ -21,6 +21,8 @@ pub(crate) struct Config {
     pub(crate) restart: RestartConfig,
     /// The managers to run; the demo's when absent.
     pub(crate) managers: Vec<ManagerConfig>,
+    /// Where the built-in Store and Scheduler keep their database.
+    pub(crate) data: DataConfig,
 }
 
 /// The HTTP front end.
@@ -239,6 +241,10 @@ pub(crate) struct ManagerConfig {
     /// Which manager type of the plugin to run (default: `name`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) manager: Option<String>,
+    /// A manager shipped with the binary instead of a plugin: `"store"` or
+    /// `"scheduler"` (docs/store.md, docs/scheduler.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) builtin: Option<String>,
     /// How many processes of this manager to run.
     #[serde(default = "one")]
     pub(crate) instances: u32,
@@ -304,7 +310,10 @@ impl WorkersConfig {
 impl ManagerConfig {
     /// The manager type to instantiate.
     pub(crate) fn kind(&self) -> &str {
-        self.manager.as_deref().unwrap_or(&self.name)
+        self.builtin
+            .as_deref()
+            .or(self.manager.as_deref())
+            .unwrap_or(&self.name)
     }
 
     /// The socket where worker processes of `instance` connect.
@@ -316,7 +325,7 @@ impl ManagerConfig {
     /// code: only in the processes that serve it and in the validation
     /// child (`crate::validate`), never in the supervisor.
     pub(crate) fn library(&self) -> Result<Library, LoadError> {
-        open_library(self.plugin.as_deref())
+        open_manager_library(self.plugin.as_deref(), self.builtin.is_some())
     }
 }
 
@@ -328,23 +337,181 @@ pub(crate) fn open_library(path: Option<&Path>) -> Result<Library, LoadError> {
     }
 }
 
+// ---- Data directory and built-in managers (the Store and the Scheduler) ----
+
+/// Opens the library of a manager: the built-ins' table, or as
+/// [`open_library`].
+pub(crate) fn open_manager_library(path: Option<&Path>, builtin: bool) -> Result<Library, LoadError> {
+    if builtin {
+        return Ok(Library::linked(switchyard_builtin::vtable, "managers"));
+    }
+    open_library(path)
+}
+
+/// `[data]`: the data directory of the built-in Store and Scheduler.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct DataConfig {
+    /// The directory of the database (`store.db`), created with mode 0700
+    /// if missing; relative to the configuration file. `--data-dir`
+    /// overrides it. Default: `$STATE_DIRECTORY` (systemd's
+    /// `StateDirectory=`), else `$XDG_STATE_HOME/switchyard`, else
+    /// `~/.local/state/switchyard`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) dir: Option<PathBuf>,
+}
+
+impl DataConfig {
+    /// The data directory: the configured one, else the default above.
+    pub(crate) fn resolve(&self) -> Result<PathBuf, String> {
+        if let Some(dir) = &self.dir {
+            return std::path::absolute(dir).map_err(|e| format!("data.dir: {e}"));
+        }
+        let env = |name: &str| {
+            std::env::var_os(name)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        };
+        if let Some(state) = env("STATE_DIRECTORY") {
+            // systemd may list several, colon-separated: the first is ours.
+            let first = state
+                .to_string_lossy()
+                .split(':')
+                .next()
+                .unwrap_or_default()
+                .to_owned();
+            return Ok(PathBuf::from(first));
+        }
+        if let Some(xdg) = env("XDG_STATE_HOME").filter(|p| p.is_absolute()) {
+            return Ok(xdg.join("switchyard"));
+        }
+        match env("HOME") {
+            Some(home) => Ok(home.join(".local/state/switchyard")),
+            None => Err("data.dir: no default without $HOME: set data.dir or pass --data-dir".to_owned()),
+        }
+    }
+}
+
+impl Config {
+    /// Whether a built-in (which needs the data directory) is configured.
+    pub(crate) fn uses_data_dir(&self) -> bool {
+        self.managers.iter().any(|m| m.builtin.is_some())
+    }
+
+    /// Fixes the data directory (`--data-dir`, else `data.dir`, else the
+    /// default) and creates it, so that every process sees the same one
+    /// and a directory that cannot exist stops `up` before any process
+    /// starts.
+    pub(crate) fn prepare_data_dir(&mut self, flag: Option<PathBuf>) -> Result<(), String> {
+        if let Some(dir) = flag {
+            self.data.dir = Some(dir);
+        }
+        if !self.uses_data_dir() {
+            return Ok(());
+        }
+        let dir = self.data.resolve()?;
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|e| format!("data.dir: cannot create {}: {e}", dir.display()))?;
+        self.data.dir = Some(dir);
+        Ok(())
+    }
+
+    /// Checks the built-in entries and `[data]`.
+    fn validate_builtins(&self, problems: &mut Vec<String>) {
+        for (i, m) in self.managers.iter().enumerate() {
+            let Some(builtin) = &m.builtin else { continue };
+            if !switchyard_builtin::BUILTINS.contains(&builtin.as_str()) {
+                problems.push(format!(
+                    "managers[{i}].builtin: no built-in manager `{builtin}` (there are: {})",
+                    switchyard_builtin::BUILTINS.join(", ")
+                ));
+            }
+            if m.plugin.is_some() || m.manager.is_some() {
+                problems.push(format!(
+                    "managers[{i}].builtin: a built-in manager takes no `plugin` or `manager`"
+                ));
+            }
+            if m.instances != 1 {
+                problems.push(format!(
+                    "managers[{i}].instances: the built-in `{builtin}` runs as one instance (the one writer of its database)"
+                ));
+            }
+            if m.config.contains_key(switchyard_builtin::DATA_DIR_KEY) {
+                problems.push(format!(
+                    "managers[{i}].config.{}: set the data directory with `data.dir` or `--data-dir`",
+                    switchyard_builtin::DATA_DIR_KEY
+                ));
+            }
+            let twice = self.managers[..i]
+                .iter()
+                .any(|o| o.builtin.as_ref() == Some(builtin));
+            if twice {
+                problems.push(format!(
+                    "managers[{i}].builtin: `{builtin}` is configured twice (they would share one database)"
+                ));
+            }
+        }
+    }
+
+    /// The `config` JSON handed to a manager's `create`: its table, and for
+    /// a built-in the data directory.
+    pub(crate) fn manager_config_json(&self, m: &ManagerConfig) -> Result<String, serde_json::Error> {
+        let mut value = serde_json::to_value(&m.config)?;
+        if m.builtin.is_some()
+            && let (Some(dir), serde_json::Value::Object(map)) = (&self.data.dir, &mut value)
+        {
+            map.insert(
+                switchyard_builtin::DATA_DIR_KEY.to_owned(),
+                serde_json::to_value(dir)?,
+            );
+        }
+        serde_json::to_string(&value)
+    }
+}
+
+/// The default group's built-ins: the Store and the Scheduler, so that the
+/// demo's `/kv` and `/reminders` routes work with no configuration.
+fn default_builtins() -> impl Iterator<Item = ManagerConfig> {
+    switchyard_builtin::BUILTINS.iter().map(|name| ManagerConfig {
+        name: (*name).to_owned(),
+        plugin: None,
+        manager: None,
+        builtin: Some((*name).to_owned()),
+        instances: 1,
+        config: toml::Table::new(),
+        // They submit no jobs: one idle thread, not four.
+        workers: WorkersConfig {
+            size: Some(1),
+            ..WorkersConfig::default()
+        },
+    })
+}
+
+// ---- end of the data directory and built-ins ----
+
 impl Default for Config {
     fn default() -> Self {
         Config {
             listener: ListenerConfig::default(),
             group: GroupConfig::default(),
             restart: RestartConfig::default(),
-            managers: switchyard_demo::MANAGERS
-                .iter()
-                .map(|name| ManagerConfig {
+            // The built-ins first: the demo's managers call them.
+            managers: default_builtins()
+                .chain(switchyard_demo::MANAGERS.iter().map(|name| ManagerConfig {
                     name: (*name).to_owned(),
                     plugin: None,
                     manager: None,
+                    builtin: None,
                     instances: 1,
                     config: toml::Table::new(),
                     workers: demo_workers(name),
-                })
+                }))
                 .collect(),
+            data: DataConfig::default(),
         }
     }
 }
@@ -414,6 +581,11 @@ impl Config {
             {
                 m.plugin = Some(base.join(plugin));
             }
+        }
+        if let Some(dir) = &config.data.dir
+            && dir.is_relative()
+        {
+            config.data.dir = Some(base.join(dir));
         }
         Ok(config)
     }
@@ -508,6 +680,7 @@ impl Config {
                 problems.push(format!("managers[{i}].workers.job_timeout_ms: must be positive"));
             }
         }
+        self.validate_builtins(&mut problems);
         if problems.is_empty() {
             Ok(())
         } else {

@@ -51,6 +51,10 @@ enum Command {
         /// Directory for the group's sockets (default: a fresh private one).
         #[arg(long)]
         runtime_dir: Option<PathBuf>,
+        /// Directory of the built-in Store's and Scheduler's database,
+        /// overriding `data.dir` (default: see docs/configuration.md).
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
     },
     /// Show the processes of a running group.
     Status {
@@ -117,6 +121,7 @@ fn main() -> ExitCode {
             config,
             bind,
             runtime_dir,
+            data_dir,
         } => {
             let mut config = match load_config(config.as_deref()) {
                 Ok(c) => c,
@@ -124,6 +129,10 @@ fn main() -> ExitCode {
             };
             if let Some(bind) = bind {
                 config.listener.bind = bind;
+            }
+            if let Err(err) = config.prepare_data_dir(data_dir) {
+                eprintln!("switchyard: {err}");
+                return ExitCode::FAILURE;
             }
             supervisor::main(config, runtime_dir)
         }

@@ -157,7 +157,8 @@ async fn serve(role: Role, name: String, instance: u32, spec: Spec) -> anyhow::R
             let args = switchyard_manager_host::abi::messages::CreateArgs {
                 name: name.clone(),
                 instance,
-                config_json: serde_json::to_string(&m.config)?,
+                // A built-in also gets the data directory.
+                config_json: config.manager_config_json(m)?,
                 expose_errors: config.group.expose_errors,
                 shm_threshold: config.group.shm_threshold_bytes as u64,
                 shm_budget: config.group.shm_budget_bytes,

@@ -35,6 +35,9 @@ struct Check {
     kind: String,
     /// `manager` when the type was named explicitly, else `name`.
     kind_key: String,
+    /// A built-in manager (the binary's own table, not a plugin).
+    #[serde(default)]
+    builtin: bool,
     config_json: String,
 }
 
@@ -62,7 +65,15 @@ pub(crate) fn plugins(config: &Config, timeout: Duration) -> Vec<String> {
             name: m.name.clone(),
             plugin: m.plugin.clone(),
             kind: m.kind().to_owned(),
-            kind_key: if m.manager.is_some() { "manager" } else { "name" }.to_owned(),
+            kind_key: if m.builtin.is_some() {
+                "builtin"
+            } else if m.manager.is_some() {
+                "manager"
+            } else {
+                "name"
+            }
+            .to_owned(),
+            builtin: m.builtin.is_some(),
             config_json: serde_json::to_string(&m.config).unwrap_or_default(),
         })
         .collect();
@@ -196,7 +207,7 @@ pub(crate) fn child_main() -> ExitCode {
     for check in checks {
         let i = check.index;
         send(Report::Loading(i));
-        let library = match crate::config::open_library(check.plugin.as_deref()) {
+        let library = match crate::config::open_manager_library(check.plugin.as_deref(), check.builtin) {
             Ok(library) => library,
             Err(err) => {
                 send(Report::Done(i, vec![format!("managers[{i}].plugin: {err}")]));

@@ -45,7 +45,7 @@ fn demo_routes_are_served_by_separate_processes() {
     let ready: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
     assert_eq!(ready["ready"], true);
 
-    // Nine processes, each its own pid: the request above crossed them
+    // Eleven processes, each its own pid: the request above crossed them
     // (compute's two worker processes are listed after the managers).
     let status = g.status();
     let processes = status["processes"].as_array().unwrap();
@@ -56,6 +56,8 @@ fn demo_routes_are_served_by_separate_processes() {
             "supervisor",
             "broker",
             "router",
+            "store",
+            "scheduler",
             "basics",
             "payload",
             "compute",
@@ -69,7 +71,7 @@ fn demo_routes_are_served_by_separate_processes() {
     assert!(processes.iter().all(|p| p["state"] == "running"), "{status}");
     pids.sort_unstable();
     pids.dedup();
-    assert_eq!(pids.len(), 10, "every process has its own pid: {status}");
+    assert_eq!(pids.len(), 12, "every process has its own pid: {status}");
     assert_ne!(g.pid_of("listener"), g.pid_of("basics"));
 }
 

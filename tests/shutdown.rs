@@ -10,9 +10,9 @@ use common::*;
 fn sigterm_drains_in_flight_requests_and_leaves_nothing_behind() {
     let mut g = Group::start("shutdown");
     let pids = g.all_pids();
-    // supervisor, broker, router, basics, payload, compute and its two
-    // worker processes, ticker, listener.
-    assert_eq!(pids.len(), 10);
+    // supervisor, broker, router, store, scheduler, basics, payload,
+    // compute and its two worker processes, ticker, listener.
+    assert_eq!(pids.len(), 12);
     let addr = g.addr;
     let in_flight = std::thread::spawn(move || get(addr, "/sleep/1000").unwrap());
     g.wait_line("sleeping 1000 ms");

@@ -14,17 +14,30 @@
 //! # Ok(()) }
 //! ```
 //!
+//! The group's built-in Store and Scheduler have typed handles on both
+//! clients: `client.store().get::<T>("k")`, `client.scheduler().schedule(..)`.
+//!
 //! One connection carries every call and subscription, interleaved. When it
 //! drops, calls in flight fail with [`ClientError::Disconnected`], and the
 //! client reconnects in the background with exponential backoff with jitter (10 ms up
 //! to 2 s) and subscribes again to everything it was subscribed to; the
 //! subscription streams go on (pushes sent while disconnected are lost).
+//!
+//! # Layout
+//! - this file: the WebSocket [`Client`] and the errors.
+//! - `grpc`: the [`GrpcClient`].
+//! - `state`: [`Store`] and [`Scheduler`], the built-in managers' typed
+//!   handles on either client ([`Caller`]).
 
 #![forbid(unsafe_code)]
 
 mod grpc;
+mod state;
 
 pub use grpc::{GrpcClient, GrpcSession, GrpcSubscription};
+pub use state::{Caller, Scheduler, Store};
+/// The Store's and the Scheduler's events, as the SDK defines them.
+pub use switchyard_manager::{scheduler, store};
 /// The generated gRPC messages and client of `switchyard.v1.Events`.
 pub use switchyard_proto::grpc as proto;
 
@@ -64,6 +77,10 @@ pub enum ClientError {
     Grpc { code: tonic::Code, message: String },
     #[error("cannot encode or decode: {0}")]
     Json(#[from] serde_json::Error),
+    /// An answer that does not fit the type asked for (a Store value of
+    /// another type), with what and why.
+    #[error("{0}")]
+    Decode(String),
 }
 
 /// One pushed notification.

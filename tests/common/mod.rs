@@ -99,6 +99,9 @@ pub struct Group {
 }
 
 pub struct GroupBuilder {
+    /// The built-in Store's and Scheduler's data directory (default: a
+    /// fresh one per group, removed with it).
+    data_dir: Option<PathBuf>,
     config: Option<String>,
     config_file: Option<PathBuf>,
     tag: &'static str,
@@ -110,6 +113,13 @@ impl GroupBuilder {
     /// Uses this `switchyard.toml` text.
     pub fn config(mut self, toml: &str) -> Self {
         self.config = Some(toml.to_owned());
+        self
+    }
+
+    /// Keeps the Store's data in `dir` (which outlives the group), e.g. to
+    /// start a second group on the data of the first.
+    pub fn data_dir(mut self, dir: &Path) -> Self {
+        self.data_dir = Some(dir.to_owned());
         self
     }
 
@@ -153,7 +163,13 @@ impl GroupBuilder {
             .arg("--bind")
             .arg("127.0.0.1:0")
             .arg("--runtime-dir")
-            .arg(&runtime_dir);
+            .arg(&runtime_dir)
+            .arg("--data-dir")
+            .arg(
+                self.data_dir
+                    .clone()
+                    .unwrap_or_else(|| scratch.path().join("data")),
+            );
         if let Some(config) = &self.config {
             let path = scratch.path().join("switchyard.toml");
             std::fs::write(&path, config).unwrap();
@@ -236,6 +252,7 @@ impl GroupBuilder {
 impl Group {
     pub fn builder(tag: &'static str) -> GroupBuilder {
         GroupBuilder {
+            data_dir: None,
             config: None,
             config_file: None,
             tag,

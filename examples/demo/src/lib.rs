@@ -9,10 +9,17 @@
 //! `compute` answers `/cpu/{ms}` (CPU work in its process pool),
 //! `/cpu-inline/{ms}` (the same work in the manager itself) and
 //! `/crash/{mode}` (a job that panics or aborts its worker process).
+//! `basics` also serves `/kv/{key}` and `/reminders` over the group's
+//! built-in Store and Scheduler (`state`).
 //! The `switchyard` binary links this crate in; it is also built as a
 //! `cdylib` and loads like any other plugin.
 
 #![forbid(unsafe_code)]
+
+mod state;
+pub use state::{
+    Counted, KvGet, KvIncr, KvPut, Remind, Reminder, ReminderDue, ReminderSet, StoreBench, StoreBenched,
+};
 
 use serde::{Deserialize, Serialize};
 use switchyard_manager::{
@@ -85,7 +92,14 @@ impl Manager for Basics {
             .request(Self::echo)
             .request(Self::hello)
             .request(Self::panic)
-            .request(Self::ws_echo);
+            .request(Self::ws_echo)
+            // Over the built-in Store and Scheduler (`state`).
+            .request_async(Self::kv_put)
+            .request_async(Self::kv_get)
+            .request_async(Self::kv_incr)
+            .request_async(Self::remind)
+            .request_async(Self::reminder_due)
+            .request_async(Self::store_bench);
     }
 }
 

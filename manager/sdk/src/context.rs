@@ -217,6 +217,66 @@ impl Context {
         }
     }
 
+    /// The group's Store (the built-in `store` manager): shared key/value
+    /// state that survives restarts. See [`crate::store`].
+    pub fn store(&self) -> crate::store::Store {
+        crate::store::Store::new(self.clone())
+    }
+
+    /// The group's Scheduler (the built-in `scheduler` manager): timed
+    /// events. See [`crate::scheduler`].
+    pub fn scheduler(&self) -> crate::scheduler::Scheduler {
+        crate::scheduler::Scheduler::new(self.clone())
+    }
+
+    /// Emits a notification of the type named `event_type` with a JSON
+    /// `body`, for code that knows the type only at run time (the
+    /// Scheduler); [`notify`](Self::notify) is the typed way.
+    pub fn notify_json(&self, event_type: &str, body: Vec<u8>) {
+        let mut meta = Meta::default();
+        meta.push("content-type", JSON);
+        meta.push(switchyard_proto::control::META_EVENT, event_type);
+        self.shared.outbox.borrow_mut().push(FromPlugin::Notify {
+            event_type: EventType::of(event_type),
+            meta,
+            body: Bytes::from(body),
+        });
+    }
+
+    /// Sends a request of the type named `event_type` with a JSON `body`
+    /// and awaits the reply's status and body, whatever the status: for
+    /// code that knows the type only at run time (the Scheduler);
+    /// [`call`](Self::call) is the typed way.
+    pub fn call_json(
+        &self,
+        event_type: &str,
+        body: Vec<u8>,
+        timeout: Duration,
+    ) -> impl Future<Output = (u16, Bytes)> + use<> {
+        let shared = self.shared.clone();
+        let call = shared.next_call.get();
+        shared.next_call.set(call + 1);
+        let mut meta = Meta::default();
+        meta.push("content-type", JSON);
+        meta.push("accept", JSON);
+        meta.push(switchyard_proto::control::META_EVENT, event_type);
+        shared.calls.borrow_mut().insert(
+            call,
+            CallSlot {
+                result: None,
+                waker: None,
+            },
+        );
+        shared.outbox.borrow_mut().push(FromPlugin::Call {
+            call,
+            event_type: EventType::of(event_type),
+            meta,
+            body: Bytes::from(body),
+            timeout_ms: timeout.as_millis() as u64,
+        });
+        RawCallFuture { shared, call }
+    }
+
     /// Logs at info level, tagged with the request's correlation id.
     pub fn log(&self, message: &str) {
         self.log_at(LogLevel::Info, message);
@@ -276,6 +336,39 @@ impl<R: DeserializeOwned> Future for CallFuture<R> {
                 })
             }
         }
+    }
+}
+
+/// The answer to [`Context::call_json`], undecoded.
+struct RawCallFuture {
+    shared: Rc<Shared>,
+    call: u64,
+}
+
+impl Future for RawCallFuture {
+    type Output = (u16, Bytes);
+
+    fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Self::Output> {
+        let mut calls = self.shared.calls.borrow_mut();
+        let Some(slot) = calls.get_mut(&self.call) else {
+            return Poll::Ready((500, Bytes::from_static(b"call polled after completion")));
+        };
+        match slot.result.take() {
+            None => {
+                slot.waker = Some(cx.waker().clone());
+                Poll::Pending
+            }
+            Some((status, _, body)) => {
+                calls.remove(&self.call);
+                Poll::Ready((status, body))
+            }
+        }
+    }
+}
+
+impl Drop for RawCallFuture {
+    fn drop(&mut self) {
+        self.shared.calls.borrow_mut().remove(&self.call);
     }
 }
 

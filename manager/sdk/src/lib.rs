@@ -20,9 +20,17 @@
 //! - `runtime`: one manager instance and a small executor for async handlers.
 //! - `export`: the plugin side of the C ABI and [`export_managers!`] (all
 //!   the unsafe code of the SDK).
+//! - [`store`], [`scheduler`]: the events of the built-in Store and
+//!   Scheduler managers and their typed handles (`cx.store()`,
+//!   `cx.scheduler()`), shared with `switchyard-client`.
 //! - [`testing`]: [`TestManager`](testing::TestManager) drives a manager
 //!   through the same ABI functions the host calls, in the test's thread.
 
+// The derives name `::switchyard_manager`, also inside this crate.
+extern crate self as switchyard_manager;
+
+pub mod scheduler;
+pub mod store;
 pub mod testing;
 
 mod context;

@@ -1,0 +1,957 @@
+//! The `scheduler` manager: the jobs of `switchyard_manager::scheduler`,
+//! kept in the Store's database and fired from there.
+//!
+//! Nothing but the jobs in flight is held in memory: each tick asks the
+//! database (an index on the due time) for what is due, so a million
+//! pending jobs take the memory of none. A firing is recorded as started
+//! before it is sent and as done only once it was answered, which makes
+//! delivery at least once across a `kill -9`.
+//!
+//! Two clocks: a job planned by a delay (`after`, `every`) is timed on the
+//! monotonic clock, a job planned by the calendar (`at`, `cron`) on the
+//! wall clock. Times are stored as wall-clock milliseconds (they must
+//! survive a restart); when the wall clock steps while the scheduler runs,
+//! the delay jobs are moved by the step so that they keep their distance,
+//! and calendar jobs overdue by more than the grace fire at most once
+//! (their `missed` policy), never once per missed occurrence.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::str::FromStr;
+use std::task::{Poll, Waker};
+use std::time::{Duration, Instant};
+
+use rusqlite::{OptionalExtension, params};
+use serde::{Deserialize, Serialize};
+use switchyard_manager::scheduler::{
+    Cancel, Cancelled, Found, GetJob, JobInfo, Jobs, Kind, ListJobs, Missed, Schedule, Scheduled, Update,
+    When,
+};
+use switchyard_manager::store::JsonText;
+use switchyard_manager::{Config, Context, Error, Json, LogLevel, Manager, Registry};
+
+use crate::db::{self, Db, Durability};
+use crate::{BuiltinError, positive, settings};
+
+/// Largest job id and event name, in bytes.
+const MAX_ID_BYTES: usize = 256;
+/// A wall clock that moves this far from the monotonic one is a step.
+const STEP_MS: i64 = 1000;
+/// Smaller drifts (slewing) just re-anchor the monotonic timeline.
+const REANCHOR_MS: i64 = 50;
+/// Firings started per tick at most, so that a backlog (after a long stop)
+/// is spread over ticks instead of sent in one burst.
+const FIRINGS_PER_TICK: usize = 256;
+/// The largest `List` page.
+const LIST_MAX: u32 = 1000;
+
+/// The answer of a request firing (status, body), undecoded.
+type Body = (u16, bytes::Bytes);
+
+/// The `scheduler` manager's `[managers.config]` table (docs/scheduler.md).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct SchedulerSettings {
+    /// Set by the supervisor from `--data-dir` / `[data] dir`.
+    pub(crate) data_dir: Option<PathBuf>,
+    /// `fsync` (default) or `group`, as for the store.
+    pub(crate) durability: Durability,
+    /// With `group`: how often the log is fsynced, in milliseconds.
+    pub(crate) group_commit_ms: u64,
+    /// SQLite page cache, in KiB.
+    pub(crate) cache_kib: u64,
+    /// A firing later than this (ms) counts as missed: its job's `missed`
+    /// policy applies.
+    pub(crate) misfire_grace_ms: u64,
+    /// Deadline of a request firing, in milliseconds.
+    pub(crate) call_timeout_ms: u64,
+    /// A request firing answered 502/503/504 (or not at all) is sent
+    /// again, this many times in all at most.
+    pub(crate) max_attempts: u32,
+    /// First retry delay in ms; doubles per attempt, at most 30 s.
+    pub(crate) retry_initial_ms: u64,
+    /// Request firings awaiting their answer at once, at most.
+    pub(crate) max_in_flight: usize,
+    /// Largest payload, in bytes of JSON; larger → 413.
+    pub(crate) max_payload_bytes: usize,
+}
+
+impl Default for SchedulerSettings {
+    fn default() -> Self {
+        SchedulerSettings {
+            data_dir: None,
+            durability: Durability::Fsync,
+            group_commit_ms: 50,
+            cache_kib: 2 * 1024,
+            misfire_grace_ms: 60_000,
+            call_timeout_ms: 10_000,
+            max_attempts: 10,
+            retry_initial_ms: 100,
+            max_in_flight: 256,
+            max_payload_bytes: 256 * 1024,
+        }
+    }
+}
+
+impl SchedulerSettings {
+    pub(crate) fn parse(value: &serde_json::Value) -> Result<SchedulerSettings, BuiltinError> {
+        let s: SchedulerSettings = settings(value)?;
+        positive("cache_kib", s.cache_kib)?;
+        positive("group_commit_ms", s.group_commit_ms)?;
+        positive("call_timeout_ms", s.call_timeout_ms)?;
+        positive("max_attempts", s.max_attempts as u64)?;
+        positive("retry_initial_ms", s.retry_initial_ms)?;
+        positive("max_in_flight", s.max_in_flight as u64)?;
+        positive("max_payload_bytes", s.max_payload_bytes as u64)?;
+        Ok(s)
+    }
+}
+
+/// The clocks the scheduler reads (a fake one in tests).
+pub(crate) trait Clock {
+    /// Milliseconds since the Unix epoch.
+    fn wall_ms(&self) -> u64;
+    /// A monotonic instant, as time since an arbitrary origin.
+    fn mono(&self) -> Duration;
+}
+
+/// The system's clocks.
+pub(crate) struct SystemClock(Instant);
+
+impl Clock for SystemClock {
+    fn wall_ms(&self) -> u64 {
+        db::wall_ms()
+    }
+    fn mono(&self) -> Duration {
+        self.0.elapsed()
+    }
+}
+
+/// What a job does, as stored (JSON in the `spec` column).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct Spec {
+    when: When,
+    event: String,
+    kind: Kind,
+    payload: JsonText,
+    missed: Missed,
+    #[serde(default)]
+    tz: Option<String>,
+}
+
+impl Spec {
+    /// Timed by the wall clock (`at`, `cron`) rather than the monotonic one.
+    fn calendar(&self) -> bool {
+        matches!(self.when, When::AtMs(_) | When::Cron(_))
+    }
+}
+
+/// A firing decided by [`Engine::due`]: what to send.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Fire {
+    pub(crate) id: String,
+    pub(crate) token: u64,
+    pub(crate) event: String,
+    pub(crate) kind: Kind,
+    pub(crate) planned_ms: u64,
+    /// The JSON body: `{"job", "planned_ms", "payload"}`.
+    pub(crate) body: Vec<u8>,
+}
+
+/// The jobs, their database and their timing; no I/O but SQLite, so that
+/// tests drive it with a fake clock.
+pub(crate) struct Engine<C: Clock> {
+    db: Db,
+    clock: C,
+    settings: SchedulerSettings,
+    /// The monotonic timeline: wall-clock ms at `origin_mono`.
+    origin_wall: u64,
+    origin_mono: Duration,
+    /// Firings sent and not yet settled: job id → token.
+    in_flight: HashMap<String, u64>,
+    next_token: u64,
+    next_id: u64,
+    /// The earliest due time of each timeline (delay, calendar), or `None`
+    /// when it must be read again.
+    earliest: Option<(Option<u64>, Option<u64>)>,
+}
+
+fn unprocessable(message: impl Into<String>) -> Error {
+    Error::unprocessable(message)
+}
+
+fn tz_of(tz: Option<&str>) -> Result<jiff::tz::TimeZone, Error> {
+    match tz {
+        None => Ok(jiff::tz::TimeZone::UTC),
+        Some(name) => jiff::tz::TimeZone::get(name)
+            .map_err(|e| unprocessable(format!("unknown time zone `{name}`: {e}"))),
+    }
+}
+
+fn cron_of(expr: &str) -> Result<croner::Cron, Error> {
+    croner::Cron::from_str(expr).map_err(|e| unprocessable(format!("bad cron expression `{expr}`: {e}")))
+}
+
+/// The first occurrence of `expr` after `after_ms` (exclusive), in ms.
+fn cron_next(expr: &str, tz: Option<&str>, after_ms: u64) -> Result<u64, Error> {
+    let cron = cron_of(expr)?;
+    let zone = tz_of(tz)?;
+    let start = jiff::Timestamp::from_millisecond(after_ms as i64)
+        .map_err(|e| unprocessable(e.to_string()))?
+        .to_zoned(zone);
+    let next = cron
+        .find_next_occurrence(&start, false)
+        .map_err(|e| unprocessable(format!("cron expression `{expr}` has no next occurrence: {e}")))?;
+    Ok(next.timestamp().as_millisecond().max(0) as u64)
+}
+
+/// The last occurrence of `expr` at or before `at_ms`.
+fn cron_previous(expr: &str, tz: Option<&str>, at_ms: u64) -> Option<u64> {
+    let cron = cron_of(expr).ok()?;
+    let start = jiff::Timestamp::from_millisecond(at_ms as i64)
+        .ok()?
+        .to_zoned(tz_of(tz).ok()?);
+    let prev = cron.find_previous_occurrence(&start, true).ok()?;
+    Some(prev.timestamp().as_millisecond().max(0) as u64)
+}
+
+fn check_spec(spec: &Spec, settings: &SchedulerSettings) -> Result<(), Error> {
+    if spec.event.is_empty() || spec.event.len() > MAX_ID_BYTES {
+        return Err(unprocessable(format!(
+            "`event` must name an event type (1 to {MAX_ID_BYTES} bytes)"
+        )));
+    }
+    if spec.payload.len() > settings.max_payload_bytes {
+        return Err(Error::new(
+            413,
+            format!(
+                "a payload of {} bytes is over the scheduler's limit (`max_payload_bytes` = {})",
+                spec.payload.len(),
+                settings.max_payload_bytes
+            ),
+        ));
+    }
+    match &spec.when {
+        When::EveryMs(0) => return Err(unprocessable("`every_ms` must be positive")),
+        When::Cron(expr) => {
+            cron_of(expr)?;
+        }
+        _ => {}
+    }
+    if spec.tz.is_some() && !matches!(spec.when, When::Cron(_)) {
+        return Err(unprocessable("`tz` applies to cron jobs only"));
+    }
+    tz_of(spec.tz.as_deref())?;
+    Ok(())
+}
+
+fn firing_body(id: &str, planned_ms: u64, payload: &JsonText) -> Vec<u8> {
+    let id = serde_json::to_string(id).unwrap_or_else(|_| "\"\"".into());
+    format!(
+        r#"{{"job":{id},"planned_ms":{planned_ms},"payload":{}}}"#,
+        payload.as_str()
+    )
+    .into_bytes()
+}
+
+struct Row {
+    id: String,
+    spec: Spec,
+    next_ms: u64,
+    attempts: u32,
+    fired: u64,
+}
+
+impl<C: Clock> Engine<C> {
+    pub(crate) fn new(db: Db, clock: C, settings: SchedulerSettings) -> Result<Engine<C>, BuiltinError> {
+        db.conn
+            .execute_batch(
+                "CREATE TABLE IF NOT EXISTS jobs (
+                    id BLOB PRIMARY KEY,
+                    spec TEXT NOT NULL,
+                    next_ms INTEGER NOT NULL,
+                    due_ms INTEGER NOT NULL,
+                    calendar INTEGER NOT NULL,
+                    attempts INTEGER NOT NULL DEFAULT 0,
+                    fired INTEGER NOT NULL DEFAULT 0
+                 ) WITHOUT ROWID;
+                 CREATE INDEX IF NOT EXISTS jobs_due ON jobs(calendar, due_ms);",
+            )
+            .map_err(|e| BuiltinError::Database {
+                path: db.path.clone(),
+                message: e.to_string(),
+            })?;
+        // Firings in flight when the last process died are sent again now,
+        // not when their answer would have been overdue.
+        db.conn
+            .execute("UPDATE jobs SET due_ms = next_ms WHERE attempts > 0", [])
+            .map_err(|e| BuiltinError::Database {
+                path: db.path.clone(),
+                message: e.to_string(),
+            })?;
+        let (origin_wall, origin_mono) = (clock.wall_ms(), clock.mono());
+        Ok(Engine {
+            db,
+            clock,
+            settings,
+            origin_wall,
+            origin_mono,
+            in_flight: HashMap::new(),
+            next_token: 1,
+            next_id: 0,
+            earliest: None,
+        })
+    }
+
+    fn failed(&self, e: rusqlite::Error) -> Error {
+        self.db.failed(e)
+    }
+
+    /// Now on the monotonic timeline, in wall-clock milliseconds.
+    fn mono_ms(&self) -> u64 {
+        self.origin_wall + (self.clock.mono().saturating_sub(self.origin_mono)).as_millis() as u64
+    }
+
+    /// Follows the wall clock: a step moves the delay jobs with it (they
+    /// keep their distance); a slow drift re-anchors the timeline. Returns
+    /// the step, if there was one.
+    pub(crate) fn follow_clock(&mut self) -> Result<Option<i64>, Error> {
+        let wall = self.clock.wall_ms() as i64;
+        let drift = wall - self.mono_ms() as i64;
+        if drift.abs() <= REANCHOR_MS {
+            return Ok(None);
+        }
+        let origin = (self.clock.wall_ms(), self.clock.mono());
+        if drift.abs() > STEP_MS {
+            self.db
+                .conn
+                .execute(
+                    "UPDATE jobs SET next_ms = MAX(next_ms + ?1, 0), due_ms = MAX(due_ms + ?1, 0) WHERE calendar = 0",
+                    [drift],
+                )
+                .map_err(|e| self.failed(e))?;
+            self.earliest = None;
+        }
+        (self.origin_wall, self.origin_mono) = origin;
+        Ok((drift.abs() > STEP_MS).then_some(drift))
+    }
+
+    /// The first firing of `spec`, planned now.
+    fn first(&self, spec: &Spec) -> Result<u64, Error> {
+        let mono = self.mono_ms();
+        Ok(match &spec.when {
+            When::AfterMs(d) | When::EveryMs(d) => mono.saturating_add(*d),
+            When::AtMs(at) => *at,
+            When::Cron(expr) => cron_next(expr, spec.tz.as_deref(), self.clock.wall_ms())?,
+        })
+    }
+
+    fn now_for(&self, calendar: bool) -> u64 {
+        if calendar {
+            self.clock.wall_ms()
+        } else {
+            self.mono_ms()
+        }
+    }
+
+    fn read(&self, id: &str) -> Result<Option<Row>, Error> {
+        let row = self
+            .db
+            .conn
+            .prepare_cached("SELECT spec, next_ms, attempts, fired FROM jobs WHERE id = ?1")
+            .and_then(|mut stmt| {
+                stmt.query_row([id.as_bytes()], |r| {
+                    Ok((
+                        r.get::<_, String>(0)?,
+                        r.get::<_, u64>(1)?,
+                        r.get::<_, u32>(2)?,
+                        r.get::<_, u64>(3)?,
+                    ))
+                })
+                .optional()
+            })
+            .map_err(|e| self.failed(e))?;
+        row.map(|(spec, next_ms, attempts, fired)| {
+            Ok(Row {
+                id: id.to_owned(),
+                spec: serde_json::from_str(&spec)
+                    .map_err(|e| Error::internal(format!("job `{id}` is stored unreadably: {e}")))?,
+                next_ms,
+                attempts,
+                fired,
+            })
+        })
+        .transpose()
+    }
+
+    /// Stores a job's definition, planned anew at `next_ms`; a firing in
+    /// flight for the old definition then settles nothing.
+    fn write(&mut self, id: &str, spec: &Spec, next_ms: u64) -> Result<(), Error> {
+        let text = serde_json::to_string(spec).map_err(|e| Error::internal(e.to_string()))?;
+        self.db
+            .conn
+            .prepare_cached(
+                "INSERT INTO jobs(id, spec, next_ms, due_ms, calendar, attempts, fired)
+                 VALUES (?1, ?2, ?3, ?3, ?4, 0, 0)
+                 ON CONFLICT(id) DO UPDATE SET spec = excluded.spec, next_ms = excluded.next_ms,
+                   due_ms = excluded.due_ms, calendar = excluded.calendar, attempts = 0",
+            )
+            .and_then(|mut stmt| stmt.execute(params![id.as_bytes(), text, next_ms, spec.calendar()]))
+            .map_err(|e| self.failed(e))?;
+        self.in_flight.remove(id);
+        self.earliest = None;
+        Ok(())
+    }
+
+    /// Changes what a job fires, not when: its plan and a firing in
+    /// flight stay as they are.
+    fn rewrite(&mut self, id: &str, spec: &Spec) -> Result<(), Error> {
+        let text = serde_json::to_string(spec).map_err(|e| Error::internal(e.to_string()))?;
+        self.db
+            .conn
+            .prepare_cached("UPDATE jobs SET spec = ?2 WHERE id = ?1")
+            .and_then(|mut stmt| stmt.execute(params![id.as_bytes(), text]))
+            .map_err(|e| self.failed(e))?;
+        Ok(())
+    }
+
+    fn info(row: Row) -> JobInfo {
+        JobInfo {
+            id: row.id,
+            when: row.spec.when,
+            event: row.spec.event,
+            kind: row.spec.kind,
+            payload: row.spec.payload,
+            missed: row.spec.missed,
+            tz: row.spec.tz,
+            next_ms: row.next_ms,
+            fired: row.fired,
+        }
+    }
+
+    pub(crate) fn schedule(&mut self, ev: Schedule) -> Result<Scheduled, Error> {
+        let spec = Spec {
+            when: ev.when,
+            event: ev.event,
+            kind: ev.kind,
+            payload: ev.payload,
+            missed: ev.missed,
+            tz: ev.tz,
+        };
+        check_spec(&spec, &self.settings)?;
+        let id = match ev.id {
+            Some(id) if id.is_empty() || id.len() > MAX_ID_BYTES => {
+                return Err(unprocessable(format!("`id` must have 1 to {MAX_ID_BYTES} bytes")));
+            }
+            Some(id) => {
+                if let Some(existing) = self.read(&id)? {
+                    if existing.spec == spec {
+                        return Ok(Scheduled {
+                            id,
+                            next_ms: existing.next_ms,
+                            created: false,
+                        });
+                    }
+                    if !ev.replace {
+                        return Err(Error::conflict(format!(
+                            "a different job `{id}` exists: cancel it, update it, or schedule with `replace`"
+                        )));
+                    }
+                }
+                id
+            }
+            None => self.fresh_id()?,
+        };
+        let next_ms = self.first(&spec)?;
+        self.write(&id, &spec, next_ms)?;
+        Ok(Scheduled {
+            id,
+            next_ms,
+            created: true,
+        })
+    }
+
+    fn fresh_id(&mut self) -> Result<String, Error> {
+        loop {
+            self.next_id += 1;
+            let id = format!(
+                "job-{:x}-{:x}-{:x}",
+                self.clock.wall_ms(),
+                std::process::id(),
+                self.next_id
+            );
+            if self.read(&id)?.is_none() {
+                return Ok(id);
+            }
+        }
+    }
+
+    pub(crate) fn update(&mut self, ev: Update) -> Result<Scheduled, Error> {
+        let Some(row) = self.read(&ev.id)? else {
+            return Err(Error::not_found(format!("no job `{}`", ev.id)));
+        };
+        let mut spec = row.spec.clone();
+        let replan = ev.when.is_some() || ev.tz.is_some();
+        if let Some(when) = ev.when {
+            spec.when = when;
+        }
+        if let Some(event) = ev.event {
+            spec.event = event;
+        }
+        if let Some(kind) = ev.kind {
+            spec.kind = kind;
+        }
+        if let Some(payload) = ev.payload {
+            spec.payload = payload;
+        }
+        if let Some(missed) = ev.missed {
+            spec.missed = missed;
+        }
+        if ev.tz.is_some() {
+            spec.tz = ev.tz;
+        }
+        check_spec(&spec, &self.settings)?;
+        let next_ms = if replan {
+            let next_ms = self.first(&spec)?;
+            self.write(&ev.id, &spec, next_ms)?;
+            next_ms
+        } else {
+            self.rewrite(&ev.id, &spec)?;
+            row.next_ms
+        };
+        Ok(Scheduled {
+            id: ev.id,
+            next_ms,
+            created: false,
+        })
+    }
+
+    pub(crate) fn cancel(&mut self, id: &str) -> Result<bool, Error> {
+        let n = self
+            .db
+            .conn
+            .prepare_cached("DELETE FROM jobs WHERE id = ?1")
+            .and_then(|mut stmt| stmt.execute([id.as_bytes()]))
+            .map_err(|e| self.failed(e))?;
+        self.in_flight.remove(id);
+        self.earliest = None;
+        Ok(n > 0)
+    }
+
+    pub(crate) fn get(&self, id: &str) -> Result<Option<JobInfo>, Error> {
+        Ok(self.read(id)?.map(Self::info))
+    }
+
+    pub(crate) fn list(&self, ev: &ListJobs) -> Result<Jobs, Error> {
+        let limit = ev.limit.unwrap_or(LIST_MAX).clamp(1, LIST_MAX);
+        let lower = match &ev.after {
+            Some(after) if after.as_str() >= ev.prefix.as_str() => after.clone(),
+            _ => ev.prefix.clone(),
+        };
+        let inclusive = ev.after.as_ref().is_none_or(|a| a.as_str() < ev.prefix.as_str());
+        let sql = format!(
+            "SELECT id FROM jobs WHERE id {} ?1 AND substr(id, 1, ?2) = ?3 ORDER BY id LIMIT ?4",
+            if inclusive { ">=" } else { ">" }
+        );
+        let ids: Vec<Vec<u8>> = self
+            .db
+            .conn
+            .prepare_cached(&sql)
+            .and_then(|mut stmt| {
+                stmt.query_map(
+                    params![lower.as_bytes(), ev.prefix.len(), ev.prefix.as_bytes(), limit + 1],
+                    |r| r.get(0),
+                )?
+                .collect()
+            })
+            .map_err(|e| self.failed(e))?;
+        let mut jobs = Vec::new();
+        let mut next = None;
+        for (i, id) in ids.into_iter().enumerate() {
+            let id = String::from_utf8_lossy(&id).into_owned();
+            if i as u32 == limit {
+                next = jobs.last().map(|j: &JobInfo| j.id.clone());
+                break;
+            }
+            if let Some(row) = self.read(&id)? {
+                jobs.push(Self::info(row));
+            }
+        }
+        Ok(Jobs { jobs, next })
+    }
+
+    fn earliest(&mut self) -> Result<(Option<u64>, Option<u64>), Error> {
+        if let Some(e) = self.earliest {
+            return Ok(e);
+        }
+        let min = |calendar: bool| -> Result<Option<u64>, Error> {
+            self.db
+                .conn
+                .prepare_cached("SELECT MIN(due_ms) FROM jobs WHERE calendar = ?1")
+                .and_then(|mut stmt| stmt.query_row([calendar], |r| r.get::<_, Option<u64>>(0)))
+                .map_err(|e| self.failed(e))
+        };
+        let e = (min(false)?, min(true)?);
+        self.earliest = Some(e);
+        Ok(e)
+    }
+
+    /// Decides what fires now, records each firing as started (its job is
+    /// not due again until it is settled or its answer is overdue), and
+    /// returns them. At most `room` firings.
+    pub(crate) fn due(&mut self, room: usize) -> Result<Vec<Fire>, Error> {
+        let (delay, calendar) = self.earliest()?;
+        let (mono, wall) = (self.mono_ms(), self.clock.wall_ms());
+        let mut fires = Vec::new();
+        for (is_calendar, earliest, now) in [(false, delay, mono), (true, calendar, wall)] {
+            if earliest.is_none_or(|e| e > now) {
+                continue;
+            }
+            let limit = room.saturating_sub(fires.len()).min(FIRINGS_PER_TICK);
+            if limit == 0 {
+                break;
+            }
+            let ids: Vec<Vec<u8>> = self
+                .db
+                .conn
+                .prepare_cached(
+                    "SELECT id FROM jobs WHERE calendar = ?1 AND due_ms <= ?2 ORDER BY due_ms LIMIT ?3",
+                )
+                .and_then(|mut stmt| {
+                    stmt.query_map(params![is_calendar, now, limit as u64], |r| r.get(0))?
+                        .collect()
+                })
+                .map_err(|e| self.failed(e))?;
+            for id in ids {
+                let id = String::from_utf8_lossy(&id).into_owned();
+                if let Some(row) = self.read(&id)?
+                    && let Some(fire) = self.start(row, now)?
+                {
+                    fires.push(fire);
+                }
+            }
+        }
+        if !fires.is_empty() {
+            self.earliest = None;
+        }
+        Ok(fires)
+    }
+
+    /// The latest occurrence of a repeating job at or before `now`, from
+    /// its planned `next_ms` (for a collapsed backlog).
+    fn latest_missed(spec: &Spec, next_ms: u64, now: u64) -> u64 {
+        match &spec.when {
+            When::EveryMs(every) => next_ms + (now - next_ms) / every * every,
+            When::Cron(expr) => cron_previous(expr, spec.tz.as_deref(), now)
+                .unwrap_or(next_ms)
+                .max(next_ms),
+            _ => next_ms,
+        }
+    }
+
+    /// Starts one due job's firing, or applies its `missed` policy.
+    fn start(&mut self, row: Row, now: u64) -> Result<Option<Fire>, Error> {
+        let mut planned = row.next_ms;
+        if row.attempts == 0 && now.saturating_sub(row.next_ms) > self.settings.misfire_grace_ms {
+            match row.spec.missed {
+                Missed::Skip => {
+                    self.advance(&row, now, false)?;
+                    return Ok(None);
+                }
+                Missed::Once => planned = Self::latest_missed(&row.spec, row.next_ms, now),
+            }
+        }
+        // Sent, not yet answered: not due again before the answer is
+        // overdue; after a crash it is sent again from here.
+        let ack_by = now + self.settings.call_timeout_ms + 1000;
+        self.db
+            .conn
+            .prepare_cached(
+                "UPDATE jobs SET next_ms = ?2, due_ms = ?3, attempts = attempts + 1 WHERE id = ?1",
+            )
+            .and_then(|mut stmt| stmt.execute(params![row.id.as_bytes(), planned, ack_by]))
+            .map_err(|e| self.failed(e))?;
+        let token = self.next_token;
+        self.next_token += 1;
+        self.in_flight.insert(row.id.clone(), token);
+        Ok(Some(Fire {
+            body: firing_body(&row.id, planned, &row.spec.payload),
+            id: row.id,
+            token,
+            event: row.spec.event,
+            kind: row.spec.kind,
+            planned_ms: planned,
+        }))
+    }
+
+    /// Moves a job past its current firing: a one-shot job is done, a
+    /// repeating one is planned at its first occurrence after `now`
+    /// (never a burst of catch-up firings).
+    fn advance(&mut self, row: &Row, now: u64, delivered: bool) -> Result<(), Error> {
+        let next = match &row.spec.when {
+            When::AfterMs(_) | When::AtMs(_) => None,
+            When::EveryMs(every) => {
+                let base = row.next_ms.max(1);
+                let periods = now.saturating_sub(base) / every + 1;
+                Some(base + periods * every)
+            }
+            When::Cron(expr) => Some(cron_next(expr, row.spec.tz.as_deref(), now.max(row.next_ms))?),
+        };
+        let fired = u64::from(delivered);
+        let result = match next {
+            None => self
+                .db
+                .conn
+                .prepare_cached("DELETE FROM jobs WHERE id = ?1")
+                .and_then(|mut stmt| stmt.execute([row.id.as_bytes()])),
+            Some(next) => self
+                .db
+                .conn
+                .prepare_cached(
+                    "UPDATE jobs SET next_ms = ?2, due_ms = ?2, attempts = 0, fired = fired + ?3 WHERE id = ?1",
+                )
+                .and_then(|mut stmt| stmt.execute(params![row.id.as_bytes(), next, fired])),
+        };
+        result.map_err(|e| self.failed(e))?;
+        self.earliest = None;
+        Ok(())
+    }
+
+    /// Whether `token` is still the firing in flight of job `id`.
+    fn current(&self, id: &str, token: u64) -> bool {
+        self.in_flight.get(id) == Some(&token)
+    }
+
+    /// The firing was delivered: advance its job.
+    pub(crate) fn delivered(&mut self, id: &str, token: u64) -> Result<(), Error> {
+        if !self.current(id, token) {
+            return Ok(());
+        }
+        self.in_flight.remove(id);
+        if let Some(row) = self.read(id)? {
+            let now = self.now_for(row.spec.calendar());
+            self.advance(&row, now, true)?;
+        }
+        Ok(())
+    }
+
+    /// The firing failed with `status`: retried later if it may help and
+    /// attempts are left, else given up (the job moves on). Returns
+    /// whether it will be retried.
+    pub(crate) fn failed_firing(&mut self, id: &str, token: u64, status: u16) -> Result<bool, Error> {
+        if !self.current(id, token) {
+            return Ok(false);
+        }
+        self.in_flight.remove(id);
+        let Some(row) = self.read(id)? else {
+            return Ok(false);
+        };
+        let now = self.now_for(row.spec.calendar());
+        let retry = matches!(status, 502..=504) && row.attempts < self.settings.max_attempts;
+        if retry {
+            let delay = self
+                .settings
+                .retry_initial_ms
+                .saturating_mul(1 << row.attempts.saturating_sub(1).min(20))
+                .min(30_000);
+            self.db
+                .conn
+                .prepare_cached("UPDATE jobs SET due_ms = ?2 WHERE id = ?1")
+                .and_then(|mut stmt| stmt.execute(params![id.as_bytes(), now + delay]))
+                .map_err(|e| self.failed(e))?;
+            self.earliest = None;
+        } else {
+            self.advance(&row, now, false)?;
+        }
+        Ok(retry)
+    }
+
+    pub(crate) fn in_flight(&self) -> usize {
+        self.in_flight.len()
+    }
+}
+
+type Answer = Pin<Box<dyn Future<Output = Body>>>;
+
+/// A request firing awaiting its answer.
+struct Pending {
+    id: String,
+    token: u64,
+    event: String,
+    answer: Answer,
+}
+
+/// The `scheduler` manager.
+pub struct Scheduler {
+    settings: SchedulerSettings,
+    /// `None` only in the validation child, which serves nothing.
+    engine: Option<Engine<SystemClock>>,
+    pending: Vec<Pending>,
+    /// Notifications emitted at the last tick: settled at the next one,
+    /// once the host has sent them on.
+    emitted: Vec<(String, u64)>,
+    /// `group` durability: the syncer's flag, and the database's change
+    /// count when the last tick raised it.
+    dirty: Option<(std::sync::Arc<std::sync::atomic::AtomicBool>, u64)>,
+}
+
+impl Manager for Scheduler {
+    const NAME: &'static str = "scheduler";
+
+    fn create(config: &Config) -> Result<Self, Error> {
+        let settings = SchedulerSettings::parse(&config.value)?;
+        let mut dirty = None;
+        let engine = if config.validation {
+            None
+        } else {
+            let dir = settings.data_dir.clone().ok_or_else(|| BuiltinError::Config {
+                key: crate::DATA_DIR_KEY.into(),
+                message: "no data directory was given (the supervisor sets it from --data-dir)".into(),
+            })?;
+            let db = db::open(&dir, Self::NAME, settings.durability, settings.cache_kib)?;
+            if settings.durability == Durability::Group {
+                let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+                db::spawn_group_commit(
+                    db::wal_path(&db.path),
+                    flag.clone(),
+                    Duration::from_millis(settings.group_commit_ms),
+                );
+                dirty = Some((flag, db.conn.total_changes()));
+            }
+            Some(Engine::new(db, SystemClock(Instant::now()), settings.clone())?)
+        };
+        Ok(Scheduler {
+            settings,
+            engine,
+            pending: Vec::new(),
+            emitted: Vec::new(),
+            dirty,
+        })
+    }
+
+    fn register(r: &mut Registry<Self>) {
+        r.request(Self::schedule)
+            .request(Self::update)
+            .request(Self::cancel)
+            .request(Self::get)
+            .request(Self::list)
+            .every(|_| switchyard_manager::TICK_PERIOD, Self::tick);
+    }
+}
+
+impl Scheduler {
+    fn engine(&mut self) -> Result<&mut Engine<SystemClock>, Error> {
+        self.engine
+            .as_mut()
+            .ok_or_else(|| Error::unavailable("the scheduler is not open"))
+    }
+
+    fn schedule(&mut self, ev: Schedule, _: &mut Context) -> Result<Json<Scheduled>, Error> {
+        self.engine()?.schedule(ev).map(Json)
+    }
+
+    fn update(&mut self, ev: Update, _: &mut Context) -> Result<Json<Scheduled>, Error> {
+        self.engine()?.update(ev).map(Json)
+    }
+
+    fn cancel(&mut self, ev: Cancel, _: &mut Context) -> Result<Json<Cancelled>, Error> {
+        let cancelled = self.engine()?.cancel(&ev.id)?;
+        Ok(Json(Cancelled { cancelled }))
+    }
+
+    fn get(&mut self, ev: GetJob, _: &mut Context) -> Result<Json<Found>, Error> {
+        let job = self.engine()?.get(&ev.id)?;
+        Ok(Json(Found { job }))
+    }
+
+    fn list(&mut self, ev: ListJobs, _: &mut Context) -> Result<Json<Jobs>, Error> {
+        self.engine()?.list(&ev).map(Json)
+    }
+
+    /// Every tick: settle what was answered, then start what is due.
+    fn tick(&mut self, cx: &mut Context) -> Result<(), Error> {
+        let Some(engine) = self.engine.as_mut() else {
+            return Ok(());
+        };
+        if let Some(step) = engine.follow_clock()? {
+            cx.log_at(
+                LogLevel::Warn,
+                &format!("the wall clock stepped by {step} ms: delay jobs keep their distance, calendar jobs follow it"),
+            );
+        }
+        for (id, token) in std::mem::take(&mut self.emitted) {
+            engine.delivered(&id, token)?;
+        }
+        // The answers arrived between ticks; their slots wait to be read.
+        let mut waker_cx = std::task::Context::from_waker(Waker::noop());
+        let mut still = Vec::with_capacity(self.pending.len());
+        for mut p in std::mem::take(&mut self.pending) {
+            match p.answer.as_mut().poll(&mut waker_cx) {
+                Poll::Pending => still.push(p),
+                Poll::Ready((status, body)) if status < 500 => {
+                    if status >= 400 {
+                        cx.log_at(
+                            LogLevel::Warn,
+                            &format!(
+                                "job `{}`: {} answered {status} ({}); not retried",
+                                p.id,
+                                p.event,
+                                String::from_utf8_lossy(&body)
+                            ),
+                        );
+                    }
+                    engine.delivered(&p.id, p.token)?;
+                }
+                Poll::Ready((status, body)) => {
+                    let retry = engine.failed_firing(&p.id, p.token, status)?;
+                    cx.log_at(
+                        if retry { LogLevel::Info } else { LogLevel::Error },
+                        &format!(
+                            "job `{}`: {} failed with {status} ({}); {}",
+                            p.id,
+                            p.event,
+                            String::from_utf8_lossy(&body),
+                            if retry { "will retry" } else { "given up" }
+                        ),
+                    );
+                }
+            }
+        }
+        self.pending = still;
+        let room = self.settings.max_in_flight.saturating_sub(engine.in_flight());
+        let timeout = Duration::from_millis(self.settings.call_timeout_ms);
+        let fires = engine.due(room)?;
+        // Every change since the last tick (handlers' and this tick's) is
+        // in the next group commit, at most a tick late.
+        if let Some((flag, seen)) = &mut self.dirty {
+            let total = engine.db.conn.total_changes();
+            if total != *seen {
+                *seen = total;
+                flag.store(true, std::sync::atomic::Ordering::Release);
+            }
+        }
+        for fire in fires {
+            match fire.kind {
+                Kind::Notification => {
+                    cx.notify_json(&fire.event, fire.body);
+                    self.emitted.push((fire.id, fire.token));
+                }
+                Kind::Request => {
+                    let answer = cx.call_json(&fire.event, fire.body, timeout);
+                    self.pending.push(Pending {
+                        id: fire.id,
+                        token: fire.token,
+                        event: fire.event,
+                        answer: Box::pin(answer),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;
