@@ -57,6 +57,7 @@ fn an_endless_control_line_is_cut_off_and_the_supervisor_stays_small() {
     let g = Group::start("control-line");
     let supervisor = g.supervisor_pid();
     let before = rss_kib(supervisor);
+    let processes = g.status()["processes"].as_array().unwrap().len();
 
     let mut stream = std::os::unix::net::UnixStream::connect(g.runtime_dir.join("control.sock")).unwrap();
     stream.set_write_timeout(Some(PATIENCE)).unwrap();
@@ -82,7 +83,7 @@ fn an_endless_control_line_is_cut_off_and_the_supervisor_stays_small() {
     assert!(grown < 16 * 1024, "supervisor RSS grew by {grown} KiB");
 
     // It serves on: status, and the group.
-    assert_eq!(g.status()["processes"].as_array().unwrap().len(), 10);
+    assert_eq!(g.status()["processes"].as_array().unwrap().len(), processes);
     assert_eq!(get(g.addr, "/noop").unwrap().status, 200);
 }
 
