@@ -269,7 +269,7 @@ fn fan_out(st: &State, env: &Envelope) {
         return;
     }
     // Pushes are JSON text; a shared-memory body is mapped to be read.
-    let body = match env.payload.bytes() {
+    let body = match env.payload.clone().into_bytes() {
         Ok(b) => b,
         Err(err) => return tracing::warn!(%err, "notification body unavailable; not pushed"),
     };

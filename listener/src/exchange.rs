@@ -172,7 +172,7 @@ pub(crate) async fn call(
             Err(detail) => problem_bytes(502, &detail),
         };
     }
-    match response.payload.bytes() {
+    match response.payload.into_bytes() {
         Ok(b) => (response.status, content_type, b),
         Err(_) => problem_bytes(503, "response body unavailable"),
     }

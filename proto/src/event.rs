@@ -163,11 +163,12 @@ impl Payload {
         }
     }
 
-    /// The body's bytes: the inline slice, or the shared memory mapped. A
-    /// stream has no bytes yet: it must be opened ([`StreamHandle::open`]).
-    pub fn bytes(&self) -> crate::Result<Bytes> {
+    /// The body's bytes: the inline slice, or the shared-memory body read
+    /// ([`ShmBody::map`]: consumes the handle). A stream has no bytes yet:
+    /// it must be opened ([`StreamHandle::open`]).
+    pub fn into_bytes(self) -> crate::Result<Bytes> {
         match self {
-            Payload::Inline(b) => Ok(b.clone()),
+            Payload::Inline(b) => Ok(b),
             Payload::Shm(body) => body.map(),
             Payload::Stream(_) => Err(crate::Error::Malformed("a streamed body read as bytes")),
         }

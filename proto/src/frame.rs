@@ -243,7 +243,7 @@ mod tests {
         // ... with it, the body reads back.
         let mut fds = VecDeque::from([body.fd().try_clone_to_owned().unwrap()]);
         let back = parse(bytes.freeze(), &mut fds).unwrap();
-        assert_eq!(back.payload.bytes().unwrap().as_ref(), &[7u8; 100_000][..]);
+        assert_eq!(back.payload.into_bytes().unwrap().as_ref(), &[7u8; 100_000][..]);
     }
 
     #[test]

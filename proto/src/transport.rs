@@ -531,7 +531,7 @@ mod tests {
         assert_eq!(got.len(), 100);
         for env in &got {
             let i = env.correlation;
-            let bytes = env.payload.bytes().unwrap();
+            let bytes = env.payload.clone().into_bytes().unwrap();
             let want = if i % 3 == 0 { 10 } else { 70_000 + i as usize };
             assert_eq!(bytes.len(), want, "frame {i}");
             assert!(bytes.iter().all(|&b| b == i as u8));
