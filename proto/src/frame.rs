@@ -132,6 +132,12 @@ pub fn encode_head<'e>(env: &'e Envelope, out: &mut BytesMut, max: usize) -> Res
     Ok(payload)
 }
 
+/// Whether `env` encodes to a frame of at most `max` bytes: what a writer
+/// would otherwise drop with a log line, for a sender that must say no.
+pub fn fits(env: &Envelope, max: usize) -> bool {
+    encode_head(env, &mut BytesMut::new(), max).is_ok()
+}
+
 /// Encodes a whole frame into one buffer (tests, control messages).
 pub fn encode(env: &Envelope, max: usize) -> Result<BytesMut> {
     let mut out = BytesMut::new();
