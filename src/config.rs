@@ -513,7 +513,10 @@ mod tests {
 
     #[test]
     fn bind_takes_host_names() {
-        assert_eq!(resolve_bind("localhost:0").unwrap(), SocketAddr::from(([127, 0, 0, 1], 0)));
+        assert_eq!(
+            resolve_bind("localhost:0").unwrap(),
+            SocketAddr::from(([127, 0, 0, 1], 0))
+        );
         assert_eq!(resolve_bind("127.0.0.1:8080").unwrap().port(), 8080);
         assert!(resolve_bind("localhost").unwrap_err().contains("HOST:PORT"));
         let config: Config = toml::from_str("[listener]\nbind = \"localhost:9000\"\n").unwrap();
