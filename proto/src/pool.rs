@@ -11,9 +11,10 @@
 //! mapped, each with a one-page header holding a busy flag. A body is copied
 //! into a free segment, which is marked busy and sent as a descriptor like a
 //! sealed body. The consumer reads the body out with `pread(2)` into memory
-//! of its own and at once marks the segment free again — no message goes
-//! back; it maps only each segment's header page, once (a small cache keyed
-//! by inode). A segment whose body was lost on the way (a dropped frame, a
+//! of its own (a buffer it keeps for reuse, so its pages are not faulted in
+//! again for every body) and at once marks the segment free again — no
+//! message goes back; it maps only each segment's header page, once (a
+//! small cache keyed by inode). A segment whose body was lost on the way (a dropped frame, a
 //! dead consumer) stays busy; past a lease the producer forgets it and makes
 //! another, so a loss costs memory for a while, never a wrong byte.
 //!
@@ -221,14 +222,18 @@ const MAX_MAPPED: usize = 256;
 /// (device, inode) → the header mapping and when it was last used.
 type MappingCache = HashMap<(u64, u64), (Arc<Mapped>, Instant)>;
 
-/// Drops this process's cached header mappings of pool segments not used
-/// for `idle` (their producers trim idle segments too). Every process calls
-/// it periodically.
+/// Drops this process's cached header mappings of pool segments, and the
+/// spare buffers bodies were read into, not used for `idle` (producers trim
+/// idle segments too). Every process calls it periodically.
 pub fn trim_mappings(idle: Duration) {
     let now = Instant::now();
     if let Some(cache) = MAPPED.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
         cache.retain(|_, (_, last)| now.duration_since(*last) < idle);
     }
+    SPARE
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .retain(|(_, back)| now.duration_since(*back) < idle);
 }
 
 /// Pool segments whose header this process keeps mapped (tests, status).
@@ -298,18 +303,20 @@ pub(crate) fn read(fd: &OwnedFd, len: u64) -> Result<Bytes> {
     let header = header(fd)?;
     let len = usize::try_from(len).map_err(|_| Error::Malformed("pool body longer than memory"))?;
     let reservation = Reservation::take(len as u64)?;
-    let mut body = Vec::<u8>::with_capacity(len);
+    let mut body = spare_buffer(len);
     while body.len() < len {
         let filled = body.len();
         let spare = body.spare_capacity_mut();
-        // SAFETY: pread writes at most `spare.len()` bytes into the spare
+        // The buffer may have room past the body: read the body only.
+        let want = (len - filled).min(spare.len());
+        // SAFETY: pread writes at most `want` bytes into the spare
         // capacity, which is ours and writable; the kernel does the copy,
         // so no reference into the shared segment ever exists here.
         let n = unsafe {
             libc::pread(
                 std::os::fd::AsRawFd::as_raw_fd(fd),
                 spare.as_mut_ptr().cast(),
-                spare.len(),
+                want,
                 (HEADER + filled) as libc::off_t,
             )
         };
@@ -334,7 +341,8 @@ pub(crate) fn read(fd: &OwnedFd, len: u64) -> Result<Bytes> {
     }))
 }
 
-/// A pooled body read out of its segment, counted against the budget.
+/// A pooled body read out of its segment, counted against the budget; its
+/// buffer goes back to [`SPARE`] when dropped.
 struct Copied {
     body: Vec<u8>,
     _reservation: Reservation,
@@ -344,6 +352,41 @@ impl AsRef<[u8]> for Copied {
     fn as_ref(&self) -> &[u8] {
         &self.body
     }
+}
+
+impl Drop for Copied {
+    fn drop(&mut self) {
+        let body = std::mem::take(&mut self.body);
+        let mut spare = SPARE.lock().unwrap_or_else(|p| p.into_inner());
+        let held: usize = spare.iter().map(|(b, _)| b.capacity()).sum();
+        if spare.len() < MAX_SPARE && held + body.capacity() <= MAX_SPARE_BYTES {
+            spare.push((body, Instant::now()));
+        }
+    }
+}
+
+/// Buffers bodies were read into, kept for the next ones: a fresh buffer
+/// costs a page fault per 4 KiB when the body is copied in, which is what
+/// pool segments exist to avoid (decision 0011), with when each came back.
+static SPARE: Mutex<Vec<(Vec<u8>, Instant)>> = Mutex::new(Vec::new());
+/// Spare buffers kept, in number and bytes.
+const MAX_SPARE: usize = 16;
+const MAX_SPARE_BYTES: usize = 32 * 1024 * 1024;
+
+/// An empty buffer with room for `len` bytes: a spare one of the right size
+/// class if there is one (at most twice the room needed), else a new one.
+fn spare_buffer(len: usize) -> Vec<u8> {
+    let room = len.next_power_of_two().max(MIN_ROOM);
+    let mut spare = SPARE.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(i) = spare
+        .iter()
+        .position(|(b, _)| b.capacity() >= len && b.capacity() <= 2 * room)
+    {
+        let (mut body, _) = spare.swap_remove(i);
+        body.clear();
+        return body;
+    }
+    Vec::with_capacity(room)
 }
 
 #[cfg(test)]
@@ -373,6 +416,18 @@ mod tests {
         assert_eq!(&c.map().unwrap()[..], &[3u8; 70_000][..]);
         pool.trim(Duration::ZERO);
         assert_eq!(pool.counts(), (0, 0));
+    }
+
+    /// Buffers are reused across bodies: each read gives exactly its body,
+    /// whatever the buffer held or could hold before.
+    #[test]
+    fn reused_buffers_hold_exactly_the_body() {
+        let mut pool = SegmentPool::new(1 << 22, Duration::from_secs(60));
+        for (len, fill) in [(300_000usize, 1u8), (200_000, 2), (70_000, 3), (260_000, 4)] {
+            let bytes = pool.place(&vec![fill; len]).unwrap().unwrap().map().unwrap();
+            assert_eq!(bytes.len(), len);
+            assert!(bytes.iter().all(|&b| b == fill), "body of {len}");
+        }
     }
 
     /// Clones of a handle share one lease: the first read frees the
