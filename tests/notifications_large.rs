@@ -58,14 +58,49 @@ async fn large_notifications_reach_websocket_and_grpc_subscribers_whole() {
     // because it is delivered, to subscribers of both kinds.
     let mut ws_sub = within(ws.subscribe("client.*")).await.unwrap();
     let mut grpc_sub = within(grpc.subscribe("client.*")).await.unwrap();
+    // A subscription is active in the listener when `subscribe` returns,
+    // and at the broker a moment later: small probes until both see one.
+    within(async {
+        let (mut ws_ready, mut grpc_ready) = (false, false);
+        while !(ws_ready && grpc_ready) {
+            grpc.notify("client.probe", &json!({})).await.unwrap();
+            let wait = tokio::time::sleep(std::time::Duration::from_millis(100));
+            tokio::pin!(wait);
+            loop {
+                tokio::select! {
+                    Some(_) = ws_sub.next(), if !ws_ready => ws_ready = true,
+                    Some(_) = grpc_sub.next(), if !grpc_ready => grpc_ready = true,
+                    () = &mut wait => break,
+                }
+            }
+        }
+    })
+    .await;
     let blob = "y".repeat(BIG);
     within(grpc.notify("client.big", &json!({ "blob": blob })))
         .await
         .expect("the notification is accepted");
-    let push = within(ws_sub.next()).await.expect("a push over WebSocket");
-    assert_eq!(push.event, "client.big");
-    assert_padded(&push.data, "blob", 'y');
-    let push = within(grpc_sub.next()).await.expect("a push over gRPC");
-    assert_eq!(push.event, "client.big");
-    assert_padded(&push.data, "blob", 'y');
+    let push = within(next_big(&mut ws_sub)).await;
+    assert_padded(&push, "blob", 'y');
+    let push = within(next_big_grpc(&mut grpc_sub)).await;
+    assert_padded(&push, "blob", 'y');
+}
+
+/// The data of the next `client.big` push (probes still in flight skipped).
+async fn next_big(sub: &mut switchyard_client::Subscription) -> Value {
+    loop {
+        let push = sub.next().await.expect("a push over WebSocket");
+        if push.event == "client.big" {
+            return push.data;
+        }
+    }
+}
+
+async fn next_big_grpc(sub: &mut switchyard_client::GrpcSubscription) -> Value {
+    loop {
+        let push = sub.next().await.expect("a push over gRPC");
+        if push.event == "client.big" {
+            return push.data;
+        }
+    }
 }
