@@ -14,7 +14,8 @@
 //! process (a session lives on one pipe) and their subscriptions. The router
 //! forwards every notification here; the broker finds the subscriptions it
 //! matches through an index (`subs`), and sends each pipe one push frame
-//! naming the sessions it reaches. Each pipe's queue is bounded and never
+//! naming the sessions it reaches; a body too large to ride inline goes as
+//! a sealed shared-memory descriptor, the same one to every pipe. Each pipe's queue is bounded and never
 //! waited on: a pipe that cannot keep up loses that push, nobody else does
 //! (each session's own bounded queue lives in its listener).
 //!
@@ -35,7 +36,7 @@ use bytes::Bytes;
 use switchyard_proto::accept::Acceptor;
 use switchyard_proto::control::{Control, META_EVENT, META_TO, RouteTable};
 use switchyard_proto::transport::{FrameReader, FrameSink, PeerPolicy, Refused, spawn_writer};
-use switchyard_proto::{Envelope, Kind, Meta, Origin, Payload};
+use switchyard_proto::{Envelope, Kind, Meta, Origin, Payload, ShmBody};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::oneshot;
 
@@ -262,40 +263,82 @@ fn session_control(st: &mut State, pipe: u64, message: Control) {
     }
 }
 
-/// Sends `env` to every session subscribed to it: one frame per pipe,
-/// naming its recipients in meta `to`; the body is shared, not copied.
-fn fan_out(st: &State, env: &Envelope) {
+/// Most bytes of recipient list (meta `to`) one push frame carries; a pipe
+/// with more recipients gets several frames, each with the same body.
+const MAX_TO_BYTES: usize = 32 * 1024;
+/// Room kept in a push frame for its header besides the body and `to`
+/// (event name, type, lengths).
+const PUSH_HEADROOM: usize = 16 * 1024;
+
+/// Sends `env` to every session subscribed to it: one frame per pipe (or a
+/// few, past [`MAX_TO_BYTES`] of recipients), naming its recipients in meta
+/// `to`; the body is shared, not copied. A body too large to ride inline
+/// next to the recipients goes as a sealed shared-memory body (the one it
+/// came in, or one made here once for every pipe), so no subscriber misses
+/// a notification for its size.
+fn fan_out(st: &State, env: &Envelope, max_frame: usize) {
     if st.subs.is_empty() {
         return;
     }
-    // Pushes are JSON text; a shared-memory body is mapped to be read.
-    let body = match env.payload.bytes() {
-        Ok(b) => b,
-        Err(err) => return tracing::warn!(%err, "notification body unavailable; not pushed"),
+    // The body is read for the subscriptions' filters: a sealed body is
+    // mapped (it cannot change), and goes on as the same descriptor.
+    let (body, mut sealed) = match &env.payload {
+        Payload::Inline(bytes) => (bytes.clone(), None),
+        Payload::Shm(shm) if !shm.is_pooled() => match shm.clone().map() {
+            Ok(bytes) => (bytes, Some(env.payload.clone())),
+            Err(err) => return tracing::warn!(%err, "notification body unavailable; not pushed"),
+        },
+        // A pool segment is for one consumer (decision 0011); a sender that
+        // pooled a notification gets it copied out and sealed if need be.
+        Payload::Shm(shm) => match shm.clone().map() {
+            Ok(bytes) => (bytes, None),
+            Err(err) => return tracing::warn!(%err, "notification body unavailable; not pushed"),
+        },
+        Payload::Stream(_) => {
+            return tracing::warn!(event_type = ?env.event_type, "a streamed notification cannot be pushed");
+        }
     };
     let name = env.meta.get(META_EVENT);
     let recipients = st.subs.recipients(env.event_type, name, &body);
+    let inline = body.len() + MAX_TO_BYTES + PUSH_HEADROOM + name.map_or(0, str::len) <= max_frame;
     for (pipe, list) in recipients {
         let Some(p) = st.pipes.get(&pipe) else { continue };
-        let mut to = String::with_capacity(list.len() * 8);
-        for (i, (session, sub)) in list.iter().enumerate() {
-            if i > 0 {
+        let mut to = String::new();
+        let mut pending = list.iter().peekable();
+        while let Some((session, sub)) = pending.next() {
+            if !to.is_empty() {
                 to.push(',');
             }
             to.push_str(&format!("{session}:{sub}"));
-        }
-        let mut meta = Meta::default();
-        if let Some(name) = name {
-            meta.push(META_EVENT, name);
-        }
-        meta.push(META_TO, to);
-        let push = Envelope {
-            meta,
-            payload: Payload::Inline(body.clone()),
-            ..Envelope::notification(env.event_type, Bytes::new())
-        };
-        if let Err(refused) = p.sink.send(push) {
-            tracing::warn!(%refused, pipe, "push dropped: the listener pipe is not keeping up");
+            if to.len() < MAX_TO_BYTES - 48 && pending.peek().is_some() {
+                continue;
+            }
+            let payload = if let Some(shared) = &sealed {
+                shared.clone()
+            } else if inline {
+                Payload::Inline(body.clone())
+            } else {
+                match ShmBody::create(&body) {
+                    Ok(shm) => sealed.insert(Payload::Shm(shm)).clone(),
+                    Err(err) => {
+                        return tracing::warn!(%err, bytes = body.len(), "notification not pushed: no shared memory for its body");
+                    }
+                }
+            };
+            let mut meta = Meta::default();
+            if let Some(name) = name {
+                meta.push(META_EVENT, name);
+            }
+            meta.push(META_TO, std::mem::take(&mut to));
+            let push = Envelope {
+                meta,
+                payload,
+                ..Envelope::notification(env.event_type, Bytes::new())
+            };
+            if let Err(refused) = p.sink.send(push) {
+                tracing::warn!(%refused, pipe, "push dropped: the listener pipe is not keeping up");
+                break;
+            }
         }
     }
 }
@@ -347,7 +390,7 @@ async fn router(
                     Ok(other) => tracing::debug!(?other, "ignoring control from router"),
                     Err(err) => tracing::warn!(%err, "bad control frame from router"),
                 },
-                (Kind::Notification, _) => fan_out(&st, &env),
+                (Kind::Notification, _) => fan_out(&st, &env, shared.config.max_frame),
                 (kind, origin) => tracing::debug!(?kind, ?origin, "ignoring frame from router"),
             }
         }

@@ -172,7 +172,7 @@ pub(crate) async fn call(
             Err(detail) => problem_bytes(502, &detail),
         };
     }
-    match response.payload.bytes() {
+    match response.payload.into_bytes() {
         Ok(b) => (response.status, content_type, b),
         Err(_) => problem_bytes(503, "response body unavailable"),
     }
@@ -229,12 +229,30 @@ pub(crate) fn emit_notification(state: &State, ty: &str, body: Bytes) -> Result<
             detail: "client notifications are disabled (listener.ws.notify)",
         });
     }
-    let mut env = Envelope::notification(EventType::of(ty), body);
+    let mut env = Envelope::notification(EventType::of(ty), Bytes::new());
+    // A large body goes in a sealed segment (never a pooled one: several
+    // subscribers read it), so that no frame limit drops it on the way.
+    env.payload = Payload::for_body(body, state.config.shm_threshold).map_err(|_| NotifyRefused {
+        status: 503,
+        detail: "shared-memory budget exhausted; retry later",
+    })?;
     env.meta.push("content-type", "application/json");
     env.meta.push(META_EVENT, ty);
+    if !switchyard_proto::frame::fits(&env, state.config.max_frame) {
+        return Err(NotifyRefused {
+            status: 413,
+            detail: "the notification's type name does not fit in a frame",
+        });
+    }
     // Fire and forget: the in-flight entry the pool parks is dropped at once.
-    state.pool.send(env).map(drop).map_err(|_| NotifyRefused {
-        status: 503,
-        detail: "the broker is not available",
+    state.pool.send(env).map(drop).map_err(|failure| match failure {
+        SendFailure::Busy => NotifyRefused {
+            status: 503,
+            detail: "the server is overloaded",
+        },
+        SendFailure::Unavailable => NotifyRefused {
+            status: 503,
+            detail: "the broker is not available",
+        },
     })
 }

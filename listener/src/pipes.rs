@@ -445,7 +445,7 @@ async fn read_responses(pool: &Pool, index: usize, mut reader: FrameReader<Owned
 /// without waiting; a session whose queue is full is dropped.
 fn push(pool: &Pool, slot: &Slot, env: &Envelope) {
     let Some(to) = env.meta.get(META_TO) else { return };
-    let body = match env.payload.bytes() {
+    let body = match env.payload.clone().into_bytes() {
         Ok(b) => b,
         Err(err) => return tracing::warn!(%err, "push body unavailable"),
     };

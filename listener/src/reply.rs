@@ -20,9 +20,10 @@ pub(crate) fn into_http(mut env: Envelope, range: Option<&str>) -> Reply {
     {
         return download(status, &env.meta, handle, range);
     }
-    // A shared-memory body is mapped, not copied: hyper writes straight
-    // from the mapping, which is released when the response is sent.
-    let body = match env.payload.bytes() {
+    // A sealed shared-memory body is mapped, not copied: hyper writes
+    // straight from the mapping, released when the response is sent. A
+    // pooled one is read out of its segment, freed for reuse at once.
+    let body = match std::mem::take(&mut env.payload).into_bytes() {
         Ok(b) => b,
         Err(err) => {
             tracing::error!(%err, "cannot map a response body");

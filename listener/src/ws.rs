@@ -448,3 +448,7 @@ async fn echo_session(state: Arc<State>, ws: Ws) {
     }
     let _ = tokio::time::timeout(Duration::from_secs(1), sink.close()).await;
 }
+
+#[cfg(test)]
+#[path = "ws_fuzz.rs"]
+mod fuzz;

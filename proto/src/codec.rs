@@ -31,13 +31,23 @@ pub fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>> {
     Ok(out)
 }
 
+/// Decodes one value from the start of `bytes`, strings and byte buffers
+/// taken from the input ([`borrowing`]): a length that claims more than the
+/// input holds fails before anything is allocated for it.
+fn decode_borrowing<T: DeserializeOwned, C: bincode::config::Config>(
+    bytes: &[u8],
+    config: C,
+) -> Result<(T, usize)> {
+    bincode::serde::seed_decode_from_slice(borrowing::Root::<T>::default(), bytes, config)
+        .map_err(|e| Error::Decode(e.to_string()))
+}
+
 /// Decodes a value produced by this group's own code inside one process (the
 /// plugin boundary), where the size was bounded before encoding: the limit
 /// only guards against a corrupt length, so it is the address space's.
 pub fn decode_local<T: DeserializeOwned>(bytes: &[u8]) -> Result<T> {
     let config = bincode::config::standard().with_limit::<{ 1 << 40 }>();
-    let (value, used) =
-        bincode::serde::decode_from_slice(bytes, config).map_err(|e| Error::Decode(e.to_string()))?;
+    let (value, used) = decode_borrowing(bytes, config)?;
     if used != bytes.len() {
         return Err(Error::Decode(format!(
             "{} trailing bytes after value",
@@ -49,8 +59,7 @@ pub fn decode_local<T: DeserializeOwned>(bytes: &[u8]) -> Result<T> {
 
 /// Decodes one value that must fill `bytes` exactly.
 pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T> {
-    let (value, used) =
-        bincode::serde::decode_from_slice(bytes, config()).map_err(|e| Error::Decode(e.to_string()))?;
+    let (value, used) = decode_borrowing(bytes, config())?;
     if used != bytes.len() {
         return Err(Error::Decode(format!(
             "{} trailing bytes after value",
@@ -59,6 +68,8 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T> {
     }
     Ok(value)
 }
+
+mod borrowing;
 
 #[cfg(test)]
 mod tests {

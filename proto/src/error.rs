@@ -12,6 +12,10 @@ pub enum Error {
     /// A frame's structure is inconsistent (header longer than the frame).
     #[error("malformed frame: {0}")]
     Malformed(&'static str),
+    /// The peer attached descriptors no frame claims, or claimed some it
+    /// did not send (the connection is closed; the descriptors with it).
+    #[error("descriptors out of place: {0}")]
+    Descriptors(String),
     /// The bincode body of a frame could not be decoded.
     #[error("undecodable frame body: {0}")]
     Decode(String),

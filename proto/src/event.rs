@@ -4,7 +4,7 @@
 //! but the two ends: the broker and router route on `event_type`, `kind`,
 //! `correlation` and `origin` alone, and never decode or copy the payload.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
@@ -70,8 +70,15 @@ pub enum Origin {
     Manager(u64),
 }
 
-/// An absolute deadline in microseconds since the Unix epoch; 0 means none.
-/// Wall-clock so that it means the same thing in every process.
+/// An absolute deadline in microseconds of `CLOCK_MONOTONIC` ([`now_micros`]);
+/// 0 means none.
+///
+/// Monotonic, not wall-clock: every process of a group runs on one host,
+/// where `CLOCK_MONOTONIC` is one clock for all of them, and it never steps,
+/// so an NTP correction or a hand-set clock can neither expire nor extend a
+/// request in flight (docs/decisions/0030-monotonic-deadlines.md). It means
+/// nothing on another host: a hop that leaves the machine must send the
+/// time left ([`Deadline::remaining`]), never the deadline.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, Default)]
 pub struct Deadline(pub u64);
 
@@ -84,7 +91,7 @@ impl Deadline {
         Deadline(now_micros().saturating_add(after.as_micros() as u64))
     }
 
-    /// Whether the deadline is set and has passed at `now` (micros since epoch).
+    /// Whether the deadline is set and has passed at `now` ([`now_micros`]).
     pub fn expired_at(self, now: u64) -> bool {
         self.0 != 0 && now >= self.0
     }
@@ -95,11 +102,17 @@ impl Deadline {
     }
 }
 
-/// Microseconds since the Unix epoch.
+/// Microseconds of `CLOCK_MONOTONIC`: the clock every [`Deadline`] is on,
+/// the same in every process of the host, never stepped.
 pub fn now_micros() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros() as u64)
+    use nix::time::{ClockId, clock_gettime};
+    // CLOCK_MONOTONIC cannot fail on Linux with a valid clock id and
+    // pointer; 0 would read as "no deadline yet passed", never as expired.
+    clock_gettime(ClockId::CLOCK_MONOTONIC)
+        .map(|ts| {
+            let micros = ts.tv_sec() as i128 * 1_000_000 + ts.tv_nsec() as i128 / 1_000;
+            u64::try_from(micros).unwrap_or(0)
+        })
         .unwrap_or(0)
 }
 
@@ -150,11 +163,12 @@ impl Payload {
         }
     }
 
-    /// The body's bytes: the inline slice, or the shared memory mapped. A
-    /// stream has no bytes yet: it must be opened ([`StreamHandle::open`]).
-    pub fn bytes(&self) -> crate::Result<Bytes> {
+    /// The body's bytes: the inline slice, or the shared-memory body read
+    /// ([`ShmBody::map`]: consumes the handle). A stream has no bytes yet:
+    /// it must be opened ([`StreamHandle::open`]).
+    pub fn into_bytes(self) -> crate::Result<Bytes> {
         match self {
-            Payload::Inline(b) => Ok(b.clone()),
+            Payload::Inline(b) => Ok(b),
             Payload::Shm(body) => body.map(),
             Payload::Stream(_) => Err(crate::Error::Malformed("a streamed body read as bytes")),
         }
@@ -303,5 +317,26 @@ mod tests {
         assert!(!d.expired_at(now_micros()));
         assert!(d.expired_at(d.0));
         assert!(d.remaining().unwrap() <= Duration::from_secs(60));
+    }
+
+    fn monotonic_micros() -> u64 {
+        let ts = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).unwrap();
+        ts.tv_sec() as u64 * 1_000_000 + ts.tv_nsec() as u64 / 1_000
+    }
+
+    /// A deadline is a point on CLOCK_MONOTONIC, so stepping the wall clock
+    /// (NTP, `date -s`) moves neither it nor the "now" it is compared with.
+    #[test]
+    fn deadlines_are_on_the_monotonic_clock() {
+        let before = monotonic_micros();
+        let now = now_micros();
+        let d = Deadline::after(Duration::from_secs(30));
+        let after = monotonic_micros();
+        assert!((before..=after).contains(&now), "{before} <= {now} <= {after}");
+        assert!(
+            (before + 30_000_000..=after + 30_000_000).contains(&d.0),
+            "deadline {} is 30 s past monotonic now {before}..{after}",
+            d.0
+        );
     }
 }

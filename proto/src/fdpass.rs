@@ -1,7 +1,6 @@
 //! Sending and receiving file descriptors with stream bytes (`SCM_RIGHTS`).
 //! The only unsafe code of the transport.
 
-use std::collections::VecDeque;
 use std::io::{self, IoSlice};
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 
@@ -22,7 +21,13 @@ pub(crate) fn send(socket: RawFd, slices: &[IoSlice<'_>], fds: &[RawFd]) -> io::
 
 /// One `recvmsg` into `buf`'s spare capacity; received descriptors are
 /// appended to `fds` in order. Returns the bytes read (0 at end of stream).
-pub(crate) fn recv(socket: RawFd, buf: &mut BytesMut, fds: &mut VecDeque<OwnedFd>) -> io::Result<usize> {
+///
+/// Linux hands over a message's descriptors with the read that takes its
+/// first byte and ends that read with the message, so the descriptors of one
+/// read all came with one `sendmsg`, whose first byte is among the bytes read
+/// (bytes of earlier messages may come before it). More than [`MAX_FDS`] in
+/// one message is an error (the kernel closes those that do not fit).
+pub(crate) fn recv(socket: RawFd, buf: &mut BytesMut, fds: &mut Vec<OwnedFd>) -> io::Result<usize> {
     const SPACE: usize = cmsg_space(MAX_FDS);
     // u64 elements keep the control buffer aligned for cmsghdr.
     let mut control = [0u64; SPACE.div_ceil(8)];
@@ -54,7 +59,7 @@ pub(crate) fn recv(socket: RawFd, buf: &mut BytesMut, fds: &mut VecDeque<OwnedFd
                 let count =
                     ((*cmsg).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / std::mem::size_of::<RawFd>();
                 for i in 0..count {
-                    fds.push_back(OwnedFd::from_raw_fd(data.add(i).read_unaligned()));
+                    fds.push(OwnedFd::from_raw_fd(data.add(i).read_unaligned()));
                 }
             }
             cmsg = libc::CMSG_NXTHDR(&msg, cmsg);

@@ -2,10 +2,17 @@
 //!
 //! ```text
 //! u32 LE  frame length (bytes after this field)
-//! u32 LE  header length
+//! u32 LE  header length; its top bit (FD_MARK) set: descriptors attached here
 //! header  bincode of the envelope without its inline payload
 //! payload the inline payload bytes, raw
 //! ```
+//!
+//! Descriptors (`SCM_RIGHTS`) travel out of band, attached by the writer to
+//! the first byte of a batch; that batch's first frame carries
+//! [`FD_MARK`], and its frames claim the descriptors in order. The mark is
+//! what lets a reader tell which descriptors belong to which frames
+//! (`transport::FrameReader`): without it, a descriptor a peer attached to
+//! a frame that claims none would shift onto the next frame that does.
 //!
 //! The payload is not bincode-encoded: the writer hands it to the kernel as
 //! its own `IoSlice`, and the reader returns it as a `Bytes` slice of the
@@ -31,6 +38,23 @@ pub const DEFAULT_MAX_FRAME: usize = 1024 * 1024;
 
 /// Bytes of the two length fields.
 pub const PREFIX_LEN: usize = 8;
+
+/// The top bit of the header-length field: the frame opens a batch whose
+/// descriptors were attached to its first byte. Header lengths stay below it.
+pub const FD_MARK: u32 = 1 << 31;
+
+/// Sets [`FD_MARK`] on the frame that starts `frame` (its prefix at least).
+pub fn mark_descriptors(frame: &mut [u8]) {
+    if frame.len() >= PREFIX_LEN {
+        let word = u32::from_le_bytes([frame[4], frame[5], frame[6], frame[7]]) | FD_MARK;
+        frame[4..8].copy_from_slice(&word.to_le_bytes());
+    }
+}
+
+/// Whether the whole frame at the start of `frame` carries [`FD_MARK`].
+pub fn is_marked(frame: &[u8]) -> bool {
+    frame.len() >= PREFIX_LEN && u32::from_le_bytes([frame[4], frame[5], frame[6], frame[7]]) & FD_MARK != 0
+}
 
 #[derive(Serialize)]
 struct HeaderRef<'a> {
@@ -95,7 +119,7 @@ pub fn encode_head<'e>(env: &'e Envelope, out: &mut BytesMut, max: usize) -> Res
     let mut header = Vec::with_capacity(64);
     codec::encode_into(&head, &mut header)?;
     let frame_len = 4 + header.len() + payload.len();
-    if frame_len + 4 > max {
+    if frame_len + 4 > max || header.len() >= FD_MARK as usize || frame_len > u32::MAX as usize {
         out.truncate(start);
         return Err(Error::FrameTooLarge {
             len: frame_len + 4,
@@ -106,6 +130,12 @@ pub fn encode_head<'e>(env: &'e Envelope, out: &mut BytesMut, max: usize) -> Res
     out[start..start + 4].copy_from_slice(&(frame_len as u32).to_le_bytes());
     out[start + 4..start + 8].copy_from_slice(&(header.len() as u32).to_le_bytes());
     Ok(payload)
+}
+
+/// Whether `env` encodes to a frame of at most `max` bytes: what a writer
+/// would otherwise drop with a log line, for a sender that must say no.
+pub fn fits(env: &Envelope, max: usize) -> bool {
+    encode_head(env, &mut BytesMut::new(), max).is_ok()
 }
 
 /// Encodes a whole frame into one buffer (tests, control messages).
@@ -136,12 +166,14 @@ pub fn check(buf: &[u8], max: usize) -> Result<Option<usize>> {
 
 /// Parses one whole frame (as delimited by [`check`]). An inline payload is
 /// a zero-copy slice of `frame`; a shared-memory one takes the next
-/// descriptor from `fds` (received with the frame's bytes, in order).
+/// descriptor from `fds`: the caller passes only those this frame may
+/// claim (its batch's, not yet claimed). [`FD_MARK`] is the caller's to
+/// act on; here it is ignored.
 pub fn parse(frame: Bytes, fds: &mut VecDeque<OwnedFd>) -> Result<Envelope> {
     if frame.len() < PREFIX_LEN {
         return Err(Error::Malformed("frame shorter than its prefix"));
     }
-    let header_len = u32::from_le_bytes([frame[4], frame[5], frame[6], frame[7]]) as usize;
+    let header_len = (u32::from_le_bytes([frame[4], frame[5], frame[6], frame[7]]) & !FD_MARK) as usize;
     let header_end = PREFIX_LEN
         .checked_add(header_len)
         .filter(|&end| end <= frame.len())
@@ -217,7 +249,7 @@ mod tests {
         // ... with it, the body reads back.
         let mut fds = VecDeque::from([body.fd().try_clone_to_owned().unwrap()]);
         let back = parse(bytes.freeze(), &mut fds).unwrap();
-        assert_eq!(back.payload.bytes().unwrap().as_ref(), &[7u8; 100_000][..]);
+        assert_eq!(back.payload.into_bytes().unwrap().as_ref(), &[7u8; 100_000][..]);
     }
 
     #[test]

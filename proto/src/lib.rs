@@ -10,7 +10,8 @@
 //!
 //! # Layout
 //! - [`backoff`]: the back-off policy of every reconnect loop.
-//! - [`codec`]: the only module that calls bincode; every decode is bounded.
+//! - [`codec`]: the only module that calls bincode; every decode is bounded,
+//!   and takes strings and byte buffers from the input (`codec::borrowing`).
 //! - [`event`]: the envelope: type id, kind, correlation, origin, deadline,
 //!   meta headers, payload (inline or shared-memory handle).
 //! - [`frame`]: bytes ↔ frames (two-phase: `check` then `parse`).

@@ -12,7 +12,7 @@ use std::os::fd::OwnedFd;
 #[cfg(feature = "runtime")]
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use bytes::Bytes;
 use nix::fcntl::{FcntlArg, SealFlag, fcntl};
@@ -69,9 +69,14 @@ impl Drop for Reservation {
 struct Segment {
     fd: Arc<OwnedFd>,
     _reservation: Option<Reservation>,
+    /// A pool segment's body has been read (and the segment freed): its
+    /// bytes may be another body's now.
+    read: AtomicBool,
 }
 
-/// A shared-memory body. Cloning shares the descriptor.
+/// A shared-memory body. Cloning shares the descriptor (a hop keeps one
+/// while its writer sends another); reading it ([`ShmBody::map`]) consumes
+/// the handle, and a pooled body is read once across all its clones.
 #[derive(Clone, Debug)]
 pub struct ShmBody {
     segment: Arc<Segment>,
@@ -116,6 +121,7 @@ impl ShmBody {
             segment: Arc::new(Segment {
                 fd: Arc::new(fd),
                 _reservation: Some(reservation),
+                read: AtomicBool::new(false),
             }),
             len,
             pooled: false,
@@ -139,6 +145,7 @@ impl ShmBody {
             segment: Arc::new(Segment {
                 fd: Arc::new(fd),
                 _reservation: None,
+                read: AtomicBool::new(false),
             }),
             len,
             pooled: false,
@@ -151,6 +158,7 @@ impl ShmBody {
             segment: Arc::new(Segment {
                 fd,
                 _reservation: None,
+                read: AtomicBool::new(false),
             }),
             len,
             pooled: true,
@@ -178,12 +186,18 @@ impl ShmBody {
         self.len == 0
     }
 
-    /// Maps the body read-only; the mapping lives as long as the returned
-    /// `Bytes` (and its clones), and counts against the budget meanwhile.
-    pub fn map(&self) -> Result<Bytes> {
+    /// The body's bytes, for as long as the returned `Bytes` (and its
+    /// clones) live, counted against the budget meanwhile. A sealed body is
+    /// mapped read-only (it cannot change: no copy). A pooled body is read
+    /// out of its segment into this process's memory, and the segment is
+    /// freed for its producer at once; that happens once for the handle
+    /// and all its clones, so reading a clone afterwards is an error.
+    pub fn map(self) -> Result<Bytes> {
         if self.pooled {
-            // Mapped once per segment; freed for reuse when the bytes drop.
-            return crate::pool::map(&self.segment.fd, self.len);
+            if self.segment.read.swap(true, Ordering::AcqRel) {
+                return Err(Error::Malformed("a pooled body is read once, and this one was"));
+            }
+            return crate::pool::read(&self.segment.fd, self.len);
         }
         if self.len == 0 {
             return Ok(Bytes::new());
@@ -236,7 +250,7 @@ mod tests {
     fn create_map_adopt() {
         let data: Vec<u8> = (0..200_000u32).map(|i| i as u8).collect();
         let body = ShmBody::create(&data).unwrap();
-        assert_eq!(body.map().unwrap().as_ref(), &data[..]);
+        assert_eq!(body.clone().map().unwrap().as_ref(), &data[..]);
         // A receiver adopting a duplicate of the descriptor sees the same bytes.
         let dup = body.fd().try_clone_to_owned().unwrap();
         let adopted = ShmBody::adopt(dup, data.len() as u64).unwrap();

@@ -177,6 +177,11 @@ impl Batch {
             self.segments
                 .push(Segment::Scratch(self.run_start..self.scratch.len()));
         }
+        if !self.fds.is_empty() {
+            // The descriptors go with the batch's first byte: its first
+            // frame says so, for the reader to pair them (frame::FD_MARK).
+            frame::mark_descriptors(&mut self.scratch);
+        }
         let mut first = true;
         for chunk in self.segments.chunks(MAX_IOVECS) {
             let mut slices: Vec<IoSlice<'_>> = chunk
@@ -262,12 +267,34 @@ async fn write_all_vectored<W: AsyncWrite + Unpin>(
 }
 
 /// The receiving side of a connection.
+///
+/// Descriptors are held to account (issue 12, item 11): each read's
+/// descriptors came with one `sendmsg` whose first byte is in that read,
+/// and the frame starting there must carry [`frame::FD_MARK`]; the frames
+/// of its batch claim them in order, and the batch must have claimed all of
+/// them when the next marked frame comes. A peer that attaches descriptors
+/// anywhere else, leaves some unclaimed, or claims more than it sent gets an
+/// error, which closes its connection; its descriptors close with the
+/// reader. Unclaimed descriptors are bounded besides: more than
+/// [`fdpass::MAX_FDS`] held between reads is an error.
 pub struct FrameReader<R> {
     io: R,
     buf: BytesMut,
-    /// Descriptors received and not yet claimed by a frame, in order.
-    fds: VecDeque<OwnedFd>,
+    /// Stream offset of `buf[0]`: frames are placed against reads by it.
+    consumed: u64,
+    /// The descriptors of the batch being parsed, not yet claimed.
+    batch: VecDeque<OwnedFd>,
+    /// Descriptors received whose marked frame has not been parsed yet.
+    arrived: VecDeque<Arrival>,
     max_frame: usize,
+}
+
+/// The descriptors one read brought, and the stream offsets of that read's
+/// bytes: the marked frame they belong to starts in `start..end`.
+struct Arrival {
+    fds: Vec<OwnedFd>,
+    start: u64,
+    end: u64,
 }
 
 impl<R: FdSocket> FrameReader<R> {
@@ -276,7 +303,9 @@ impl<R: FdSocket> FrameReader<R> {
         FrameReader {
             io,
             buf: BytesMut::with_capacity(64 * 1024),
-            fds: VecDeque::new(),
+            consumed: 0,
+            batch: VecDeque::new(),
+            arrived: VecDeque::new(),
             max_frame,
         }
     }
@@ -286,7 +315,9 @@ impl<R: FdSocket> FrameReader<R> {
     pub async fn read_batch(&mut self, out: &mut Vec<Envelope>) -> Result<bool> {
         let before = out.len();
         loop {
-            self.drain_whole(out)?;
+            while let Some(env) = self.next_buffered()? {
+                out.push(env);
+            }
             if out.len() > before {
                 return Ok(true);
             }
@@ -299,8 +330,8 @@ impl<R: FdSocket> FrameReader<R> {
     /// Reads the next frame; `Ok(None)` at a clean end of stream.
     pub async fn next(&mut self) -> Result<Option<Envelope>> {
         loop {
-            if let Some(len) = frame::check(&self.buf, self.max_frame)? {
-                return frame::parse(self.buf.split_to(len).freeze(), &mut self.fds).map(Some);
+            if let Some(env) = self.next_buffered()? {
+                return Ok(Some(env));
             }
             if !self.fill().await? {
                 return Ok(None);
@@ -308,21 +339,45 @@ impl<R: FdSocket> FrameReader<R> {
         }
     }
 
+    /// Descriptors received and not claimed by a frame yet.
+    pub fn unclaimed_descriptors(&self) -> usize {
+        self.batch.len() + self.arrived.iter().map(|a| a.fds.len()).sum::<usize>()
+    }
+
     /// One read into the buffer; `Ok(false)` at a clean end of stream.
     async fn fill(&mut self) -> Result<bool> {
+        // Every whole frame buffered has been parsed by now, so a
+        // well-behaved writer has at most one batch's descriptors pending.
+        let held = self.unclaimed_descriptors();
+        if held > fdpass::MAX_FDS {
+            return Err(Error::Descriptors(format!(
+                "{held} descriptors received and not claimed by any frame"
+            )));
+        }
         if self.buf.capacity() - self.buf.len() < 16 * 1024 {
             self.buf.reserve(64 * 1024);
         }
-        let FrameReader { io, buf, fds, .. } = self;
+        let start = self.consumed + self.buf.len() as u64;
+        let mut fds = Vec::new();
+        let FrameReader { io, buf, .. } = self;
         let socket = io.socket();
         let n = loop {
             socket.readable().await?;
-            match socket.try_io(Interest::READABLE, || fdpass::recv(socket.as_raw_fd(), buf, fds)) {
+            match socket.try_io(Interest::READABLE, || {
+                fdpass::recv(socket.as_raw_fd(), buf, &mut fds)
+            }) {
                 Ok(n) => break n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                 Err(e) => return Err(e.into()),
             }
         };
+        if !fds.is_empty() {
+            self.arrived.push_back(Arrival {
+                fds,
+                start,
+                end: start + n as u64,
+            });
+        }
         if n == 0 {
             return if self.buf.is_empty() {
                 Ok(false)
@@ -333,11 +388,41 @@ impl<R: FdSocket> FrameReader<R> {
         Ok(true)
     }
 
-    fn drain_whole(&mut self, out: &mut Vec<Envelope>) -> Result<()> {
-        while let Some(len) = frame::check(&self.buf, self.max_frame)? {
-            out.push(frame::parse(self.buf.split_to(len).freeze(), &mut self.fds)?);
+    /// The next whole buffered frame, its descriptors checked and claimed.
+    fn next_buffered(&mut self) -> Result<Option<Envelope>> {
+        let Some(len) = frame::check(&self.buf, self.max_frame)? else {
+            return Ok(None);
+        };
+        let at = self.consumed;
+        // Descriptors whose read ended before this frame begins were
+        // attached where no marked frame started: nothing may claim them.
+        if let Some(stale) = self.arrived.front()
+            && stale.end <= at
+        {
+            return Err(Error::Descriptors(format!(
+                "{} descriptors attached to frames that claim none",
+                stale.fds.len()
+            )));
         }
-        Ok(())
+        if frame::is_marked(&self.buf) {
+            if !self.batch.is_empty() {
+                return Err(Error::Descriptors(format!(
+                    "{} descriptors of the previous batch were never claimed",
+                    self.batch.len()
+                )));
+            }
+            match self.arrived.pop_front() {
+                Some(arrival) if arrival.start <= at && at < arrival.end => self.batch.extend(arrival.fds),
+                _ => {
+                    return Err(Error::Descriptors(
+                        "a frame announces descriptors that did not come with it".into(),
+                    ));
+                }
+            }
+        }
+        let frame = self.buf.split_to(len).freeze();
+        self.consumed += len as u64;
+        frame::parse(frame, &mut self.batch).map(Some)
     }
 }
 
@@ -446,13 +531,13 @@ mod tests {
         assert_eq!(got.len(), 100);
         for env in &got {
             let i = env.correlation;
-            let bytes = env.payload.bytes().unwrap();
+            let bytes = env.payload.clone().into_bytes().unwrap();
             let want = if i % 3 == 0 { 10 } else { 70_000 + i as usize };
             assert_eq!(bytes.len(), want, "frame {i}");
             assert!(bytes.iter().all(|&b| b == i as u8));
             assert_eq!(matches!(env.payload, Payload::Shm(_)), i % 3 != 0);
         }
-        assert!(reader.fds.is_empty(), "every descriptor was claimed");
+        assert_eq!(reader.unclaimed_descriptors(), 0, "every descriptor was claimed");
         writer.await.unwrap().unwrap();
     }
 

@@ -329,7 +329,7 @@ async fn read_worker(
                 continue; // answered already (its deadline passed)
             }
             w.running = None;
-            let (status, body) = match env.payload.bytes() {
+            let (status, body) = match env.payload.clone().into_bytes() {
                 Ok(body) => (env.status, body),
                 Err(err) => {
                     tracing::warn!(%err, "cannot map a job result");
@@ -433,7 +433,7 @@ pub async fn serve(
                 if env.kind != Kind::Request {
                     continue;
                 }
-                let output = match env.payload.bytes() {
+                let output = match env.payload.clone().into_bytes() {
                     Ok(body) => runner(env.event_type, &body),
                     Err(err) => crate::JobOutput::error(503, format!("job input unavailable: {err}")),
                 };

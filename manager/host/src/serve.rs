@@ -249,8 +249,8 @@ impl Host {
                         }
                     }
                 }
-                // Inline bytes, or the shared-memory body mapped (no copy).
-                let body = match env.payload.bytes() {
+                // Inline bytes, a sealed body mapped, or a pooled one read out.
+                let body = match std::mem::take(&mut env.payload).into_bytes() {
                     Ok(bytes) => bytes,
                     Err(err) => {
                         tracing::warn!(%err, "cannot map a shared-memory body");

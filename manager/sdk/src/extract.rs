@@ -259,3 +259,113 @@ mod tests {
         assert_eq!(err.errors[0].field, "name", "a missing field is named: {err:?}");
     }
 }
+
+/// Property tests (issue 12): whatever a client puts in the query, the
+/// path and a JSON body, extraction answers a value or a 422 naming a
+/// field; it never panics, and text that spells a number or a bool is
+/// taken as one where the event wants it.
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+    use serde::Deserialize;
+
+    #[derive(Debug, Deserialize)]
+    #[allow(dead_code)] // only decoded
+    enum Kind {
+        A,
+        B(u8),
+        C { x: i16 },
+    }
+
+    #[derive(Debug, Deserialize)]
+    #[allow(dead_code)] // only decoded
+    struct Inner {
+        n: i32,
+        s: Option<String>,
+    }
+
+    #[derive(Debug, Deserialize)]
+    #[allow(dead_code)] // only decoded
+    struct Event {
+        id: u64,
+        small: u8,
+        signed: i64,
+        ratio: f64,
+        flag: bool,
+        name: String,
+        maybe: Option<u32>,
+        #[serde(default)]
+        tags: Vec<u16>,
+        inner: Option<Inner>,
+        kind: Option<Kind>,
+        pair: Option<(u8, String)>,
+        #[serde(default)]
+        map: std::collections::BTreeMap<String, i8>,
+    }
+
+    fn json() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            any::<f64>().prop_map(Value::from),
+            "(-?[0-9]{1,20}(\\.[0-9]{0,4})?|true|false|A|B|C|\\PC{0,8})".prop_map(Value::from),
+        ];
+        leaf.prop_recursive(3, 24, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                prop::collection::btree_map("(n|s|x|A|B|C|[a-z]{1,3})", inner, 0..4)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    fn field() -> impl Strategy<Value = String> {
+        "(id|small|signed|ratio|flag|name|maybe|tags|inner|kind|pair|map|[a-z]{1,5})"
+    }
+
+    fn text() -> impl Strategy<Value = String> {
+        "(-?[0-9]{1,22}(\\.[0-9]{0,6})?(e[0-9]{1,3})?|true|false|1|0|\\PC{0,12})"
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 768, failure_persistence: None, ..ProptestConfig::default() })]
+
+        #[test]
+        fn any_request_extracts_or_names_a_field(
+            query in prop::collection::vec((field(), text()), 0..8),
+            body in prop::option::of(prop::collection::btree_map(field(), json(), 0..10)),
+            path in prop::collection::vec((field(), text()), 0..3),
+        ) {
+            let merged = merge(
+                query.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+                body.map(|b| b.into_iter().collect()),
+                path.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+            );
+            if let Err(err) = from_value::<Event>(&merged) {
+                prop_assert_eq!(err.status, 422);
+                prop_assert!(!err.errors.is_empty());
+            }
+        }
+
+        #[test]
+        fn numbers_and_bools_spelled_as_text_are_taken(
+            id in any::<u64>(), small in any::<u8>(), signed in any::<i64>(), flag in any::<bool>(),
+        ) {
+            let (id, small, signed, flag) = (id.to_string(), small.to_string(), signed.to_string(), flag.to_string());
+            let merged = merge(
+                [("small", small.as_str()), ("signed", signed.as_str()), ("ratio", "0.25"), ("flag", flag.as_str()),
+                 ("name", "n")].into_iter(),
+                None,
+                [("id", id.as_str())].into_iter(),
+            );
+            let event = from_value::<Event>(&merged).map_err(|e| TestCaseError::fail(format!("{e:?}")))?;
+            prop_assert_eq!(event.id.to_string(), id);
+            prop_assert_eq!(event.small.to_string(), small);
+            prop_assert_eq!(event.signed.to_string(), signed);
+            prop_assert_eq!(event.flag.to_string(), flag);
+        }
+    }
+}

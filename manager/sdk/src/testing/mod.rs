@@ -368,7 +368,7 @@ impl<M: Manager> TestManager<M> {
                             // A streamed body is read whole, as its producer
                             // writes it on its thread.
                             Some(RawBody::Stream(raw)) => read_stream(handover::adopt_stream(raw)),
-                            Some(pooled) => match handover::adopt_body(pooled).and_then(|p| p.bytes()) {
+                            Some(pooled) => match handover::adopt_body(pooled).and_then(|p| p.into_bytes()) {
                                 Ok(bytes) => (bytes, false),
                                 Err(_) => (Bytes::new(), true),
                             },
