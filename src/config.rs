@@ -175,6 +175,11 @@ pub(crate) struct GroupConfig {
     /// before its watchdog kills the process and the supervisor restarts
     /// it; its requests in flight get 503. Default 30 000; at least 100.
     pub(crate) handler_timeout_ms: u64,
+    /// How frames travel between the group's processes: `ring` (a
+    /// shared-memory ring per direction of each connection, the socket for
+    /// descriptors only; decision 0040) or `socket` (batched writes on the
+    /// Unix socket). Default `ring`.
+    pub(crate) transport: switchyard_proto::link::Transport,
 }
 
 impl Default for GroupConfig {
@@ -189,6 +194,7 @@ impl Default for GroupConfig {
             shm_threshold_bytes: switchyard_proto::shm::DEFAULT_THRESHOLD,
             shm_budget_bytes: 1 << 30,
             handler_timeout_ms: 30_000,
+            transport: switchyard_proto::link::Transport::default(),
         }
     }
 }

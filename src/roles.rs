@@ -122,6 +122,8 @@ async fn serve(role: Role, name: String, instance: u32, spec: Spec) -> anyhow::R
     let max_frame = config.group.max_frame_bytes;
     let queue_capacity = config.group.queue_capacity;
     switchyard_proto::shm::set_budget(config.group.shm_budget_bytes);
+    // Every process of the group speaks the same transport on its links.
+    switchyard_proto::link::set_transport(config.group.transport);
     let (ready_tx, ready_rx) = oneshot::channel();
     let mut commands = control.commands();
     let stop = async move {

@@ -35,7 +35,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use switchyard_proto::accept::Acceptor;
 use switchyard_proto::control::{Control, META_EVENT, META_TO, RouteTable};
-use switchyard_proto::transport::{FrameReader, FrameSink, PeerPolicy, Refused, spawn_writer};
+use switchyard_proto::link;
+use switchyard_proto::transport::{FrameReader, FrameSink, PeerPolicy, Refused};
 use switchyard_proto::{Envelope, Kind, Meta, Origin, Payload, ShmBody};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::oneshot;
@@ -122,15 +123,16 @@ pub async fn run(
 
 async fn connection(shared: Shared, stream: UnixStream) {
     let max = shared.config.max_frame;
-    let (read, write) = stream.into_split();
-    let mut reader = FrameReader::new(read, max);
+    let (mut reader, sink) = match link::open(stream, shared.config.queue_capacity, max).await {
+        Ok(link) => link,
+        Err(err) => return tracing::warn!(%err, "connection failed to open"),
+    };
     let hello = match tokio::time::timeout(Duration::from_secs(5), reader.next()).await {
         Ok(Ok(Some(env))) if env.kind == Kind::Control => env.decode_control(),
         Ok(Ok(_)) => return tracing::warn!("connection sent no hello"),
         Ok(Err(err)) => return tracing::warn!(%err, "bad hello frame"),
         Err(_) => return tracing::warn!("no hello within 5 s"),
     };
-    let (sink, _writer) = spawn_writer(write, shared.config.queue_capacity, max);
     match hello {
         Ok(Control::HelloPipe { pid, index }) => pipe(shared, reader, sink, pid, index).await,
         Ok(Control::HelloRouter { pid }) => router(shared, reader, sink, pid).await,

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use switchyard_proto::control::{Control, RouteTable};
-use switchyard_proto::transport::{FrameReader, FrameSink, spawn_writer};
+use switchyard_proto::link;
+use switchyard_proto::transport::{FrameReader, FrameSink};
 use switchyard_proto::{DEFAULT_MAX_FRAME, Envelope, EventType, Kind, Origin};
 use tokio::io::AsyncWriteExt;
 use tokio::net::unix::OwnedReadHalf;
@@ -21,13 +22,10 @@ struct Peer {
 
 impl Peer {
     async fn connect(path: &PathBuf, hello: Control) -> Peer {
-        let (r, w) = UnixStream::connect(path).await.unwrap().into_split();
-        let (sink, _) = spawn_writer(w, 1024, DEFAULT_MAX_FRAME);
+        let stream = UnixStream::connect(path).await.unwrap();
+        let (reader, sink) = link::open(stream, 1024, DEFAULT_MAX_FRAME).await.unwrap();
         sink.send_wait(Envelope::control(&hello).unwrap()).await.unwrap();
-        Peer {
-            reader: FrameReader::new(r, DEFAULT_MAX_FRAME),
-            sink,
-        }
+        Peer { reader, sink }
     }
 
     async fn next(&mut self) -> Envelope {

@@ -21,7 +21,8 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use switchyard_proto::backoff::Backoff;
 use switchyard_proto::control::{Control, Filter, META_EVENT, META_TO, RouteTable, pattern_prefix};
 use switchyard_proto::grpc::{Push, ServerMessage, server_message};
-use switchyard_proto::transport::{FrameReader, FrameSink, spawn_writer};
+use switchyard_proto::link;
+use switchyard_proto::transport::{FrameReader, FrameSink};
 use switchyard_proto::{Envelope, Kind};
 use tokio::net::UnixStream;
 use tokio::net::unix::OwnedReadHalf;
@@ -389,9 +390,7 @@ async fn connect(
 ) -> Result<(FrameReader<OwnedReadHalf>, FrameSink), switchyard_proto::Error> {
     let config = &pool.config;
     let stream = UnixStream::connect(&config.broker_socket).await?;
-    let (read, write) = stream.into_split();
-    let (sink, _writer) = spawn_writer(write, config.queue_capacity, config.max_frame);
-    let mut reader = FrameReader::new(read, config.max_frame);
+    let (mut reader, sink) = link::open(stream, config.queue_capacity, config.max_frame).await?;
     let hello = Control::HelloPipe {
         pid: std::process::id(),
         index: index as u32,

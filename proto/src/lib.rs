@@ -15,6 +15,8 @@
 //! - [`event`]: the envelope: type id, kind, correlation, origin, deadline,
 //!   meta headers, payload (inline or shared-memory handle).
 //! - [`frame`]: bytes ↔ frames (two-phase: `check` then `parse`).
+//! - [`link`]: the shared-memory ring transport between two processes
+//!   (frames through a ring per direction, the socket for descriptors).
 //! - [`transport`]: the batched frame writer, the frame reader, peer checks.
 //! - [`accept`]: the accept loop of every listening socket: back-off on
 //!   errors, peer checks on group sockets.
@@ -40,6 +42,8 @@ pub mod codec;
 pub mod control;
 pub mod event;
 pub mod frame;
+#[cfg(feature = "runtime")]
+pub mod link;
 pub mod pipe;
 pub mod pool;
 pub mod problem;

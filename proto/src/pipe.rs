@@ -113,6 +113,17 @@ impl StreamHandle {
     /// Opens the consuming end: maps the ring (checking it is one) and takes
     /// the wake socket. Call once per stream: a pipe has one reader.
     pub fn open(self) -> Result<PipeEnd> {
+        self.open_within(Budget::Counted)
+    }
+
+    /// Opens the consuming end of a link's ring ([`crate::link`]), which
+    /// does not count against the bodies' budget.
+    #[cfg(feature = "runtime")]
+    pub(crate) fn open_link(self) -> Result<PipeEnd> {
+        self.open_within(Budget::Infrastructure)
+    }
+
+    fn open_within(self, budget: Budget) -> Result<PipeEnd> {
         let (ring, wake, _) = self.into_parts()?;
         let seals =
             fcntl(&ring, FcntlArg::F_GET_SEALS).map_err(|_| Error::Malformed("pipe ring is not a memfd"))?;
@@ -123,7 +134,11 @@ impl StreamHandle {
         if size <= HEADER {
             return Err(Error::Malformed("pipe ring shorter than its header"));
         }
-        let ring = Ring::map(&ring, size, None)?;
+        let reservation = match budget {
+            Budget::Counted => Some(Reservation::take(size as u64)?),
+            Budget::Infrastructure => None,
+        };
+        let ring = Ring::map(&ring, size, reservation)?;
         if ring.word64(OFF_MAGIC).load(Ordering::Relaxed) != MAGIC
             || ring.word64(OFF_CAPACITY).load(Ordering::Relaxed) != ring.capacity as u64
         {
@@ -137,8 +152,31 @@ impl StreamHandle {
 /// process's shared-memory budget while the producer lives). Returns the
 /// producing end, to keep, and the handle to send to the consumer.
 pub fn pipe(capacity: usize, length: Option<u64>) -> Result<(PipeEnd, StreamHandle)> {
+    make(capacity, length, Budget::Counted)
+}
+
+/// A pipe for one direction of a link ([`crate::link`]): its ring is part
+/// of the group's fixed plumbing (a few per process), not a body a request
+/// brought, so it does not count against `shm_budget_bytes`.
+#[cfg(feature = "runtime")]
+pub(crate) fn link_pipe(capacity: usize) -> Result<(PipeEnd, StreamHandle)> {
+    make(capacity, None, Budget::Infrastructure)
+}
+
+/// Whether a ring counts against this process's shared-memory budget.
+#[derive(Clone, Copy)]
+#[cfg_attr(not(feature = "runtime"), allow(dead_code))]
+enum Budget {
+    Counted,
+    Infrastructure,
+}
+
+fn make(capacity: usize, length: Option<u64>, budget: Budget) -> Result<(PipeEnd, StreamHandle)> {
     let capacity = capacity.max(4096);
-    let reservation = Reservation::take((HEADER + capacity) as u64)?;
+    let reservation = match budget {
+        Budget::Counted => Some(Reservation::take((HEADER + capacity) as u64)?),
+        Budget::Infrastructure => None,
+    };
     let fd = memfd_create(
         c"switchyard-pipe",
         MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING,
@@ -152,7 +190,7 @@ pub fn pipe(capacity: usize, length: Option<u64>) -> Result<(PipeEnd, StreamHand
         FcntlArg::F_ADD_SEALS(SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_SEAL),
     )
     .map_err(io::Error::from)?;
-    let ring = Ring::map(&fd, HEADER + capacity, Some(reservation))?;
+    let ring = Ring::map(&fd, HEADER + capacity, reservation)?;
     ring.word64(OFF_CAPACITY)
         .store(capacity as u64, Ordering::Relaxed);
     ring.word64(OFF_MAGIC).store(MAGIC, Ordering::Release);
@@ -176,15 +214,11 @@ struct Ring {
 
 impl Ring {
     fn map(fd: &OwnedFd, size: usize, reservation: Option<Reservation>) -> Result<Ring> {
-        let reservation = match reservation {
-            Some(r) => r,
-            None => Reservation::take(size as u64)?,
-        };
         let map = memmap2::MmapOptions::new().len(size).map_raw(fd)?;
         Ok(Ring {
             map,
             capacity: size - HEADER,
-            _reservation: Some(reservation),
+            _reservation: reservation,
         })
     }
 
@@ -208,31 +242,43 @@ impl Ring {
         let start = (at % self.capacity as u64) as usize;
         let first = src.len().min(self.capacity - start);
         // SAFETY: both ranges lie inside the data area, and the positions
-        // protocol gives this side exclusive use of [written, read + capacity)
-        // until it publishes `written`.
+        // protocol gives this side [written, read + capacity) until it
+        // publishes `written`; the peer is not trusted to keep to it, so
+        // the stores are atomic (a race on values, never UB).
         unsafe {
             let data = self.map.as_mut_ptr().add(HEADER);
-            std::ptr::copy_nonoverlapping(src.as_ptr(), data.add(start), first);
-            std::ptr::copy_nonoverlapping(src.as_ptr().add(first), data, src.len() - first);
+            crate::shm::copy_to_shared(data.add(start), &src[..first]);
+            crate::shm::copy_to_shared(data, &src[first..]);
+        }
+    }
+
+    /// Copies `len` ring bytes from stream position `at` (wrapping) to
+    /// `dst`, which must be valid for `len` bytes of writes.
+    ///
+    /// # Safety
+    /// `dst` is valid for `len` writes and `len` ≤ capacity.
+    unsafe fn copy_out_to(&self, at: u64, dst: *mut u8, len: usize) {
+        let start = (at % self.capacity as u64) as usize;
+        let first = len.min(self.capacity - start);
+        // SAFETY: both source ranges lie inside the data area; [read,
+        // written) is the consumer's until it publishes `read`, and a
+        // producer writing there anyway changes only the bytes copied (the
+        // loads are atomic). `dst` is the caller's promise.
+        unsafe {
+            let data = self.map.as_mut_ptr().add(HEADER);
+            crate::shm::copy_from_shared(data.add(start), dst, first);
+            crate::shm::copy_from_shared(data, dst.add(first), len - first);
         }
     }
 
     /// `len` ring bytes from stream position `at` (wrapping), in a new
     /// buffer: one copy, no zeroing first.
     fn copy_out(&self, at: u64, len: usize) -> BytesMut {
-        let start = (at % self.capacity as u64) as usize;
-        let first = len.min(self.capacity - start);
         let mut out = BytesMut::with_capacity(len);
-        // SAFETY: both source ranges lie inside the data area; [read,
-        // written) is the consumer's until it publishes `read` (a
-        // misbehaving producer writing there anyway can change the bytes we
-        // copy, not memory safety). The destination has capacity for `len`
-        // bytes, all of which are written before `set_len`.
+        // SAFETY: `out` has capacity for `len` bytes, all written before
+        // `set_len`; `len` never exceeds the bytes available (≤ capacity).
         unsafe {
-            let data = self.map.as_mut_ptr().add(HEADER);
-            let dst = out.as_mut_ptr();
-            std::ptr::copy_nonoverlapping(data.add(start), dst, first);
-            std::ptr::copy_nonoverlapping(data, dst.add(first), len - first);
+            self.copy_out_to(at, out.as_mut_ptr(), len);
             out.set_len(len);
         }
         out
@@ -285,7 +331,7 @@ impl PipeEnd {
         self.ring.capacity
     }
 
-    fn written(&self) -> &AtomicU64 {
+    pub(crate) fn written(&self) -> &AtomicU64 {
         self.ring.word64(OFF_WRITTEN)
     }
     fn read(&self) -> &AtomicU64 {
@@ -378,8 +424,16 @@ impl PipeEnd {
     /// Producer: copies as much of `data` as fits. `Wait` when the ring is
     /// full; an error when the consumer is gone.
     pub fn try_write(&mut self, data: &[u8]) -> Result<Progress> {
+        self.try_write_slices(&[data])
+    }
+
+    /// Producer: copies as much of `slices` (in order) as fits, and
+    /// publishes it with one position update and at most one wake-up.
+    /// `Wait` when the ring is full; an error when the consumer is gone.
+    pub fn try_write_slices(&mut self, slices: &[&[u8]]) -> Result<Progress> {
         debug_assert_eq!(self.side, Side::Producer);
-        if data.is_empty() {
+        let total: usize = slices.iter().map(|s| s.len()).sum();
+        if total == 0 {
             return Ok(Progress::Moved(0));
         }
         for attempt in 0..2 {
@@ -392,11 +446,66 @@ impl PipeEnd {
                 if attempt == 1 {
                     self.cancel_wait();
                 }
-                let n = free.min(data.len());
-                self.ring.copy_in(written, &data[..n]);
-                self.written().store(written + n as u64, Ordering::Release);
+                let mut at = written;
+                let mut room = free;
+                for slice in slices {
+                    if room == 0 {
+                        break;
+                    }
+                    let n = slice.len().min(room);
+                    self.ring.copy_in(at, &slice[..n]);
+                    at += n as u64;
+                    room -= n;
+                }
+                self.written().store(at, Ordering::Release);
+                self.wake_peer();
+                return Ok(Progress::Moved((at - written) as usize));
+            }
+            if attempt == 0 {
+                self.prepare_wait();
+            }
+        }
+        Ok(Progress::Wait)
+    }
+
+    /// Consumer: appends up to `max` bytes of the stream to `buf` (one copy,
+    /// straight into its spare capacity). `Moved(0)` means the stream ended
+    /// normally; `Wait` means nothing yet; an error means the producer
+    /// aborted or died before finishing.
+    pub fn try_read_into(&mut self, buf: &mut BytesMut, max: usize) -> Result<Progress> {
+        debug_assert_eq!(self.side, Side::Consumer);
+        for attempt in 0..2 {
+            let state = self.peer_state().load(Ordering::Acquire);
+            let (written, read) = self.positions()?;
+            if written > read {
+                if attempt == 1 {
+                    self.cancel_wait();
+                }
+                let n = ((written - read) as usize).min(max.max(1));
+                buf.reserve(n);
+                // SAFETY: `buf` has spare capacity for `n` bytes (reserved
+                // above), all written by the copy before `set_len`; `n` is
+                // within the bytes available, so within the ring.
+                unsafe {
+                    let len = buf.len();
+                    self.ring.copy_out_to(read, buf.as_mut_ptr().add(len), n);
+                    buf.set_len(len + n);
+                }
+                self.read().store(read + n as u64, Ordering::Release);
                 self.wake_peer();
                 return Ok(Progress::Moved(n));
+            }
+            match state {
+                FINISHED => {
+                    self.cancel_wait();
+                    self.done = true;
+                    return Ok(Progress::Moved(0));
+                }
+                OPEN if !self.peer_gone => {}
+                _ => {
+                    self.cancel_wait();
+                    return Err(Error::PipeAborted("the writer went away before the end"));
+                }
             }
             if attempt == 0 {
                 self.prepare_wait();
@@ -596,6 +705,48 @@ impl AsyncPipe {
                 guard.clear_ready();
             }
         }
+    }
+
+    /// Polls for stream bytes appended to `buf` (at most `max`): the count,
+    /// 0 at the stream's normal end.
+    pub fn poll_read_into(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut BytesMut,
+        max: usize,
+    ) -> std::task::Poll<Result<usize>> {
+        use std::task::Poll;
+        loop {
+            if let Progress::Moved(n) = self.end.get_mut().try_read_into(buf, max)? {
+                return Poll::Ready(Ok(n));
+            }
+            match self.poll_wake(cx) {
+                Poll::Ready(result) => result?,
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+
+    /// The end itself, for its non-blocking steps (`try_write_slices` …).
+    pub fn end_mut(&mut self) -> &mut PipeEnd {
+        self.end.get_mut()
+    }
+
+    /// Polls for the peer's next wake-up (or its going away): after a step
+    /// said `Wait`, `Ready` means try again.
+    pub fn poll_wake(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<()>> {
+        use std::task::Poll;
+        let mut guard = match self.end.poll_read_ready_mut(cx) {
+            Poll::Ready(guard) => guard?,
+            Poll::Pending => return Poll::Pending,
+        };
+        let end = guard.get_inner_mut();
+        end.drain_wakeups()?;
+        // Drained to EAGAIN (or EOF, which stays readable): re-arm.
+        if !end.peer_gone {
+            guard.clear_ready();
+        }
+        Poll::Ready(Ok(()))
     }
 
     /// Writes all of `data`, waiting while the ring is full.

@@ -34,7 +34,7 @@
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -127,11 +127,10 @@ impl SegmentPool {
         segment.state().store(BUSY, Ordering::Relaxed);
         segment.sent = now;
         // SAFETY: the body range lies inside the mapping (size ≥ HEADER +
-        // len), and the segment is ours alone while FREE: no consumer reads
-        // it until we send it below.
-        unsafe {
-            std::ptr::copy_nonoverlapping(body.as_ptr(), segment.map.as_mut_ptr().add(HEADER), body.len());
-        }
+        // len). The segment is ours while FREE, but a consumer that broke
+        // the protocol could be reading it: atomic stores keep even that a
+        // race on values.
+        unsafe { crate::shm::copy_to_shared(segment.map.as_mut_ptr().add(HEADER), body) };
         Ok(Some(ShmBody::pooled(segment.fd.clone(), body.len() as u64)))
     }
 
@@ -219,25 +218,11 @@ impl Mapped {
     fn copy_body(&self, len: usize, out: &mut Vec<u8>) {
         debug_assert!(HEADER + len <= self.size && out.capacity() >= len);
         out.clear();
-        let dst = out.as_mut_ptr();
-        let words = len / 8;
-        // SAFETY: HEADER + len ≤ size (checked by the caller), HEADER is
-        // 8-aligned in a page-aligned mapping, so every word and byte read
-        // lies in the mapping and is aligned for its atomic type; atomics
-        // make concurrent writes by the producer a race on values, never
-        // UB. `out` has capacity for `len` bytes, written unaligned, and
-        // its length is set once they all are.
+        // SAFETY: HEADER + len ≤ size (checked by the caller): the source
+        // lies in the mapping, which every process accesses atomically;
+        // `out` has capacity for `len` bytes, all written before `set_len`.
         unsafe {
-            let src = self.map.as_ptr().add(HEADER);
-            let words_src = src as *const AtomicU64;
-            for i in 0..words {
-                let word = (*words_src.add(i)).load(Ordering::Relaxed);
-                dst.add(i * 8).cast::<u64>().write_unaligned(word);
-            }
-            for i in words * 8..len {
-                let byte = (*(src.add(i) as *const AtomicU8)).load(Ordering::Relaxed);
-                dst.add(i).write(byte);
-            }
+            crate::shm::copy_from_shared(self.map.as_ptr().add(HEADER), out.as_mut_ptr(), len);
             out.set_len(len);
         }
     }

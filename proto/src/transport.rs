@@ -8,7 +8,8 @@
 use std::collections::VecDeque;
 use std::io::{self, IoSlice};
 use std::ops::Range;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncWrite, AsyncWriteExt, Interest};
@@ -27,49 +28,97 @@ const COPY_BELOW: usize = 4096;
 /// Stay under the kernel's IOV_MAX (1024).
 const MAX_IOVECS: usize = 1000;
 
-/// The sending side of a connection: a bounded queue in front of its writer
-/// task. Cheap to clone; the connection's writer ends when every clone is
-/// dropped.
-#[derive(Clone, Debug)]
+/// The sending side of a connection: a bounded queue in front of its
+/// writer (a task writing to the socket, or a shared-memory ring:
+/// [`crate::link`]). Cheap to clone; the connection's writer ends when
+/// every clone is dropped.
+#[derive(Clone)]
 pub struct FrameSink {
-    tx: mpsc::Sender<Envelope>,
+    inner: SinkInner,
+}
+
+#[derive(Clone)]
+enum SinkInner {
+    Socket(mpsc::Sender<Envelope>),
+    Ring(Arc<crate::link::RingSender>),
+}
+
+impl std::fmt::Debug for FrameSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FrameSink")
+            .field("queued", &self.queued())
+            .field("closed", &self.is_closed())
+            .finish()
+    }
 }
 
 impl FrameSink {
+    pub(crate) fn ring(sender: crate::link::RingSender) -> FrameSink {
+        FrameSink {
+            inner: SinkInner::Ring(Arc::new(sender)),
+        }
+    }
+
     /// Queues `env` without waiting. When refused, the envelope comes back
     /// so the caller can answer it (503 when the queue is full: the peer is
     /// not keeping up; the connection is gone otherwise).
     pub fn send(&self, env: Envelope) -> Result<(), Refused> {
-        self.tx.try_send(env).map_err(|e| match e {
-            mpsc::error::TrySendError::Full(env) => Refused {
-                envelope: Box::new(env),
-                full: true,
-            },
-            mpsc::error::TrySendError::Closed(env) => Refused {
-                envelope: Box::new(env),
-                full: false,
-            },
-        })
+        match &self.inner {
+            SinkInner::Socket(tx) => tx.try_send(env).map_err(|e| match e {
+                mpsc::error::TrySendError::Full(env) => Refused::full(env),
+                mpsc::error::TrySendError::Closed(env) => Refused::closed(env),
+            }),
+            SinkInner::Ring(ring) => ring.0.send(env),
+        }
     }
 
     /// Queues `env`, waiting for room (control traffic that must not be lost).
     pub async fn send_wait(&self, env: Envelope) -> Result<()> {
-        self.tx.send(env).await.map_err(|_| Error::Closed)
+        match &self.inner {
+            SinkInner::Socket(tx) => tx.send(env).await.map_err(|_| Error::Closed),
+            SinkInner::Ring(ring) => {
+                let mut env = env;
+                loop {
+                    // Registered before the try, so a frame leaving the
+                    // queue in between still wakes us.
+                    let room = ring.0.room();
+                    tokio::pin!(room);
+                    room.as_mut().enable();
+                    match ring.0.send(env) {
+                        Ok(()) => return Ok(()),
+                        Err(refused) if refused.full => {
+                            env = *refused.envelope;
+                            room.await;
+                        }
+                        Err(_) => return Err(Error::Closed),
+                    }
+                }
+            }
+        }
     }
 
     /// Whether the writer has stopped.
     pub fn is_closed(&self) -> bool {
-        self.tx.is_closed()
+        match &self.inner {
+            SinkInner::Socket(tx) => tx.is_closed(),
+            SinkInner::Ring(ring) => ring.0.is_closed(),
+        }
     }
 
     /// Frames queued and not yet written.
     pub fn queued(&self) -> usize {
-        self.tx.max_capacity() - self.tx.capacity()
+        match &self.inner {
+            SinkInner::Socket(tx) => tx.max_capacity() - tx.capacity(),
+            SinkInner::Ring(ring) => ring.0.queued(),
+        }
     }
 
-    /// Resolves when the writer task has stopped.
+    /// Resolves when the writer has stopped.
     pub async fn closed(&self) {
-        self.tx.closed().await
+        match &self.inner {
+            SinkInner::Socket(tx) => tx.closed().await,
+            SinkInner::Ring(ring) => ring.0.wait_closed().await,
+        }
     }
 }
 
@@ -80,6 +129,22 @@ pub struct Refused {
     pub envelope: Box<Envelope>,
     /// `true`: the queue was full; `false`: the connection is closed.
     pub full: bool,
+}
+
+impl Refused {
+    pub(crate) fn full(env: Envelope) -> Refused {
+        Refused {
+            envelope: Box::new(env),
+            full: true,
+        }
+    }
+
+    pub(crate) fn closed(env: Envelope) -> Refused {
+        Refused {
+            envelope: Box::new(env),
+            full: false,
+        }
+    }
 }
 
 impl std::fmt::Display for Refused {
@@ -101,7 +166,12 @@ where
 {
     let (tx, rx) = mpsc::channel(capacity);
     let task = tokio::spawn(write_loop(io, rx, max_frame));
-    (FrameSink { tx }, task)
+    (
+        FrameSink {
+            inner: SinkInner::Socket(tx),
+        },
+        task,
+    )
 }
 
 /// A stream socket (or half of one) that can carry descriptors.
@@ -279,6 +349,9 @@ async fn write_all_vectored<W: AsyncWrite + Unpin>(
 /// [`fdpass::MAX_FDS`] held between reads is an error.
 pub struct FrameReader<R> {
     io: R,
+    /// A ring link's incoming ring ([`crate::link`]): frame bytes come from
+    /// it, and only descriptor records from `io`.
+    ring: Option<crate::pipe::AsyncPipe>,
     buf: BytesMut,
     /// Stream offset of `buf[0]`: frames are placed against reads by it.
     consumed: u64,
@@ -300,8 +373,18 @@ struct Arrival {
 impl<R: FdSocket> FrameReader<R> {
     /// Wraps a read half; frames over `max_frame` are refused.
     pub fn new(io: R, max_frame: usize) -> Self {
+        Self::build(io, None, max_frame)
+    }
+
+    /// A reader of a ring link: frames from `ring`, descriptors from `io`.
+    pub(crate) fn with_ring(io: R, ring: crate::pipe::AsyncPipe, max_frame: usize) -> Self {
+        Self::build(io, Some(ring), max_frame)
+    }
+
+    fn build(io: R, ring: Option<crate::pipe::AsyncPipe>, max_frame: usize) -> Self {
         FrameReader {
             io,
+            ring,
             buf: BytesMut::with_capacity(64 * 1024),
             consumed: 0,
             batch: VecDeque::new(),
@@ -357,6 +440,25 @@ impl<R: FdSocket> FrameReader<R> {
         if self.buf.capacity() - self.buf.len() < 16 * 1024 {
             self.buf.reserve(64 * 1024);
         }
+        if let Some(ring) = &mut self.ring {
+            let buf = &mut self.buf;
+            let max = buf.capacity() - buf.len();
+            let n = match std::future::poll_fn(|cx| ring.poll_read_into(cx, buf, max)).await {
+                Ok(n) => n,
+                // The writer's process is gone: end of stream, as a
+                // socket shows it.
+                Err(Error::PipeAborted(_)) => 0,
+                Err(err) => return Err(err),
+            };
+            if n == 0 {
+                return if self.buf.is_empty() {
+                    Ok(false)
+                } else {
+                    Err(Error::Truncated(self.buf.len()))
+                };
+            }
+            return Ok(true);
+        }
         let start = self.consumed + self.buf.len() as u64;
         let mut fds = Vec::new();
         let FrameReader { io, buf, .. } = self;
@@ -405,6 +507,24 @@ impl<R: FdSocket> FrameReader<R> {
             )));
         }
         if frame::is_marked(&self.buf) {
+            if self.ring.is_some() {
+                // Its descriptors came as a record on the socket, sent
+                // before the frame's first byte entered the ring.
+                let mut records = VecDeque::new();
+                crate::link::receive_records(self.io.socket().as_fd(), &mut records)?;
+                for (offset, fds) in records {
+                    self.arrived.push_back(Arrival {
+                        fds,
+                        start: offset,
+                        end: offset + 1,
+                    });
+                }
+                if self.unclaimed_descriptors() > fdpass::MAX_FDS * 4 {
+                    return Err(Error::Descriptors(
+                        "too many descriptors ahead of their frames".into(),
+                    ));
+                }
+            }
             if !self.batch.is_empty() {
                 return Err(Error::Descriptors(format!(
                     "{} descriptors of the previous batch were never claimed",

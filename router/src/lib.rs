@@ -26,7 +26,8 @@ use std::time::Duration;
 use switchyard_proto::accept::Acceptor;
 use switchyard_proto::backoff::Backoff;
 use switchyard_proto::control::Control;
-use switchyard_proto::transport::{FrameReader, FrameSink, PeerPolicy, spawn_writer};
+use switchyard_proto::link;
+use switchyard_proto::transport::{FrameReader, FrameSink, PeerPolicy};
 use switchyard_proto::{Envelope, Kind, Origin};
 use tokio::net::unix::OwnedReadHalf;
 use tokio::net::{UnixListener, UnixStream};
@@ -127,13 +128,12 @@ async fn broker_link(shared: Shared, ready: oneshot::Sender<()>) {
 
 async fn connect_broker(shared: &Shared) -> Result<(FrameReader<OwnedReadHalf>, FrameSink), Error> {
     let stream = UnixStream::connect(&shared.config.broker_socket).await?;
-    let (read, write) = stream.into_split();
-    let (sink, _writer) = spawn_writer(write, shared.config.queue_capacity, shared.config.max_frame);
+    let (reader, sink) = link::open(stream, shared.config.queue_capacity, shared.config.max_frame).await?;
     sink.send_wait(Envelope::control(&Control::HelloRouter {
         pid: std::process::id(),
     })?)
     .await?;
-    Ok((FrameReader::new(read, shared.config.max_frame), sink))
+    Ok((reader, sink))
 }
 
 async fn broker_reader(shared: &Shared, mut reader: FrameReader<OwnedReadHalf>) {
@@ -157,8 +157,10 @@ async fn broker_reader(shared: &Shared, mut reader: FrameReader<OwnedReadHalf>) 
 
 async fn manager_connection(shared: Shared, stream: UnixStream) {
     let max = shared.config.max_frame;
-    let (read, write) = stream.into_split();
-    let mut reader = FrameReader::new(read, max);
+    let (mut reader, sink) = match link::open(stream, shared.config.queue_capacity, max).await {
+        Ok(link) => link,
+        Err(err) => return tracing::warn!(%err, "manager connection failed to open"),
+    };
     let description = match tokio::time::timeout(Duration::from_secs(5), reader.next()).await {
         Ok(Ok(Some(env))) if env.kind == Kind::Control => match env.decode_control() {
             Ok(Control::HelloManager(d)) => d,
@@ -166,7 +168,6 @@ async fn manager_connection(shared: Shared, stream: UnixStream) {
         },
         other => return tracing::warn!(?other, "manager sent no hello"),
     };
-    let (sink, _writer) = spawn_writer(write, shared.config.queue_capacity, max);
     let name = description.name.clone();
     // Logged by pid, as `switchyard status` lists processes; `router_id` is
     // this router's own registration number.

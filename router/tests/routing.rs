@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use switchyard_proto::control::{Control, HandledType, META_EVENT, ManagerDescription, RouteTable};
-use switchyard_proto::transport::{FrameReader, FrameSink, spawn_writer};
+use switchyard_proto::link;
+use switchyard_proto::transport::{FrameReader, FrameSink};
 use switchyard_proto::{DEFAULT_MAX_FRAME, Deadline, Envelope, EventType, Kind, Origin};
 use tokio::io::AsyncWriteExt;
 use tokio::net::unix::OwnedReadHalf;
@@ -20,13 +21,10 @@ struct Peer {
 }
 
 impl Peer {
-    fn new(stream: UnixStream) -> Peer {
-        let (r, w) = stream.into_split();
-        let (sink, _) = spawn_writer(w, 1024, DEFAULT_MAX_FRAME);
-        Peer {
-            reader: FrameReader::new(r, DEFAULT_MAX_FRAME),
-            sink,
-        }
+    /// Opens the link as the router's peers do (the process's transport).
+    async fn new(stream: UnixStream) -> Peer {
+        let (reader, sink) = link::open(stream, 1024, DEFAULT_MAX_FRAME).await.unwrap();
+        Peer { reader, sink }
     }
 
     /// The next frame that is not a route-table announcement.
@@ -105,7 +103,7 @@ async fn rig(declared: &[&str]) -> Rig {
         std::future::pending(),
     ));
     let (stream, _) = broker_listener.accept().await.unwrap();
-    let mut broker = Peer::new(stream);
+    let mut broker = Peer::new(stream).await;
     match broker
         .reader
         .next()
@@ -123,7 +121,7 @@ async fn rig(declared: &[&str]) -> Rig {
 
 async fn manager(rig: &Rig, name: &str, handles: &[&str], subscribes: &[&str]) -> Peer {
     let stream = UnixStream::connect(rig.dir.join("router.sock")).await.unwrap();
-    let mut peer = Peer::new(stream);
+    let mut peer = Peer::new(stream).await;
     let description = ManagerDescription {
         name: name.into(),
         pid: std::process::id(),

@@ -29,8 +29,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use switchyard_proto::backoff::Backoff;
+use switchyard_proto::link;
 use switchyard_proto::process::Pidfd;
-use switchyard_proto::transport::{FrameReader, FrameSink, PeerPolicy, spawn_writer};
+use switchyard_proto::transport::{FrameReader, FrameSink, PeerPolicy};
 use switchyard_proto::{Envelope, Kind, Meta, Payload};
 use tokio::net::UnixStream;
 use tokio::sync::{mpsc, oneshot};
@@ -285,8 +286,13 @@ async fn accept(listener: tokio::net::UnixListener, shared: Arc<Shared>, max_fra
                 continue;
             }
         };
-        let (read, write) = stream.into_split();
-        let (sink, _writer) = spawn_writer(write, WORKER_QUEUE, max_frame);
+        let (reader, sink) = match link::open(stream, WORKER_QUEUE, max_frame).await {
+            Ok(link) => link,
+            Err(err) => {
+                tracing::warn!(pid, %err, "refusing worker connection: the link did not open");
+                continue;
+            }
+        };
         let id = {
             let mut state = shared.lock();
             let id = state.next_worker;
@@ -306,7 +312,7 @@ async fn accept(listener: tokio::net::UnixListener, shared: Arc<Shared>, max_fra
             id
         };
         tracing::info!(pid, "worker connected");
-        tokio::spawn(read_worker(FrameReader::new(read, max_frame), shared.clone(), id));
+        tokio::spawn(read_worker(reader, shared.clone(), id));
     }
 }
 
@@ -417,9 +423,17 @@ pub async fn serve(
             let _ = ready.send(());
         }
         tracing::debug!("connected to the manager");
-        let (read, write) = stream.into_split();
-        let (sink, _writer) = spawn_writer(write, WORKER_QUEUE, max_frame);
-        let mut reader = FrameReader::new(read, max_frame);
+        let (mut reader, sink) = match link::open(stream, WORKER_QUEUE, max_frame).await {
+            Ok(link) => link,
+            Err(err) => {
+                tracing::warn!(%err, "the link to the manager did not open");
+                tokio::select! {
+                    _ = &mut shutdown => return,
+                    _ = tokio::time::sleep(backoff.next_delay()) => {}
+                }
+                continue;
+            }
+        };
         let mut batch = Vec::new();
         loop {
             let more = tokio::select! {

@@ -18,7 +18,8 @@ use anyhow::{Context, bail};
 use bytes::Bytes;
 use hdrhistogram::Histogram;
 use switchyard_proto::control::{Control, HandledType, ManagerDescription};
-use switchyard_proto::transport::{FrameReader, FrameSink, spawn_writer};
+use switchyard_proto::link;
+use switchyard_proto::transport::{FrameReader, FrameSink};
 use switchyard_proto::{DEFAULT_MAX_FRAME, Envelope, EventType, Kind, Meta};
 use tokio::net::UnixStream;
 use tokio::net::unix::OwnedReadHalf;
@@ -128,8 +129,9 @@ fn start_router(dir: &Path) -> anyhow::Result<(JoinHandle<anyhow::Result<()>>, o
     let thread = on_own_runtime("router", async move {
         let broker = tokio::net::UnixListener::from_std(broker)?;
         tokio::spawn(async move {
-            if let Ok((stream, _)) = broker.accept().await {
-                let mut reader = FrameReader::new(stream, DEFAULT_MAX_FRAME);
+            if let Ok((stream, _)) = broker.accept().await
+                && let Ok((mut reader, _sink)) = link::open(stream, QUEUE_CAPACITY, DEFAULT_MAX_FRAME).await
+            {
                 let mut batch = Vec::new();
                 while let Ok(true) = reader.read_batch(&mut batch).await {
                     batch.clear();
@@ -183,9 +185,7 @@ impl Link {
         let stream = UnixStream::connect(socket)
             .await
             .with_context(|| format!("cannot connect to {}", socket.display()))?;
-        let (read, write) = stream.into_split();
-        let (sink, _writer) = spawn_writer(write, QUEUE_CAPACITY, DEFAULT_MAX_FRAME);
-        let mut reader = FrameReader::new(read, DEFAULT_MAX_FRAME);
+        let (mut reader, sink) = link::open(stream, QUEUE_CAPACITY, DEFAULT_MAX_FRAME).await?;
         let hello = Control::HelloManager(ManagerDescription {
             name: name.to_owned(),
             pid: std::process::id(),

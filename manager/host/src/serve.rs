@@ -18,7 +18,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use switchyard_proto::backoff::Backoff;
 use switchyard_proto::control::Control;
-use switchyard_proto::transport::{FrameReader, FrameSink, spawn_writer};
+use switchyard_proto::link;
+use switchyard_proto::transport::{FrameReader, FrameSink};
 use switchyard_proto::{Deadline, Envelope, EventType, Kind, Origin, Payload, problem};
 use switchyard_worker::{Done, Job, Kind as WorkerKind, Pool};
 use tokio::net::UnixStream;
@@ -154,9 +155,7 @@ async fn connect(
     config: &Config,
 ) -> Result<(FrameReader<OwnedReadHalf>, FrameSink, u64), switchyard_proto::Error> {
     let stream = UnixStream::connect(&config.router_socket).await?;
-    let (read, write) = stream.into_split();
-    let (sink, _writer) = spawn_writer(write, config.queue_capacity, config.max_frame);
-    let mut reader = FrameReader::new(read, config.max_frame);
+    let (mut reader, sink) = link::open(stream, config.queue_capacity, config.max_frame).await?;
     let hello = Control::HelloManager(description.for_router(&config.name));
     sink.send_wait(Envelope::control(&hello)?).await?;
     match reader.next().await? {

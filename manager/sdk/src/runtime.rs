@@ -52,9 +52,19 @@ struct Task {
     correlation: u64,
 }
 
-/// Task ids whose futures were woken.
+/// Task ids whose futures were woken, and how to get the host to step us
+/// when the waking happens outside a step (on another thread).
 #[derive(Default)]
-struct ReadyQueue(Mutex<Vec<u64>>);
+struct ReadyQueue {
+    ids: Mutex<Vec<u64>>,
+    host: Option<WakeHost>,
+}
+
+thread_local! {
+    /// Set while this thread runs `Runtime::step`: a task woken then runs
+    /// before the step returns, so the host need not be asked.
+    static IN_STEP: Cell<bool> = const { Cell::new(false) };
+}
 
 struct TaskWaker {
     id: u64,
@@ -64,10 +74,33 @@ struct TaskWaker {
 impl Wake for TaskWaker {
     fn wake(self: Arc<Self>) {
         self.queue
-            .0
+            .ids
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(self.id);
+        // Woken from elsewhere (a thread of the plugin's, a timer): ask
+        // the host for a step now, not at its next input or idle tick.
+        if !IN_STEP.with(Cell::get)
+            && let Some(host) = &self.queue.host
+        {
+            host();
+        }
+    }
+}
+
+/// Marks this thread as inside a step until dropped.
+struct Stepping;
+
+impl Stepping {
+    fn enter() -> Stepping {
+        IN_STEP.with(|s| s.set(true));
+        Stepping
+    }
+}
+
+impl Drop for Stepping {
+    fn drop(&mut self) {
+        IN_STEP.with(|s| s.set(false));
     }
 }
 
@@ -159,7 +192,10 @@ impl<M: Manager> Runtime<M> {
             expose_errors: args.expose_errors,
             tasks: HashMap::new(),
             next_task: 0,
-            ready: Arc::default(),
+            ready: Arc::new(ReadyQueue {
+                ids: Mutex::default(),
+                host: wake.clone(),
+            }),
             wake,
             finished: Arc::default(),
         };
@@ -168,6 +204,7 @@ impl<M: Manager> Runtime<M> {
 
     /// Feeds `inputs`, runs every task that can progress, returns the outputs.
     pub(crate) fn step(&mut self, inputs: Vec<ToPlugin>) -> Vec<FromPlugin> {
+        let _stepping = Stepping::enter();
         for input in inputs {
             match input {
                 ToPlugin::Request {
@@ -409,12 +446,12 @@ impl<M: Manager> Runtime<M> {
         let id = self.next_task;
         self.next_task += 1;
         self.tasks.insert(id, Task { future, correlation });
-        self.ready.0.lock().unwrap_or_else(|p| p.into_inner()).push(id);
+        self.ready.ids.lock().unwrap_or_else(|p| p.into_inner()).push(id);
     }
 
     fn run_ready(&mut self) {
         loop {
-            let ready = std::mem::take(&mut *self.ready.0.lock().unwrap_or_else(|p| p.into_inner()));
+            let ready = std::mem::take(&mut *self.ready.ids.lock().unwrap_or_else(|p| p.into_inner()));
             if ready.is_empty() {
                 return;
             }
@@ -519,4 +556,116 @@ fn respond(shared: &Shared, expose_errors: bool, correlation: u64, result: Resul
         body: response.body,
         handle,
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use serde::{Deserialize, Serialize};
+
+    use super::*;
+    use crate::{Config, Event, Manager, Registry, Reply};
+
+    #[derive(Serialize, Deserialize, Event)]
+    #[event(name = "t.Later")]
+    struct Later {}
+
+    #[derive(Serialize, Deserialize, Reply)]
+    struct Done {
+        ok: bool,
+    }
+
+    /// Completed, and woken, by another thread.
+    #[derive(Clone, Default)]
+    struct Remote(Arc<Mutex<(bool, Option<Waker>)>>);
+
+    impl Future for Remote {
+        type Output = ();
+        fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<()> {
+            let mut slot = self.0.lock().unwrap();
+            if slot.0 {
+                return Poll::Ready(());
+            }
+            slot.1 = Some(cx.waker().clone());
+            Poll::Pending
+        }
+    }
+
+    static REMOTE: Mutex<Option<Remote>> = Mutex::new(None);
+
+    struct Waits;
+
+    impl Manager for Waits {
+        const NAME: &'static str = "waits";
+        fn create(_: &Config) -> Result<Self, Error> {
+            Ok(Waits)
+        }
+        fn register(r: &mut Registry<Self>) {
+            r.request_async(|_, _: Later, _| async {
+                let remote = REMOTE.lock().unwrap().clone().expect("the test set it");
+                remote.await;
+                Ok(Done { ok: true })
+            });
+        }
+    }
+
+    #[test]
+    fn a_task_woken_from_another_thread_asks_the_host_for_a_step() {
+        let remote = Remote::default();
+        *REMOTE.lock().unwrap() = Some(remote.clone());
+        let asked = Arc::new(AtomicUsize::new(0));
+        let counter = asked.clone();
+        let wake: WakeHost = Arc::new(move || {
+            counter.fetch_add(1, Ordering::SeqCst);
+        });
+        let args = CreateArgs {
+            name: "waits".into(),
+            instance: 0,
+            config_json: String::new(),
+            expose_errors: true,
+            shm_threshold: u64::MAX,
+            shm_budget: 0,
+            validation: false,
+        };
+        let (mut runtime, _) = Runtime::<Waits>::create(args, None, Some(wake)).unwrap();
+        let mut meta = Meta::default();
+        meta.push("content-type", crate::BINCODE);
+        let request = ToPlugin::Request {
+            correlation: 7,
+            event_type: EventType::of("t.Later"),
+            meta,
+            body: Bytes::from(switchyard_proto::codec::encode(&Later {}).unwrap()),
+            stream: None,
+        };
+        assert!(runtime.step(vec![request]).is_empty(), "the handler waits");
+        assert_eq!(asked.load(Ordering::SeqCst), 0, "nothing woke it yet");
+
+        std::thread::spawn(move || {
+            let waker = {
+                let mut slot = remote.0.lock().unwrap();
+                slot.0 = true;
+                slot.1.take()
+            };
+            waker.expect("the task waits on it").wake();
+        })
+        .join()
+        .unwrap();
+        assert_eq!(asked.load(Ordering::SeqCst), 1, "the host was asked for a step");
+
+        let out = runtime.step(vec![ToPlugin::Wake]);
+        assert!(
+            matches!(
+                out.as_slice(),
+                [FromPlugin::Response {
+                    correlation: 7,
+                    status: 200,
+                    ..
+                }]
+            ),
+            "the step answers the request"
+        );
+    }
 }
