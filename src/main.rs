@@ -127,6 +127,11 @@ fn main() -> ExitCode {
             if let Some(bind) = bind {
                 config.listener.bind = bind;
             }
+            // The default soft limit (often 1024) is far below what a
+            // listener's connections need; the children inherit this one.
+            if let Err(err) = switchyard_proto::accept::raise_nofile_limit() {
+                eprintln!("switchyard: cannot raise the descriptor limit: {err}");
+            }
             supervisor::main(config, runtime_dir)
         }
         Command::Status { json, runtime_dir } => status::main(json, runtime_dir),

@@ -10,18 +10,20 @@ use http_body_util::Either;
 use hyper::body::Incoming;
 
 use crate::body::Body;
+use crate::conn::Conn;
 use crate::grpc::{self, Grpc};
 use crate::reply::{Reply, error, json};
 use crate::routes::Lookup;
 use crate::state::State;
 use crate::{upload, ws};
 
-/// Serves one request of a connection; `grpc_only` when it came on the
-/// gRPC-only port.
+/// Serves one request of connection `conn`; `grpc_only` when it came on
+/// the gRPC-only port.
 pub(crate) async fn serve(
     state: Arc<State>,
     grpc: Arc<Grpc>,
     grpc_only: bool,
+    conn: &Arc<Conn>,
     req: Request<Incoming>,
 ) -> Response<Either<Body, tonic::body::Body>> {
     if grpc_only || grpc::is_grpc(&req) {
@@ -30,8 +32,8 @@ pub(crate) async fn serve(
     let reply = match req.uri().path() {
         "/health" => json(StatusCode::OK, serde_json::json!({ "status": "alive" })),
         "/ready" => ready(&state),
-        "/ws" if ws::is_upgrade(&req) => ws::upgrade(state, req, false),
-        "/ws/echo" if ws::is_upgrade(&req) => ws::upgrade(state, req, true),
+        "/ws" if ws::is_upgrade(&req) => ws::upgrade(state, conn, req, false),
+        "/ws/echo" if ws::is_upgrade(&req) => ws::upgrade(state, conn, req, true),
         _ => route(&state, req).await,
     };
     reply.map(Either::Left)

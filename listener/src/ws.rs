@@ -29,6 +29,7 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, WebSocketConfig};
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 
+use crate::conn::Conn;
 use crate::exchange::{call, emit_notification, round_trip};
 use crate::pipes::{CloseReason, Outbox, Subscription, check_subscription};
 use crate::reply::{Reply, error};
@@ -52,7 +53,7 @@ pub(crate) fn is_upgrade<B>(req: &Request<B>) -> bool {
 
 /// Answers the upgrade (101) and serves the session once hyper hands the
 /// connection over.
-pub(crate) fn upgrade(state: Arc<State>, mut req: Request<Incoming>, echo: bool) -> Reply {
+pub(crate) fn upgrade(state: Arc<State>, conn: &Arc<Conn>, mut req: Request<Incoming>, echo: bool) -> Reply {
     if req.method() != http::Method::GET {
         return error(StatusCode::METHOD_NOT_ALLOWED, "a WebSocket upgrade is a GET");
     }
@@ -89,6 +90,8 @@ pub(crate) fn upgrade(state: Arc<State>, mut req: Request<Incoming>, echo: bool)
             session(state, ws).await
         }
     });
+    // From now on the session's pings say whether the client is alive.
+    conn.upgraded();
     let mut reply = Response::new(http_body_util::Either::Left(Full::new(Bytes::new())));
     *reply.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
     let headers = reply.headers_mut();
