@@ -470,11 +470,8 @@ impl Config {
         if l.max_connections == 0 || l.max_connections > 1_000_000 {
             problems.push("listener.max_connections: must be between 1 and 1000000".to_owned());
         }
-        if l.max_connection_bytes < l.max_body_bytes as u64 {
-            problems.push(format!(
-                "listener.max_connection_bytes: must be at least listener.max_body_bytes ({})",
-                l.max_body_bytes
-            ));
+        if l.max_connection_bytes == 0 {
+            problems.push("listener.max_connection_bytes: must be positive".to_owned());
         }
         if self.group.max_frame_bytes < 64 * 1024 || self.group.max_frame_bytes > u32::MAX as usize {
             problems.push("group.max_frame_bytes: must be between 65536 and 4294967295".to_owned());
@@ -582,7 +579,7 @@ mod tests {
         assert!(err.contains("managers[0].instances"), "{err}");
         let config: Config = toml::from_str(
             "[listener]\nidle_timeout_ms = 0\nwrite_stall_timeout_ms = 0\nbody_read_timeout_ms = 0\n\
-             max_connections = 0\nmax_connection_bytes = 10\n",
+             max_connections = 0\nmax_connection_bytes = 0\n",
         )
         .unwrap();
         let err = config.validate().unwrap_err().to_string();
