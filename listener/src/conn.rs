@@ -20,7 +20,9 @@
 //! connection task, or the WebSocket session after an upgrade); dropping
 //! the connection releases everything it held, shared memory included.
 //! Stamps are a coarse clock the sweeper advances, so a request costs a
-//! few atomic stores and no timer.
+//! few atomic stores and no timer, and the connection task checks its flag
+//! with one load per wake-up ([`Conn::poll_signal`]) rather than a
+//! `Notify` (whose every poll takes a lock).
 
 use std::collections::HashMap;
 use std::io;
@@ -31,6 +33,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes};
+use futures_util::task::AtomicWaker;
 use http_body::{Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
@@ -115,13 +118,29 @@ pub(crate) struct Conn {
     held_bytes: AtomicU64,
     /// Requests whose response body is still alive.
     active: AtomicUsize,
-    /// Requests received so far.
-    requests: AtomicU64,
+    /// A request has been received.
+    served: AtomicBool,
     /// Handed over to a WebSocket session: its pings keep it alive.
     upgraded: AtomicBool,
     /// Why the sweeper wants it closed (a [`Close`] code; 0 while it may stay).
     close: AtomicU8,
+    /// The listener drains: finish what is in flight, take nothing new.
+    drain: AtomicBool,
+    /// Wakes the connection task (see [`Conn::poll_signal`]).
+    task: AtomicWaker,
+    /// Wakes a WebSocket session ([`Conn::closing`]).
     closing: Notify,
+}
+
+/// What the connection task is told between two polls of its connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Signal {
+    /// Nothing: go on serving.
+    None,
+    /// The listener drains.
+    Drain,
+    /// The sweeper wants the connection closed.
+    Close(Close),
 }
 
 impl Conn {
@@ -135,16 +154,20 @@ impl Conn {
             waiting_bodies: AtomicUsize::new(0),
             held_bytes: AtomicU64::new(0),
             active: AtomicUsize::new(0),
-            requests: AtomicU64::new(0),
+            served: AtomicBool::new(false),
             upgraded: AtomicBool::new(false),
             close: AtomicU8::new(0),
+            drain: AtomicBool::new(false),
+            task: AtomicWaker::new(),
             closing: Notify::new(),
         }
     }
 
     /// A request head arrived; its response body ends it ([`Tracked`]).
     pub(crate) fn request_started(&self) {
-        self.requests.fetch_add(1, Ordering::Relaxed);
+        if !self.served.load(Ordering::Relaxed) {
+            self.served.store(true, Ordering::Relaxed);
+        }
         self.active.fetch_add(1, Ordering::Relaxed);
         self.last_activity.store(now(), Ordering::Relaxed);
     }
@@ -165,7 +188,21 @@ impl Conn {
         Close::from_code(self.close.load(Ordering::Acquire))
     }
 
-    /// Resolves when the sweeper wants the connection closed.
+    /// For the connection task, polled before its connection: what it is
+    /// told, the task woken when that changes. One load when nothing is.
+    pub(crate) fn poll_signal(&self, cx: &mut Context<'_>) -> Signal {
+        self.task.register(cx.waker());
+        if let Some(reason) = self.close_reason() {
+            return Signal::Close(reason);
+        }
+        if self.drain.load(Ordering::Acquire) {
+            return Signal::Drain;
+        }
+        Signal::None
+    }
+
+    /// Resolves when the sweeper wants the connection closed (for a
+    /// WebSocket session, whose wake-ups are few).
     pub(crate) async fn closing(&self) -> Close {
         loop {
             let notified = self.closing.notified();
@@ -184,6 +221,7 @@ impl Conn {
             .compare_exchange(0, reason.code(), Ordering::AcqRel, Ordering::Relaxed)
             .is_ok()
         {
+            self.task.wake();
             self.closing.notify_waiters();
         }
     }
@@ -200,7 +238,7 @@ impl Conn {
         if self.upgraded.load(Ordering::Relaxed) || self.active.load(Ordering::Relaxed) > 0 {
             return None;
         }
-        if self.requests.load(Ordering::Relaxed) == 0
+        if !self.served.load(Ordering::Relaxed)
             && Duration::from_millis(now.saturating_sub(self.accepted)) >= limits.first_request
         {
             return Some(Close::NoRequest);
@@ -274,6 +312,14 @@ impl Connections {
     /// Connections open now.
     pub(crate) fn count(&self) -> usize {
         self.lock().len()
+    }
+
+    /// Tells every connection task that the listener drains.
+    pub(crate) fn drain(&self) {
+        for conn in self.lock().values() {
+            conn.drain.store(true, Ordering::Release);
+            conn.task.wake();
+        }
     }
 
     /// Admits a new connection, or `None` when `max_connections` are open
@@ -426,7 +472,9 @@ impl<B: http_body::Body<Data = Bytes> + Unpin> Tracked<B> {
     /// [`Conn::request_started`], which holds `held` bytes in memory (a
     /// whole body; 0 for a stream); `piece` cuts its data frames (h2).
     pub(crate) fn new(inner: B, conn: Arc<Conn>, piece: Option<usize>, held: u64) -> Tracked<B> {
-        conn.held_bytes.fetch_add(held, Ordering::Relaxed);
+        if held > 0 {
+            conn.held_bytes.fetch_add(held, Ordering::Relaxed);
+        }
         let waiting = !inner.is_end_stream();
         if waiting {
             conn.body_waiting(true);
@@ -456,8 +504,10 @@ impl<B: http_body::Body<Data = Bytes> + Unpin> Tracked<B> {
             self.rest = Some(data.split_off(piece));
         }
         let n = (data.len() as u64).min(self.held);
-        self.held -= n;
-        self.conn.held_bytes.fetch_sub(n, Ordering::Relaxed);
+        if n > 0 {
+            self.held -= n;
+            self.conn.held_bytes.fetch_sub(n, Ordering::Relaxed);
+        }
         self.conn.last_progress.store(now(), Ordering::Relaxed);
         // Until hyper polls again, the bytes are the client's to take.
         self.set_waiting(true);
@@ -518,7 +568,9 @@ impl<B> Drop for Tracked<B> {
         if self.waiting {
             self.conn.body_waiting(false);
         }
-        self.conn.held_bytes.fetch_sub(self.held, Ordering::Relaxed);
+        if self.held > 0 {
+            self.conn.held_bytes.fetch_sub(self.held, Ordering::Relaxed);
+        }
         self.conn.active.fetch_sub(1, Ordering::Relaxed);
         self.conn.last_activity.store(now(), Ordering::Relaxed);
     }

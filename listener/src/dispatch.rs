@@ -22,8 +22,8 @@ use crate::{upload, ws};
 /// Serves one request of connection `conn`; `grpc_only` when it came on
 /// the gRPC-only port.
 pub(crate) async fn serve(
-    state: Arc<State>,
-    grpc: Arc<Grpc>,
+    state: &Arc<State>,
+    grpc: &Grpc,
     grpc_only: bool,
     conn: &Arc<Conn>,
     req: Request<Incoming>,
@@ -42,10 +42,10 @@ pub(crate) async fn serve(
     }
     let reply = match req.uri().path() {
         "/health" => json(StatusCode::OK, serde_json::json!({ "status": "alive" })),
-        "/ready" => ready(&state),
-        "/ws" if ws::is_upgrade(&req) => ws::upgrade(state, conn, req, false),
-        "/ws/echo" if ws::is_upgrade(&req) => ws::upgrade(state, conn, req, true),
-        _ => route(&state, req).await,
+        "/ready" => ready(state),
+        "/ws" if ws::is_upgrade(&req) => ws::upgrade(state.clone(), conn, req, false),
+        "/ws/echo" if ws::is_upgrade(&req) => ws::upgrade(state.clone(), conn, req, true),
+        _ => route(state, req).await,
     };
     reply.map(Either::Left)
 }

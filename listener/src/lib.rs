@@ -70,11 +70,13 @@ use std::time::Duration;
 use http_body_util::Either;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
+use std::task::Poll;
 use switchyard_proto::accept::Acceptor;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, oneshot, watch};
 
-use crate::conn::{Close, Conn, Connections, Io, Tracked};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::conn::{Close, Conn, Connections, Io, Signal, Tracked};
 
 /// Errors that stop the listener.
 #[derive(Debug, thiserror::Error)]
@@ -238,9 +240,8 @@ pub async fn run(
     });
     let state = state::State::start(pool, config.clone());
     let grpc = Arc::new(grpc::Grpc::new(state.clone()));
-    // "Drain" is broadcast; "done" is the drop of the last connection
-    // task's sender.
-    let (draining, drain_rx) = watch::channel(false);
+    // "Drain" is told to every connection; "done" is the drop of the last
+    // connection task's sender.
     let (done_tx, mut done) = mpsc::channel::<()>(1);
 
     let mut main_port = Acceptor::new(tcp);
@@ -267,11 +268,11 @@ pub async fn run(
             grpc_only,
             conn,
         };
-        tokio::spawn(serve.run(io, drain_rx.clone(), done_tx.clone()));
+        tokio::spawn(serve.run(io, done_tx.clone()));
     };
     drop(main_port);
     drop(grpc_port);
-    let _ = draining.send(true);
+    connections.drain();
     drop(done_tx);
     tracing::info!(connections = connections.count(), ?grace, "draining");
     if tokio::time::timeout(grace, done.recv()).await.is_err() {
@@ -337,9 +338,9 @@ struct Serve {
 type Response = ::http::Response<Tracked<Either<body::Body, tonic::body::Body>>>;
 
 impl Serve {
-    /// Serves the connection until it ends, the sweeper closes it, or the
-    /// drain's grace ends; on drain, hyper finishes what is in flight.
-    async fn run(self, io: TokioIo<Io>, mut drain: watch::Receiver<bool>, _done: mpsc::Sender<()>) {
+    /// Serves the connection until it ends or the sweeper closes it; when
+    /// the listener drains, hyper finishes what is in flight and stops.
+    async fn run(self, io: TokioIo<Io>, _done: mpsc::Sender<()>) {
         let conn = self.conn.clone();
         let builder = self.builder.clone();
         let this = Arc::new(self);
@@ -350,27 +351,29 @@ impl Serve {
         let connection = builder.serve_connection_with_upgrades(io, service);
         tokio::pin!(connection);
         let mut draining = false;
-        loop {
-            tokio::select! {
-                ended = connection.as_mut() => {
-                    if let Err(err) = ended {
-                        tracing::debug!(%err, "connection ended with an error");
-                    }
-                    return;
-                }
-                reason = conn.closing() => {
-                    tracing::debug!(reason = reason.describe(), "closing a connection");
-                    if reason == Close::Idle {
-                        // Nothing in flight: h2 gets its GOAWAY.
-                        connection.as_mut().graceful_shutdown();
-                        let _ = tokio::time::timeout(Duration::from_secs(1), connection.as_mut()).await;
-                    }
-                    return;
-                }
-                _ = drain.changed(), if !draining => {
+        let closed = std::future::poll_fn(|cx| {
+            match conn.poll_signal(cx) {
+                Signal::Close(reason) => return Poll::Ready(Some(reason)),
+                Signal::Drain if !draining => {
                     draining = true;
                     connection.as_mut().graceful_shutdown();
                 }
+                _ => {}
+            }
+            connection.as_mut().poll(cx).map(|ended| {
+                if let Err(err) = ended {
+                    tracing::debug!(%err, "connection ended with an error");
+                }
+                None
+            })
+        })
+        .await;
+        if let Some(reason) = closed {
+            tracing::debug!(reason = reason.describe(), "closing a connection");
+            if reason == Close::Idle {
+                // Nothing in flight: h2 gets its GOAWAY.
+                connection.as_mut().graceful_shutdown();
+                let _ = tokio::time::timeout(Duration::from_secs(1), connection.as_mut()).await;
             }
         }
     }
@@ -380,7 +383,7 @@ impl Serve {
         let conn = &self.conn;
         conn.request_started();
         let piece = (req.version() == ::http::Version::HTTP_2).then_some(conn::H2_PIECE);
-        let reply = dispatch::serve(self.state.clone(), self.grpc.clone(), self.grpc_only, conn, req).await;
+        let reply = dispatch::serve(&self.state, &self.grpc, self.grpc_only, conn, req).await;
         // Only a whole body is held in memory; a streamed one holds a ring.
         let held = match reply.body() {
             Either::Left(Either::Left(whole)) => http_body::Body::size_hint(whole).exact().unwrap_or(0),
