@@ -53,6 +53,25 @@ pub(crate) struct ListenerConfig {
     pub(crate) header_read_timeout_ms: u64,
     /// Milliseconds from request to response before 504.
     pub(crate) request_timeout_ms: u64,
+    /// Connections one listener process keeps open at once; more are
+    /// answered 503 and closed. Lowered at start (with a warning) to what
+    /// the descriptor limit allows.
+    pub(crate) max_connections: usize,
+    /// Milliseconds a connection with no request in progress may stay
+    /// silent (from accept to its first byte, and between requests)
+    /// before it is closed.
+    pub(crate) idle_timeout_ms: u64,
+    /// Milliseconds a request body may pause between two pieces before the
+    /// request gets 408 and the connection is closed (every route).
+    pub(crate) body_read_timeout_ms: u64,
+    /// Milliseconds a connection with something to send may make no
+    /// progress (its client reads nothing, or its h2 window stays shut)
+    /// before it is closed and what it held is released.
+    pub(crate) write_stall_timeout_ms: u64,
+    /// Bytes of responses one connection may hold that its client has not
+    /// taken (h2: across its streams); a response that would pass it while
+    /// others wait gets 503 with Retry-After.
+    pub(crate) max_connection_bytes: u64,
     /// WebSocket limits (`/ws`, `/ws/echo`).
     pub(crate) ws: WsLimits,
 }
@@ -141,6 +160,11 @@ impl Default for ListenerConfig {
             max_upload_bytes: 4 << 30,
             header_read_timeout_ms: 10_000,
             request_timeout_ms: 30_000,
+            max_connections: 10_000,
+            idle_timeout_ms: 30_000,
+            body_read_timeout_ms: 10_000,
+            write_stall_timeout_ms: 30_000,
+            max_connection_bytes: 64 << 20,
             ws: WsLimits::default(),
         }
     }
@@ -627,8 +651,21 @@ impl Config {
                 problems.push(format!("listener.ws.{key}: must be positive"));
             }
         }
-        if l.header_read_timeout_ms == 0 {
-            problems.push("listener.header_read_timeout_ms: must be positive".to_owned());
+        for (key, value) in [
+            ("header_read_timeout_ms", l.header_read_timeout_ms),
+            ("idle_timeout_ms", l.idle_timeout_ms),
+            ("body_read_timeout_ms", l.body_read_timeout_ms),
+            ("write_stall_timeout_ms", l.write_stall_timeout_ms),
+        ] {
+            if value == 0 {
+                problems.push(format!("listener.{key}: must be positive"));
+            }
+        }
+        if l.max_connections == 0 || l.max_connections > 1_000_000 {
+            problems.push("listener.max_connections: must be between 1 and 1000000".to_owned());
+        }
+        if l.max_connection_bytes == 0 {
+            problems.push("listener.max_connection_bytes: must be positive".to_owned());
         }
         if self.group.max_frame_bytes < 64 * 1024 || self.group.max_frame_bytes > u32::MAX as usize {
             problems.push("group.max_frame_bytes: must be between 65536 and 4294967295".to_owned());
@@ -768,6 +805,21 @@ mod tests {
         );
         assert!(err.contains("restart.crash_loop_backoff_ms"), "{err}");
         assert!(err.contains("restart.window_s"), "{err}");
+        let config: Config = toml::from_str(
+            "[listener]\nidle_timeout_ms = 0\nwrite_stall_timeout_ms = 0\nbody_read_timeout_ms = 0\n\
+             max_connections = 0\nmax_connection_bytes = 0\n",
+        )
+        .unwrap();
+        let err = config.validate().unwrap_err().to_string();
+        for key in [
+            "listener.idle_timeout_ms",
+            "listener.write_stall_timeout_ms",
+            "listener.body_read_timeout_ms",
+            "listener.max_connections",
+            "listener.max_connection_bytes",
+        ] {
+            assert!(err.contains(key), "{key} not named in {err}");
+        }
         // Plugins are checked by the validation child: tests/validation.rs.
     }
 }

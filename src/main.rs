@@ -134,6 +134,11 @@ fn main() -> ExitCode {
                 eprintln!("switchyard: {err}");
                 return ExitCode::FAILURE;
             }
+            // The default soft limit (often 1024) is far below what a
+            // listener's connections need; the children inherit this one.
+            if let Err(err) = switchyard_proto::accept::raise_nofile_limit() {
+                eprintln!("switchyard: cannot raise the descriptor limit: {err}");
+            }
             supervisor::main(config, runtime_dir)
         }
         Command::Status { json, runtime_dir } => status::main(json, runtime_dir),

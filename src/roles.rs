@@ -70,6 +70,11 @@ impl Spec {
 
 pub(crate) fn main(role: Role, name: String, instance: u32) -> ExitCode {
     init_child_logging();
+    // Inherited from the supervisor already; raised again in case this
+    // child was started some other way.
+    if let Err(err) = switchyard_proto::accept::raise_nofile_limit() {
+        tracing::warn!(%err, "cannot raise the descriptor limit");
+    }
     // Read and closed before any plugin code runs, so nothing the plugin
     // starts can inherit it.
     let spec: Spec = match inherit::spec()
@@ -221,6 +226,11 @@ async fn serve(role: Role, name: String, instance: u32, spec: Spec) -> anyhow::R
                 header_read_timeout: Duration::from_millis(l.header_read_timeout_ms),
                 request_timeout: Duration::from_millis(l.request_timeout_ms),
                 shm_threshold: config.group.shm_threshold_bytes,
+                max_connections: l.max_connections,
+                idle_timeout: Duration::from_millis(l.idle_timeout_ms),
+                body_read_timeout: Duration::from_millis(l.body_read_timeout_ms),
+                write_stall_timeout: Duration::from_millis(l.write_stall_timeout_ms),
+                max_connection_bytes: l.max_connection_bytes,
                 ws: l.ws.to_listener(),
             };
             let mut commands = control.commands();

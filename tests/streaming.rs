@@ -344,7 +344,7 @@ fn streams_past_the_shared_memory_budget_get_503() {
 #[test]
 fn an_upload_may_outlast_the_request_timeout_while_it_moves_but_not_stall() {
     let g = Group::builder("upload-slow")
-        .config("[listener]\nrequest_timeout_ms = 1000\n")
+        .config("[listener]\nrequest_timeout_ms = 1000\nbody_read_timeout_ms = 1000\n")
         .start();
     // Ten pieces 150 ms apart: 1.5 s in all, longer than the timeout, but
     // never idle for long. (The pauses play a slow client; nothing waits on

@@ -1,40 +1,77 @@
-//! The front door: which front end serves a request. gRPC by content type
-//! (or every request of the gRPC-only port); the listener's own `/health`
-//! and `/ready`; WebSocket upgrades of `/ws` and `/ws/echo`; else the route
-//! table, whose entry says whether the body is taken whole or streamed.
+//! The front door: which front end serves a request. First the HTTP/1
+//! framing and `Host` rules hyper leaves to us ([`framing_violation`]);
+//! then gRPC by content type (or every request of the gRPC-only port); the
+//! listener's own `/health` and `/ready`; WebSocket upgrades of `/ws` and
+//! `/ws/echo`; else the route table, whose entry says whether the body is
+//! taken whole or streamed.
 
 use std::sync::Arc;
 
-use http::{HeaderValue, Request, Response, StatusCode, header};
+use http::{HeaderValue, Request, Response, StatusCode, Version, header};
 use http_body_util::Either;
 use hyper::body::Incoming;
 
 use crate::body::Body;
+use crate::conn::Conn;
 use crate::grpc::{self, Grpc};
 use crate::reply::{Reply, error, json};
 use crate::routes::Lookup;
 use crate::state::State;
 use crate::{upload, ws};
 
-/// Serves one request of a connection; `grpc_only` when it came on the
-/// gRPC-only port.
+/// Serves one request of connection `conn`; `grpc_only` when it came on
+/// the gRPC-only port.
 pub(crate) async fn serve(
-    state: Arc<State>,
-    grpc: Arc<Grpc>,
+    state: &Arc<State>,
+    grpc: &Grpc,
     grpc_only: bool,
+    conn: &Arc<Conn>,
     req: Request<Incoming>,
 ) -> Response<Either<Body, tonic::body::Body>> {
+    if let Some(violation) = framing_violation(&req) {
+        let mut reply = error(StatusCode::BAD_REQUEST, violation);
+        // Where this request ends is in doubt, so whatever follows it on
+        // the connection is never read as a request.
+        reply
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        return reply.map(Either::Left);
+    }
     if grpc_only || grpc::is_grpc(&req) {
         return grpc.serve(req).await.map(Either::Right);
     }
     let reply = match req.uri().path() {
         "/health" => json(StatusCode::OK, serde_json::json!({ "status": "alive" })),
-        "/ready" => ready(&state),
-        "/ws" if ws::is_upgrade(&req) => ws::upgrade(state, req, false),
-        "/ws/echo" if ws::is_upgrade(&req) => ws::upgrade(state, req, true),
-        _ => route(&state, req).await,
+        "/ready" => ready(state),
+        "/ws" if ws::is_upgrade(&req) => ws::upgrade(state.clone(), conn, req, false),
+        "/ws/echo" if ws::is_upgrade(&req) => ws::upgrade(state.clone(), conn, req, true),
+        _ => route(state, req).await,
     };
     reply.map(Either::Left)
+}
+
+/// How an HTTP/1 request breaks the framing or `Host` rules of RFC 9112
+/// that hyper does not enforce itself. hyper frames a body as chunked when
+/// the last `Transfer-Encoding` value is `chunked`, whatever comes before it
+/// or on other lines; a proxy in front may read the same bytes otherwise
+/// (request smuggling), so only a single `Transfer-Encoding: chunked` is
+/// accepted. An HTTP/1.1 request has exactly one `Host` (§3.2).
+fn framing_violation<B>(req: &Request<B>) -> Option<&'static str> {
+    if req.version() >= Version::HTTP_2 {
+        return None;
+    }
+    let mut codings = req.headers().get_all(header::TRANSFER_ENCODING).iter();
+    match (codings.next(), codings.next()) {
+        (None, _) => {}
+        (Some(one), None) if one.as_bytes().trim_ascii().eq_ignore_ascii_case(b"chunked") => {}
+        (Some(_), None) => return Some("Transfer-Encoding must be exactly `chunked`"),
+        (Some(_), Some(_)) => return Some("Transfer-Encoding must appear once"),
+    }
+    match req.headers().get_all(header::HOST).iter().count() {
+        0 if req.version() == Version::HTTP_11 => Some("an HTTP/1.1 request needs a Host header"),
+        0 | 1 => None,
+        _ => Some("a request has one Host header"),
+    }
 }
 
 fn ready(state: &State) -> Reply {
@@ -70,11 +107,64 @@ async fn route(state: &State, req: Request<Incoming>) -> Reply {
             return reply;
         }
         Lookup::NotFound => return error(StatusCode::NOT_FOUND, "no route matches this path"),
+        Lookup::NulInParam(name) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                &format!("path parameter `{name}` contains a NUL character (%00)"),
+            );
+        }
     };
     drop(routes);
     if matched.entry.route.stream_body {
         upload::upload(state, req, matched).await
     } else {
         crate::http::forward(state, req, matched).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::framing_violation;
+    use http::{Request, Version};
+
+    fn req(version: Version, headers: &[(&str, &str)]) -> Request<()> {
+        let mut b = Request::post("/echo").version(version);
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        b.body(()).unwrap()
+    }
+
+    #[test]
+    fn framing_and_host_rules() {
+        const HTTP_10: Version = Version::HTTP_10;
+        const HTTP_11: Version = Version::HTTP_11;
+        const HTTP_2: Version = Version::HTTP_2;
+        let ok = |v, h: &[(&str, &str)]| assert_eq!(framing_violation(&req(v, h)), None, "{h:?}");
+        let bad = |v, h: &[(&str, &str)]| assert!(framing_violation(&req(v, h)).is_some(), "{h:?}");
+        ok(HTTP_11, &[("host", "a")]);
+        ok(HTTP_11, &[("host", "a"), ("transfer-encoding", "chunked")]);
+        ok(HTTP_11, &[("host", "a"), ("transfer-encoding", " Chunked ")]);
+        ok(HTTP_10, &[]);
+        ok(HTTP_2, &[]);
+        bad(
+            HTTP_11,
+            &[("host", "a"), ("transfer-encoding", "identity, chunked")],
+        );
+        bad(
+            HTTP_11,
+            &[("host", "a"), ("transfer-encoding", "chunked, chunked")],
+        );
+        bad(
+            HTTP_11,
+            &[
+                ("host", "a"),
+                ("transfer-encoding", "identity"),
+                ("transfer-encoding", "chunked"),
+            ],
+        );
+        bad(HTTP_11, &[]);
+        bad(HTTP_11, &[("host", "a"), ("host", "b")]);
+        bad(HTTP_10, &[("host", "a"), ("host", "a")]);
     }
 }

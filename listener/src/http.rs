@@ -1,9 +1,11 @@
 //! An HTTP request to a route with a whole body: read the body (up to the
 //! limit), build the request event, exchange it, answer with the response.
 
-use bytes::Bytes;
-use http::{Request, StatusCode, header};
-use http_body_util::{BodyExt, Limited};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::{HeaderValue, Request, StatusCode, header};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use switchyard_proto::{Deadline, Envelope};
 
@@ -37,15 +39,16 @@ pub(crate) async fn forward(state: &State, req: Request<Incoming>, matched: Matc
                 .map(str::to_owned)
         })
         .flatten();
-    let body = match Limited::new(body, limit).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(err) if err.is::<http_body_util::LengthLimitError>() => {
+    let body = match read_body(body, limit, state.config.body_read_timeout).await {
+        Ok(body) => body,
+        Err(BodyError::TooLarge) => {
             return error(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 &format!("request body is larger than {limit} bytes"),
             );
         }
-        Err(_) => return error(StatusCode::BAD_REQUEST, "could not read the request body"),
+        Err(BodyError::Stalled) => return body_stalled(),
+        Err(BodyError::Broken) => return error(StatusCode::BAD_REQUEST, "could not read the request body"),
     };
 
     let mut env = Envelope::request(matched.entry.event_type, 0, Bytes::new());
@@ -62,4 +65,63 @@ pub(crate) async fn forward(state: &State, req: Request<Incoming>, matched: Matc
     env.deadline = Deadline::after(state.config.request_timeout);
     request_meta(&mut env, &parts, matched.params);
     exchange(state, env, range.as_deref()).await
+}
+
+/// Why a request body could not be read whole.
+enum BodyError {
+    /// Over the limit.
+    TooLarge,
+    /// Nothing arrived for a whole body read timeout.
+    Stalled,
+    /// The client broke off or sent a malformed body.
+    Broken,
+}
+
+/// Reads `body` whole, up to `limit` bytes, giving the client at most
+/// `idle` between two pieces. A body in one piece is not copied.
+async fn read_body(mut body: Incoming, limit: usize, idle: Duration) -> Result<Bytes, BodyError> {
+    let mut first: Option<Bytes> = None;
+    let mut more = BytesMut::new();
+    while !http_body::Body::is_end_stream(&body) {
+        let frame = match tokio::time::timeout(idle, body.frame()).await {
+            Err(_) => return Err(BodyError::Stalled),
+            Ok(None) => break,
+            Ok(Some(Err(_))) => return Err(BodyError::Broken),
+            Ok(Some(Ok(frame))) => frame,
+        };
+        let Ok(data) = frame.into_data() else {
+            continue; // trailers
+        };
+        let len = first.as_ref().map_or(0, Bytes::len) + more.len() + data.len();
+        if len > limit {
+            return Err(BodyError::TooLarge);
+        }
+        match &first {
+            None => first = Some(data),
+            Some(_) => more.extend_from_slice(&data),
+        }
+    }
+    Ok(match first {
+        None => Bytes::new(),
+        Some(first) if more.is_empty() => first,
+        Some(first) => {
+            let mut whole = BytesMut::with_capacity(first.len() + more.len());
+            whole.extend_from_slice(&first);
+            whole.extend_from_slice(&more);
+            whole.freeze()
+        }
+    })
+}
+
+/// 408 for a request body that stopped arriving; the connection is closed,
+/// since the rest of the body can no longer be told from the next request.
+pub(crate) fn body_stalled() -> Reply {
+    let mut reply = error(
+        StatusCode::REQUEST_TIMEOUT,
+        "the request body stalled; send it without long pauses",
+    );
+    reply
+        .headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    reply
 }

@@ -6,16 +6,21 @@
 //! it to the broker over one of its pooled return pipes. The response comes
 //! back on the same pipe, matched by correlation id, and is written out as
 //! the manager produced it. The listener enforces the limits a client can
-//! abuse (header size and read time, body size, request deadline) and answers
-//! `/health` and `/ready` itself. It owns no business logic and no state that
-//! outlives a request.
+//! abuse (connections, idle and stalled connections, header size and read
+//! time, body size and read time, bytes held for a client, request
+//! deadline) and answers `/health` and `/ready` itself. It owns no business
+//! logic and no state that outlives a request.
 //!
 //! # Layout
 //! Modules follow a request's path. Front ends are leaves over a shared
 //! core: a leaf imports only the core, never another leaf, and the core
 //! imports no leaf.
 //!
-//! - [`run`] (here, with [`Config`]): the accept loop and graceful drain.
+//! - [`run`] (here, with [`Config`]): the accept loop, one task per
+//!   connection, and graceful drain.
+//! - `conn`: admission (`max_connections`), the socket wrapper and body
+//!   tracker that stamp progress, and the sweeper that closes idle and
+//!   stalled connections.
 //! - `dispatch`: which front end serves a request (gRPC by content type,
 //!   `/health`, `/ready`, WebSocket upgrades, else the route table).
 //! - Leaves:
@@ -42,6 +47,7 @@
 #![forbid(unsafe_code)]
 
 mod body;
+mod conn;
 mod dispatch;
 mod exchange;
 mod grpc;
@@ -60,15 +66,19 @@ pub use routes::percent_decode;
 use std::convert::Infallible;
 use std::future::Future;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use http_body_util::Either;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
+use std::task::Poll;
 use switchyard_proto::accept::Acceptor;
-use tokio::net::TcpListener;
-use tokio::sync::oneshot;
+use tokio::net::{TcpListener, TcpStream};
+
+use tokio::sync::{mpsc, oneshot};
+
+use crate::conn::{Close, Conn, Connections, Io, Signal, Tracked};
 
 /// Errors that stop the listener.
 #[derive(Debug, thiserror::Error)]
@@ -103,6 +113,24 @@ pub struct Config {
     pub request_timeout: Duration,
     /// Request bodies of at least this many bytes go through shared memory.
     pub shm_threshold: usize,
+    /// Connections open at once in this process; more are answered 503
+    /// and closed. Kept under the descriptor limit.
+    pub max_connections: usize,
+    /// A connection with no request in progress that sends nothing for
+    /// this long is closed (from accept to its first byte, and between
+    /// requests). Its first request head must also be whole within this
+    /// plus `header_read_timeout` of connecting.
+    pub idle_timeout: Duration,
+    /// A request body that sends nothing for this long is cut: 408.
+    pub body_read_timeout: Duration,
+    /// A connection with something to send (a blocked write, or response
+    /// bytes the client's h2 window does not admit) that makes no progress
+    /// for this long is closed, and what it held is released.
+    pub write_stall_timeout: Duration,
+    /// Response bytes one connection may hold that its client has not
+    /// taken (h2: across its streams); a response that would pass it while
+    /// others wait gets 503.
+    pub max_connection_bytes: u64,
     /// WebSocket limits.
     pub ws: WsConfig,
 }
@@ -150,6 +178,18 @@ impl Config {
         if self.pipes == 0 {
             return Err(Error::Config("pipes must be at least 1".into()));
         }
+        if self.max_connections == 0 {
+            return Err(Error::Config("max_connections must be at least 1".into()));
+        }
+        for (name, value) in [
+            ("idle_timeout", self.idle_timeout),
+            ("body_read_timeout", self.body_read_timeout),
+            ("write_stall_timeout", self.write_stall_timeout),
+        ] {
+            if value.is_zero() {
+                return Err(Error::Config(format!("{name} must be positive")));
+            }
+        }
         // Bodies at or above the threshold cross in shared memory; below it
         // they ride in frames, which must have room for them.
         if self.shm_threshold + 64 * 1024 > self.max_frame {
@@ -194,9 +234,17 @@ pub async fn run(
         .timer(TokioTimer::new())
         .max_header_list_size(config.max_header_bytes as u32);
     let builder = Arc::new(builder);
-    let graceful = GracefulShutdown::new();
+    let connections = Connections::start(conn::Limits {
+        max_connections: connection_limit(config.max_connections),
+        idle: config.idle_timeout,
+        first_request: config.idle_timeout + config.header_read_timeout,
+        write_stall: config.write_stall_timeout,
+    });
     let state = state::State::start(pool, config.clone());
     let grpc = Arc::new(grpc::Grpc::new(state.clone()));
+    // "Drain" is told to every connection; "done" is the drop of the last
+    // connection task's sender.
+    let (done_tx, mut done) = mpsc::channel::<()>(1);
 
     let mut main_port = Acceptor::new(tcp);
     let mut grpc_port = grpc_tcp.map(Acceptor::new);
@@ -209,29 +257,157 @@ pub async fn run(
             stream = main_port.accept() => (stream, false),
             stream = accept_optional(grpc_port.as_mut()) => (stream, true),
         };
+        let Some((conn, admission)) = connections.admit() else {
+            refuse(stream);
+            continue;
+        };
         let _ = stream.set_nodelay(true);
-        let builder = builder.clone();
-        let state = state.clone();
-        let grpc = grpc.clone();
-        let watcher = graceful.watcher();
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req| {
-                let reply = dispatch::serve(state.clone(), grpc.clone(), grpc_only, req);
-                async move { Ok::<_, Infallible>(reply.await) }
-            });
-            let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-            if let Err(err) = watcher.watch(conn.into_owned()).await {
-                tracing::debug!(%err, "connection ended with an error");
-            }
-        });
+        let io = TokioIo::new(Io::new(stream, conn.clone(), admission));
+        let serve = Serve {
+            builder: builder.clone(),
+            state: state.clone(),
+            grpc: grpc.clone(),
+            grpc_only,
+            conn,
+        };
+        tokio::spawn(serve.run(io, done_tx.clone()));
     };
     drop(main_port);
     drop(grpc_port);
-    tracing::info!(connections = graceful.count(), ?grace, "draining");
-    if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
+    connections.drain();
+    drop(done_tx);
+    tracing::info!(connections = connections.count(), ?grace, "draining");
+    if tokio::time::timeout(grace, done.recv()).await.is_err() {
         tracing::warn!("grace period over; closing remaining connections");
     }
     Ok(())
+}
+
+/// `configured`, or less when the descriptor limit would not allow it: a
+/// connection over the limit must be refused by us, not by `EMFILE`.
+fn connection_limit(configured: usize) -> usize {
+    // Descriptors kept for everything else: return pipes, shared-memory
+    // segments, the log, the control channel.
+    const RESERVE: u64 = 256;
+    let Ok(nofile) = switchyard_proto::accept::nofile_limit() else {
+        return configured;
+    };
+    let room = nofile.saturating_sub(RESERVE).max(1);
+    if configured as u64 > room {
+        tracing::warn!(
+            max_connections = configured,
+            nofile,
+            limit = room,
+            "listener.max_connections exceeds what the descriptor limit allows; using the lower limit"
+        );
+        return room as usize;
+    }
+    configured
+}
+
+/// Refuses a connection over `max_connections`: a 503 it can read, then
+/// close. Never waits: the answer fits in any socket buffer.
+fn refuse(stream: TcpStream) {
+    static REFUSED: OnceLock<Vec<u8>> = OnceLock::new();
+    let answer = REFUSED.get_or_init(|| {
+        let (_, body) = switchyard_proto::problem::problem(503, "too many connections; retry later");
+        let mut answer = format!(
+            "HTTP/1.1 503 Service Unavailable\r\ncontent-type: {}\r\ncontent-length: {}\r\n\
+             retry-after: 1\r\nconnection: close\r\n\r\n",
+            switchyard_proto::problem::PROBLEM_JSON,
+            body.len()
+        )
+        .into_bytes();
+        answer.extend_from_slice(&body);
+        answer
+    });
+    // What the client already sent is read first, so that the close is a
+    // FIN after the answer rather than a reset that may discard it.
+    let mut scratch = [0u8; 2048];
+    let _ = stream.try_read(&mut scratch);
+    let _ = stream.try_write(answer);
+}
+
+/// What a connection task needs to serve one connection.
+struct Serve {
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    state: Arc<state::State>,
+    grpc: Arc<grpc::Grpc>,
+    grpc_only: bool,
+    conn: Arc<Conn>,
+}
+
+type Response = ::http::Response<Tracked<Either<body::Body, tonic::body::Body>>>;
+
+impl Serve {
+    /// Serves the connection until it ends or the sweeper closes it; when
+    /// the listener drains, hyper finishes what is in flight and stops.
+    async fn run(self, io: TokioIo<Io>, _done: mpsc::Sender<()>) {
+        let conn = self.conn.clone();
+        let builder = self.builder.clone();
+        let this = Arc::new(self);
+        let service = hyper::service::service_fn(move |req| {
+            let this = this.clone();
+            async move { Ok::<_, Infallible>(this.respond(req).await) }
+        });
+        let connection = builder.serve_connection_with_upgrades(io, service);
+        tokio::pin!(connection);
+        let mut draining = false;
+        let closed = std::future::poll_fn(|cx| {
+            match conn.poll_signal(cx) {
+                Signal::Close(reason) => return Poll::Ready(Some(reason)),
+                Signal::Drain if !draining => {
+                    draining = true;
+                    connection.as_mut().graceful_shutdown();
+                }
+                _ => {}
+            }
+            connection.as_mut().poll(cx).map(|ended| {
+                if let Err(err) = ended {
+                    tracing::debug!(%err, "connection ended with an error");
+                }
+                None
+            })
+        })
+        .await;
+        if let Some(reason) = closed {
+            tracing::debug!(reason = reason.describe(), "closing a connection");
+            if reason == Close::Idle {
+                // Nothing in flight: h2 gets its GOAWAY.
+                connection.as_mut().graceful_shutdown();
+                let _ = tokio::time::timeout(Duration::from_secs(1), connection.as_mut()).await;
+            }
+        }
+    }
+
+    /// One request of the connection: served, then its body tracked.
+    async fn respond(&self, req: ::http::Request<hyper::body::Incoming>) -> Response {
+        let conn = &self.conn;
+        conn.request_started();
+        let piece = (req.version() == ::http::Version::HTTP_2).then_some(conn::H2_PIECE);
+        let reply = dispatch::serve(&self.state, &self.grpc, self.grpc_only, conn, req).await;
+        // Only a whole body is held in memory; a streamed one holds a ring.
+        let held = match reply.body() {
+            Either::Left(Either::Left(whole)) => http_body::Body::size_hint(whole).exact().unwrap_or(0),
+            _ => 0,
+        };
+        let cap = self.state.config.max_connection_bytes;
+        let reply = if held > 0 && conn.held_bytes() > 0 && conn.held_bytes() + held > cap {
+            // Dropping the answer releases its memory at once.
+            reply::retry_later(reply::error(
+                ::http::StatusCode::SERVICE_UNAVAILABLE,
+                &format!(
+                    "this connection holds {} response bytes its client has not read (at most {cap}); read them first",
+                    conn.held_bytes()
+                ),
+            ))
+            .map(Either::Left)
+        } else {
+            reply
+        };
+        let conn = conn.clone();
+        reply.map(|body| Tracked::new(body, conn, piece, held))
+    }
 }
 
 /// Accepts on `port`, or never when there is none.

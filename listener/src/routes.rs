@@ -28,6 +28,10 @@ pub(crate) enum Lookup {
     /// The path exists for these other methods.
     WrongMethod(Vec<String>),
     NotFound,
+    /// This parameter decodes to text with a NUL character: refused (400)
+    /// before it reaches a handler, where C strings, file names and logs
+    /// would cut or mistake it. No route opts in yet (decision 0024).
+    NulInParam(String),
 }
 
 impl Routes {
@@ -56,11 +60,14 @@ impl Routes {
         if let Some(router) = self.by_method.get(method)
             && let Ok(m) = router.at(path)
         {
-            let params = m
+            let params: Vec<(String, String)> = m
                 .params
                 .iter()
                 .map(|(k, v)| (k.to_owned(), percent_decode(v)))
                 .collect();
+            if let Some((name, _)) = params.iter().find(|(_, v)| v.contains('\0')) {
+                return Lookup::NulInParam(name.clone());
+            }
             return Lookup::Found(Matched {
                 entry: m.value.clone(),
                 params,
@@ -120,6 +127,12 @@ mod tests {
             _ => panic!("no match"),
         }
         assert!(matches!(routes.lookup("GET", "/echo"), Lookup::WrongMethod(m) if m == ["POST"]));
+        assert!(matches!(routes.lookup("GET", "/hello/a%00b"), Lookup::NulInParam(p) if p == "name"));
+        // Only a decoded NUL: the text `%2500` is `%00`, not NUL.
+        match routes.lookup("GET", "/hello/%2500") {
+            Lookup::Found(m) => assert_eq!(m.params, vec![("name".into(), "%00".into())]),
+            _ => panic!("no match"),
+        }
         assert!(matches!(routes.lookup("GET", "/nope"), Lookup::NotFound));
         // A later table without /echo does not forget it.
         let routes = routes.merged(RouteTable {

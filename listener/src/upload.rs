@@ -23,8 +23,8 @@ use crate::state::State;
 /// Bodies over `max_upload_bytes` get 413: at once when the length is
 /// declared, else when the limit is crossed (the pipe is aborted then).
 /// The request timeout counts from the end of the body (an upload may take
-/// as long as it keeps moving), and a body that stalls for a whole request
-/// timeout is cut with 408.
+/// as long as it keeps moving), and a body that sends nothing for a whole
+/// body read timeout is cut with 408.
 pub(crate) async fn upload(state: &State, req: Request<Incoming>, matched: Matched) -> Reply {
     let limit = state.config.max_upload_bytes;
     let too_large = || {
@@ -58,8 +58,13 @@ pub(crate) async fn upload(state: &State, req: Request<Incoming>, matched: Match
     env.deadline = Deadline::NONE;
     request_meta(&mut env, &parts, matched.params);
 
-    // A body idle for a whole request timeout is cut.
-    let (stop, idle) = (Arc::new(Stop::default()), state.config.request_timeout);
+    // A body idle for a whole body read timeout is cut; a handler that
+    // takes nothing for a whole request timeout is given up on.
+    let stop = Arc::new(Stop::default());
+    let idle = Idle {
+        client: state.config.body_read_timeout,
+        handler: state.config.request_timeout,
+    };
     let mut pump = tokio::spawn(pump(body, producer, limit, idle, stop.clone()));
     let body_in = async {
         let _ = (&mut pump).await;
@@ -72,12 +77,18 @@ pub(crate) async fn upload(state: &State, req: Request<Incoming>, matched: Match
         return too_large();
     }
     if stop.stalled.load(Ordering::Relaxed) {
-        return error(
-            StatusCode::REQUEST_TIMEOUT,
-            "the request body stalled; send it without long pauses",
-        );
+        return crate::http::body_stalled();
     }
     reply
+}
+
+/// How long a pump waits for either side.
+#[derive(Clone, Copy)]
+struct Idle {
+    /// For the client's next piece of body.
+    client: Duration,
+    /// For the handler to take a piece.
+    handler: Duration,
 }
 
 /// Why a pump gave up, for the answer.
@@ -88,12 +99,12 @@ struct Stop {
 }
 
 /// Copies the request body into the pipe; a client that breaks off, a body
-/// over `limit`, or one that stalls for `idle` aborts the pipe so the
+/// over `limit`, or either side idle for its `idle` bound aborts the pipe so the
 /// handler sees an error.
-async fn pump(mut body: Incoming, mut pipe: AsyncPipe, limit: u64, idle: Duration, stop: Arc<Stop>) {
+async fn pump(mut body: Incoming, mut pipe: AsyncPipe, limit: u64, idle: Idle, stop: Arc<Stop>) {
     let mut sent = 0u64;
     loop {
-        let Ok(frame) = tokio::time::timeout(idle, body.frame()).await else {
+        let Ok(frame) = tokio::time::timeout(idle.client, body.frame()).await else {
             stop.stalled.store(true, Ordering::Relaxed);
             return pipe.abort();
         };
@@ -108,7 +119,7 @@ async fn pump(mut body: Incoming, mut pipe: AsyncPipe, limit: u64, idle: Duratio
                     stop.over_limit.store(true, Ordering::Relaxed);
                     return pipe.abort();
                 }
-                match tokio::time::timeout(idle, pipe.write_all(&data)).await {
+                match tokio::time::timeout(idle.handler, pipe.write_all(&data)).await {
                     Ok(Ok(())) => {}
                     // The handler stopped reading; its answer says why.
                     Ok(Err(err)) => return tracing::debug!(%err, "upload pipe closed by the reader"),

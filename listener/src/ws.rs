@@ -7,8 +7,16 @@
 //! drains the session's bounded outbound queue (responses, acks, errors,
 //! pushes) and writes whatever is queued before one flush. Responses wait
 //! for room in the queue (a client that does not read slows only its own
-//! requests, at most `max_in_flight` of them); pushes never wait: a full
-//! queue drops the client with close 1008 "too slow".
+//! requests, at most `max_in_flight` of them); pushes and the server's
+//! pings never wait: a full queue drops the client with close 1008 "too
+//! slow". Below the queue, tungstenite's write buffer is bounded too, pongs
+//! included (they coalesce past the bound; `frames`), and a connection
+//! whose writes make no progress for `write_stall_timeout` is closed by
+//! the listener's sweeper (`conn`).
+//!
+//! An idle session costs a few KiB: tungstenite's eager read buffer (128
+//! KiB by default, zero-filled) is kept small, and grows only for a large
+//! message.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,15 +37,35 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, WebSocketConfig};
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 
+use crate::conn::Conn;
 use crate::exchange::{call, emit_notification, round_trip};
 use crate::pipes::{CloseReason, Outbox, Subscription, check_subscription};
 use crate::reply::{Reply, error};
 use crate::state::State;
 
+mod frames;
+
+use frames::{FrameGuard, fragments, is_empty_fragments};
+
 /// The event `/ws/echo` messages become.
 pub(crate) const ECHO_EVENT: &str = "demo.WsEcho";
 
-type Ws = WebSocketStream<TokioIo<hyper::upgrade::Upgraded>>;
+type Ws = WebSocketStream<FrameGuard<TokioIo<hyper::upgrade::Upgraded>>>;
+
+/// tungstenite's read buffer, allocated (and zero-filled) for every
+/// connection: most of an idle connection's cost at the default 128 KiB.
+/// A larger message grows it while it is read.
+const READ_BUFFER: usize = 4 * 1024;
+/// Written frames gather up to this before a write; each batch of the
+/// writer is flushed anyway.
+const WRITE_BUFFER: usize = 16 * 1024;
+/// tungstenite's write buffer never holds more than this: a few of the
+/// listener's frames (at most `frames::FRAGMENT` each); past it, pongs to a
+/// client that does not read coalesce into one.
+const MAX_WRITE_BUFFER: usize = WRITE_BUFFER + 2 * frames::FRAGMENT;
+
+/// Why a session closes when the sweeper flags its connection.
+const TOO_SLOW: CloseReason = Some((1008, "too slow: not reading"));
 
 /// Whether the request asks for a WebSocket upgrade.
 pub(crate) fn is_upgrade<B>(req: &Request<B>) -> bool {
@@ -52,7 +80,7 @@ pub(crate) fn is_upgrade<B>(req: &Request<B>) -> bool {
 
 /// Answers the upgrade (101) and serves the session once hyper hands the
 /// connection over.
-pub(crate) fn upgrade(state: Arc<State>, mut req: Request<Incoming>, echo: bool) -> Reply {
+pub(crate) fn upgrade(state: Arc<State>, conn: &Arc<Conn>, mut req: Request<Incoming>, echo: bool) -> Reply {
     if req.method() != http::Method::GET {
         return error(StatusCode::METHOD_NOT_ALLOWED, "a WebSocket upgrade is a GET");
     }
@@ -74,21 +102,29 @@ pub(crate) fn upgrade(state: Arc<State>, mut req: Request<Incoming>, echo: bool)
     let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
     let on_upgrade = hyper::upgrade::on(&mut req);
     let cfg = state.config.ws.clone();
+    let session_conn = conn.clone();
     tokio::spawn(async move {
+        let conn = session_conn;
         let upgraded = match on_upgrade.await {
             Ok(u) => u,
             Err(err) => return tracing::debug!(%err, "websocket upgrade failed"),
         };
         let config = WebSocketConfig::default()
+            .read_buffer_size(READ_BUFFER)
+            .write_buffer_size(WRITE_BUFFER)
+            .max_write_buffer_size(MAX_WRITE_BUFFER)
             .max_message_size(Some(cfg.max_message_bytes))
             .max_frame_size(Some(cfg.max_message_bytes));
-        let ws = WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, Some(config)).await;
+        let io = FrameGuard::new(TokioIo::new(upgraded));
+        let ws = WebSocketStream::from_raw_socket(io, Role::Server, Some(config)).await;
         if echo {
-            echo_session(state, ws).await
+            echo_session(state, conn, ws).await
         } else {
-            session(state, ws).await
+            session(state, conn, ws).await
         }
     });
+    // From now on the session's pings say whether the client is alive.
+    conn.upgraded();
     let mut reply = Response::new(http_body_util::Either::Left(Full::new(Bytes::new())));
     *reply.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
     let headers = reply.headers_mut();
@@ -114,6 +150,7 @@ fn read_error(err: &WsError) -> CloseReason {
         WsError::Capacity(CapacityError::MessageTooLong { .. }) => Some((1009, "message too big")),
         WsError::Utf8(_) => Some((1007, "invalid UTF-8")),
         WsError::Protocol(_) => Some((1002, "protocol error")),
+        WsError::Io(e) if is_empty_fragments(e) => Some((1008, "too many empty fragments")),
         _ => None,
     }
 }
@@ -137,7 +174,9 @@ async fn writer(
                 }
                 let write = async {
                     for m in batch.drain(..) {
-                        sink.feed(m).await?;
+                        for frame in fragments(m) {
+                            feed(&mut sink, frame).await?;
+                        }
                     }
                     sink.flush().await
                 };
@@ -154,6 +193,25 @@ async fn writer(
         let _ = tokio::time::timeout(Duration::from_secs(1), sink.send(close_message(reason))).await;
     }
     let _ = tokio::time::timeout(Duration::from_secs(1), sink.close()).await;
+}
+
+/// Queues `frame` in tungstenite's bounded write buffer, writing the buffer
+/// out first when it is full (of pongs a flood left there): waits as long
+/// as the client does not read, which the sweeper bounds.
+async fn feed<S>(sink: &mut S, frame: Message) -> Result<(), WsError>
+where
+    S: futures_util::Sink<Message, Error = WsError> + Unpin,
+{
+    let mut frame = frame;
+    loop {
+        match sink.feed(frame).await {
+            Err(WsError::WriteBufferFull(back)) => {
+                sink.flush().await?;
+                frame = *back;
+            }
+            fed => return fed,
+        }
+    }
 }
 
 fn problem_json(status: u16, detail: &str) -> Value {
@@ -173,7 +231,7 @@ fn error_message(id: Option<&Value>, status: u16, detail: &str) -> Message {
 }
 
 /// The `/ws` session: requests, subscriptions, pushes.
-async fn session(state: Arc<State>, ws: Ws) {
+async fn session(state: Arc<State>, conn: Arc<Conn>, ws: Ws) {
     let cfg = state.config.ws.clone();
     let (sink, mut stream) = ws.split();
     let (tx, rx) = mpsc::channel::<Message>(cfg.queue);
@@ -188,13 +246,20 @@ async fn session(state: Arc<State>, ws: Ws) {
     loop {
         let msg = tokio::select! {
             _ = killed.changed() => break,
+            _ = conn.closing() => {
+                kill.send_replace(TOO_SLOW);
+                break;
+            }
             _ = ping.tick() => {
                 if awaiting_pong {
                     kill.send_replace(Some((1008, "no pong to the last ping")));
                     break;
                 }
                 awaiting_pong = true;
-                let _ = tx.try_send(Message::Ping(Bytes::new()));
+                if let Err(mpsc::error::TrySendError::Full(_)) = tx.try_send(Message::Ping(Bytes::new())) {
+                    kill.send_replace(Some((1008, "too slow: send queue full")));
+                    break;
+                }
                 continue;
             }
             msg = stream.next() => msg,
@@ -412,9 +477,19 @@ async fn request(state: &State, ty: &str, id: Option<&Value>, data: &Value) -> M
 /// The `/ws/echo` session: each text or binary message goes to
 /// `demo.WsEcho` and its reply comes back as the same kind of message, in
 /// order. A failed round trip closes with 1011.
-async fn echo_session(state: Arc<State>, ws: Ws) {
+async fn echo_session(state: Arc<State>, conn: Arc<Conn>, ws: Ws) {
     let (mut sink, mut stream) = ws.split();
-    while let Some(msg) = stream.next().await {
+    loop {
+        let msg = tokio::select! {
+            msg = stream.next() => match msg {
+                Some(msg) => msg,
+                None => break,
+            },
+            _ = conn.closing() => {
+                let _ = tokio::time::timeout(Duration::from_secs(1), sink.send(close_message(TOO_SLOW))).await;
+                return;
+            }
+        };
         let (binary, body) = match msg {
             Ok(Message::Text(t)) => (false, Bytes::from(t)),
             Ok(Message::Binary(b)) => (true, b),
@@ -442,7 +517,18 @@ async fn echo_session(state: Arc<State>, ws: Ws) {
             }
         };
         let closing = matches!(out, Message::Close(_));
-        if sink.send(out).await.is_err() || closing {
+        let sent = async {
+            for frame in fragments(out) {
+                feed(&mut sink, frame).await?;
+            }
+            sink.flush().await
+        };
+        // A client that takes nothing: the sweeper ends the wait.
+        let sent = tokio::select! {
+            sent = sent => sent.is_ok(),
+            _ = conn.closing() => false,
+        };
+        if !sent || closing {
             break;
         }
     }

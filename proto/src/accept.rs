@@ -11,6 +11,12 @@
 //!
 //! On a group socket, [`Acceptor::accept_peer`] also checks the peer's
 //! credentials ([`PeerPolicy`]) and closes a stranger's connection.
+//!
+//! The usual cause of `EMFILE` is the default soft descriptor limit (1024 on
+//! most systems), far below what the hard limit allows: every process of
+//! the group raises its soft limit to the hard one at start
+//! ([`raise_nofile_limit`]), and the listener keeps its own connection
+//! limit under what is left ([`nofile_limit`]).
 
 use std::io;
 use std::task::{Context, Poll};
@@ -19,6 +25,36 @@ use std::time::{Duration, Instant};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 
 use crate::transport::PeerPolicy;
+
+/// Raises this process's soft limit on open descriptors (`RLIMIT_NOFILE`)
+/// to its hard limit, which needs no privilege; returns the soft limit now
+/// in force. Children inherit it.
+pub fn raise_nofile_limit() -> io::Result<u64> {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
+    if soft >= hard {
+        return Ok(soft);
+    }
+    match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+        Ok(()) => Ok(hard),
+        // An unlimited hard limit is still capped by `fs.nr_open`.
+        Err(_) => {
+            let cap = std::fs::read_to_string("/proc/sys/fs/nr_open")
+                .ok()
+                .and_then(|s| s.trim().parse::<u64>().ok())
+                .unwrap_or(soft)
+                .min(hard);
+            setrlimit(Resource::RLIMIT_NOFILE, cap, hard)?;
+            Ok(cap)
+        }
+    }
+}
+
+/// This process's soft limit on open descriptors.
+pub fn nofile_limit() -> io::Result<u64> {
+    let (soft, _) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)?;
+    Ok(soft)
+}
 
 /// A listening socket: TCP or Unix.
 pub trait Listen {
@@ -249,6 +285,17 @@ mod tests {
         acceptor.accept().await;
         assert_eq!(acceptor.failures, 0);
         assert_eq!(lines.count("accept failed; backing off"), 2);
+    }
+
+    #[test]
+    fn the_soft_descriptor_limit_rises_to_the_hard_one() {
+        use nix::sys::resource::{Resource, getrlimit, setrlimit};
+        let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+        // Lowered the way a login shell leaves it, then raised again.
+        setrlimit(Resource::RLIMIT_NOFILE, 256.min(hard), hard).unwrap();
+        assert_eq!(nofile_limit().unwrap(), 256.min(hard));
+        assert_eq!(raise_nofile_limit().unwrap(), hard);
+        assert_eq!(nofile_limit().unwrap(), hard);
     }
 
     #[tokio::test]

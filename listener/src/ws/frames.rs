@@ -1,0 +1,283 @@
+//! What tungstenite does not bound on the way in and out of a WebSocket.
+//!
+//! In: a fragmented message may go on forever with empty continuation
+//! frames (each adds nothing to the message, so the size limit never
+//! trips, and a core is kept busy parsing them). [`FrameGuard`] reads the
+//! frame headers as the bytes pass, with tungstenite's own parser, and
+//! fails the read past [`MAX_EMPTY_FRAGMENTS`] in one message.
+//!
+//! Out: tungstenite writes whole frames into its write buffer, so the
+//! buffer's bound must exceed the largest frame; [`fragments`] cuts
+//! outgoing messages into frames of at most [`FRAGMENT`] bytes, which lets
+//! the bound stay small. Past it, tungstenite keeps only the latest pong
+//! (RFC 6455 allows answering the most recent ping alone), so a client that
+//! pings and never reads cannot grow it.
+
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
+use tokio_tungstenite::tungstenite::protocol::frame::{Frame, FrameHeader};
+
+/// Empty continuation frames one message may carry; more fail the read.
+pub(crate) const MAX_EMPTY_FRAGMENTS: u32 = 16;
+
+/// The largest frame the listener writes.
+pub(crate) const FRAGMENT: usize = 64 * 1024;
+
+/// The read error [`FrameGuard`] fails with.
+#[derive(Debug, thiserror::Error)]
+#[error("more than {MAX_EMPTY_FRAGMENTS} empty continuation frames in one message")]
+pub(crate) struct EmptyFragments;
+
+/// Whether a read error is [`FrameGuard`]'s.
+pub(crate) fn is_empty_fragments(err: &io::Error) -> bool {
+    err.get_ref().is_some_and(|e| e.is::<EmptyFragments>())
+}
+
+/// Where the guard is in the byte stream.
+enum At {
+    /// In a frame header, this much of it seen (at most 14 bytes).
+    Header { seen: [u8; 14], len: usize },
+    /// In a payload, this many bytes still to pass.
+    Payload(u64),
+    /// After a header tungstenite will refuse: nothing more to follow.
+    Lost,
+}
+
+/// A WebSocket's transport, read through a frame-header counter (see the
+/// module docs); writes pass untouched.
+pub(crate) struct FrameGuard<S> {
+    inner: S,
+    at: At,
+    /// Empty continuation frames in the current message.
+    empty: u32,
+}
+
+impl<S> FrameGuard<S> {
+    pub(crate) fn new(inner: S) -> FrameGuard<S> {
+        FrameGuard {
+            inner,
+            at: At::Header {
+                seen: [0; 14],
+                len: 0,
+            },
+            empty: 0,
+        }
+    }
+
+    /// Follows the frames through `bytes`, just read.
+    fn observe(&mut self, mut bytes: &[u8]) -> Result<(), EmptyFragments> {
+        while !bytes.is_empty() {
+            match &mut self.at {
+                At::Lost => return Ok(()),
+                At::Payload(left) => {
+                    let n = (*left).min(bytes.len() as u64);
+                    *left -= n;
+                    bytes = &bytes[n as usize..];
+                    if *left == 0 {
+                        self.at = At::Header {
+                            seen: [0; 14],
+                            len: 0,
+                        };
+                    }
+                }
+                At::Header { seen, len } => {
+                    let take = (seen.len() - *len).min(bytes.len());
+                    seen[*len..*len + take].copy_from_slice(&bytes[..take]);
+                    let mut cursor = io::Cursor::new(&seen[..*len + take]);
+                    let (header, payload) = match FrameHeader::parse(&mut cursor) {
+                        Ok(Some(parsed)) => parsed,
+                        Ok(None) => {
+                            *len += take;
+                            bytes = &bytes[take..];
+                            continue;
+                        }
+                        // Malformed: tungstenite reports it.
+                        Err(_) => {
+                            self.at = At::Lost;
+                            return Ok(());
+                        }
+                    };
+                    // The header ended inside what was taken: the rest is
+                    // payload (or the next header).
+                    let used = cursor.position() as usize - *len;
+                    bytes = &bytes[used..];
+                    match header.opcode {
+                        OpCode::Data(Data::Continue) if payload == 0 && !header.is_final => {
+                            self.empty += 1;
+                            if self.empty > MAX_EMPTY_FRAGMENTS {
+                                return Err(EmptyFragments);
+                            }
+                        }
+                        OpCode::Data(Data::Text | Data::Binary) => self.empty = 0,
+                        _ => {}
+                    }
+                    self.at = if payload == 0 {
+                        At::Header {
+                            seen: [0; 14],
+                            len: 0,
+                        }
+                    } else {
+                        At::Payload(payload)
+                    };
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for FrameGuard<S> {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
+        if let Poll::Ready(Ok(())) = &polled
+            && let Err(err) = this.observe(&buf.filled()[before..])
+        {
+            return Poll::Ready(Err(io::Error::new(io::ErrorKind::InvalidData, err)));
+        }
+        polled
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for FrameGuard<S> {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+/// `message` as the frames the listener writes: itself when small, else
+/// fragments of at most [`FRAGMENT`] bytes (a text message's fragments
+/// may split a character; only the whole message must be UTF-8).
+pub(crate) fn fragments(message: Message) -> Vec<Message> {
+    let (opcode, payload): (Data, Bytes) = match message {
+        Message::Text(text) if text.len() > FRAGMENT => (Data::Text, text.into()),
+        Message::Binary(bytes) if bytes.len() > FRAGMENT => (Data::Binary, bytes),
+        small => return vec![small],
+    };
+    let count = payload.len().div_ceil(FRAGMENT);
+    (0..count)
+        .map(|i| {
+            let piece = payload.slice(i * FRAGMENT..((i + 1) * FRAGMENT).min(payload.len()));
+            let opcode = if i == 0 { opcode } else { Data::Continue };
+            Message::Frame(Frame::message(piece, OpCode::Data(opcode), i + 1 == count))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A masked client frame.
+    fn frame(opcode: u8, fin: bool, payload: &[u8]) -> Vec<u8> {
+        let mut out = vec![opcode | if fin { 0x80 } else { 0 }];
+        match payload.len() {
+            n if n < 126 => out.push(0x80 | n as u8),
+            n if n < 65536 => {
+                out.push(0x80 | 126);
+                out.extend_from_slice(&(n as u16).to_be_bytes());
+            }
+            n => {
+                out.push(0x80 | 127);
+                out.extend_from_slice(&(n as u64).to_be_bytes());
+            }
+        }
+        out.extend_from_slice(&[1, 2, 3, 4]);
+        out.extend(payload.iter().enumerate().map(|(i, b)| b ^ [1, 2, 3, 4][i % 4]));
+        out
+    }
+
+    fn guard() -> FrameGuard<()> {
+        FrameGuard::new(())
+    }
+
+    #[test]
+    fn empty_fragments_are_bounded_per_message() {
+        let mut g = guard();
+        g.observe(&frame(0x1, false, b"a")).unwrap();
+        for _ in 0..MAX_EMPTY_FRAGMENTS {
+            g.observe(&frame(0x0, false, b"")).unwrap();
+        }
+        // Control frames in between change nothing.
+        g.observe(&frame(0x9, true, b"ping")).unwrap();
+        assert!(g.observe(&frame(0x0, false, b"")).is_err());
+
+        // A new message starts the count again; non-empty fragments and an
+        // empty final one do not count.
+        let mut g = guard();
+        for _ in 0..3 {
+            g.observe(&frame(0x2, false, &[0; 200])).unwrap();
+            for _ in 0..MAX_EMPTY_FRAGMENTS {
+                g.observe(&frame(0x0, false, b"")).unwrap();
+            }
+            g.observe(&frame(0x0, false, &[1; 70_000])).unwrap();
+            g.observe(&frame(0x0, true, b"")).unwrap();
+        }
+    }
+
+    #[test]
+    fn headers_and_payloads_split_anywhere_are_followed() {
+        let mut stream = frame(0x1, false, &[9; 300]);
+        for _ in 0..=MAX_EMPTY_FRAGMENTS {
+            stream.extend(frame(0x0, false, b""));
+        }
+        // One byte at a time: the error comes on the last empty frame.
+        let mut g = guard();
+        let last = stream.len() - 1;
+        for (i, b) in stream.iter().enumerate() {
+            let result = g.observe(std::slice::from_ref(b));
+            assert_eq!(result.is_err(), i == last, "at byte {i}");
+            if result.is_err() {
+                break;
+            }
+        }
+    }
+
+    #[test]
+    fn large_messages_leave_in_fragments() {
+        let text = "é".repeat(FRAGMENT); // 2 bytes each: 2 fragments
+        let frames = fragments(Message::text(text.clone()));
+        assert_eq!(frames.len(), 2);
+        let mut joined = Vec::new();
+        for (i, f) in frames.into_iter().enumerate() {
+            let Message::Frame(f) = f else { panic!("a frame") };
+            let h = f.header();
+            assert_eq!(h.is_final, i == 1);
+            let expected = if i == 0 { Data::Text } else { Data::Continue };
+            assert_eq!(h.opcode, OpCode::Data(expected));
+            joined.extend_from_slice(f.payload());
+        }
+        assert_eq!(joined, text.as_bytes());
+        assert!(matches!(
+            &fragments(Message::text("small"))[..],
+            [Message::Text(_)]
+        ));
+    }
+}
