@@ -204,6 +204,10 @@ pub(crate) struct GroupConfig {
     /// descriptors only; decision 0040) or `socket` (batched writes on the
     /// Unix socket). Default `ring`.
     pub(crate) transport: switchyard_proto::link::Transport,
+    /// With the ring transport: how many times a process that found its
+    /// incoming ring empty gives up the CPU (re-checking in between) before
+    /// it sleeps and must be woken. 0: sleep at once. Default 3.
+    pub(crate) ring_yields: usize,
 }
 
 impl Default for GroupConfig {
@@ -219,6 +223,7 @@ impl Default for GroupConfig {
             shm_budget_bytes: 1 << 30,
             handler_timeout_ms: 30_000,
             transport: switchyard_proto::link::Transport::default(),
+            ring_yields: switchyard_proto::link::DEFAULT_YIELDS,
         }
     }
 }
@@ -672,6 +677,9 @@ impl Config {
         }
         if self.group.queue_capacity == 0 {
             problems.push("group.queue_capacity: must be positive".to_owned());
+        }
+        if self.group.ring_yields > 1000 {
+            problems.push("group.ring_yields: must be at most 1000".to_owned());
         }
         if self.group.shm_threshold_bytes + 64 * 1024 > self.group.max_frame_bytes {
             problems.push(format!(

@@ -129,6 +129,7 @@ async fn serve(role: Role, name: String, instance: u32, spec: Spec) -> anyhow::R
     switchyard_proto::shm::set_budget(config.group.shm_budget_bytes);
     // Every process of the group speaks the same transport on its links.
     switchyard_proto::link::set_transport(config.group.transport);
+    switchyard_proto::link::set_yields(config.group.ring_yields);
     let (ready_tx, ready_rx) = oneshot::channel();
     let mut commands = control.commands();
     let stop = async move {

@@ -40,7 +40,7 @@ use scenarios::{Ctx, Outcome};
 pub use server::{ManagerEntry, Pool, config_toml};
 
 /// Every scenario, in the order a full run takes them.
-pub const SCENARIOS: [&str; 10] = [
+pub const SCENARIOS: [&str; 11] = [
     "rest",
     "payload",
     "routing",
@@ -51,6 +51,7 @@ pub const SCENARIOS: [&str; 10] = [
     "ws",
     "grpc",
     "listener-workers",
+    "transport",
 ];
 
 /// Runs scenarios against a real Switchyard group and the in-process hyper

@@ -106,6 +106,23 @@ impl Record {
 /// uses the same, set once at start by the role's entry.
 static TRANSPORT: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 
+/// Times a ring reader gives up the CPU before it sleeps (`group.ring_yields`).
+static YIELDS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(DEFAULT_YIELDS);
+
+/// The default of [`set_yields`]: measured in decision 0040.
+pub const DEFAULT_YIELDS: usize = 3;
+
+/// Sets how many times a ring reader that found its ring empty yields the
+/// CPU (re-checking in between) before it sleeps and must be woken.
+pub fn set_yields(yields: usize) {
+    YIELDS.store(yields, Ordering::Relaxed);
+}
+
+/// See [`set_yields`].
+pub fn yields() -> usize {
+    YIELDS.load(Ordering::Relaxed)
+}
+
 /// Sets the transport [`open`] uses in this process.
 pub fn set_transport(transport: Transport) {
     TRANSPORT.store(transport as u8, Ordering::Relaxed);

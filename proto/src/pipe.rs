@@ -468,6 +468,12 @@ impl PipeEnd {
         Ok(Progress::Wait)
     }
 
+    /// Consumer: whether the producer has published bytes not read yet (a
+    /// peek at the positions; false when they make no sense).
+    pub fn has_bytes(&self) -> bool {
+        self.positions().is_ok_and(|(written, read)| written > read)
+    }
+
     /// Consumer: appends up to `max` bytes of the stream to `buf` (one copy,
     /// straight into its spare capacity). `Moved(0)` means the stream ended
     /// normally; `Wait` means nothing yet; an error means the producer

@@ -441,6 +441,16 @@ impl<R: FdSocket> FrameReader<R> {
             self.buf.reserve(64 * 1024);
         }
         if let Some(ring) = &mut self.ring {
+            // Before sleeping, give the CPU up a few times: on a busy
+            // machine the process that feeds us is likely runnable, and
+            // if it writes meanwhile it need not wake us, and we need not
+            // sleep (decision 0040; measured there).
+            for _ in 0..crate::link::yields() {
+                if ring.end_mut().has_bytes() {
+                    break;
+                }
+                std::thread::yield_now();
+            }
             let buf = &mut self.buf;
             let max = buf.capacity() - buf.len();
             let n = match std::future::poll_fn(|cx| ring.poll_read_into(cx, buf, max)).await {

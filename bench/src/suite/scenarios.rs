@@ -93,8 +93,8 @@ const COMPARISONS: &[Scenario] = &[
         loads: &[Load::http("/noop", CLIENTS)],
         contenders: Contenders::DemoAndBaseline,
         targets: &[Target::Ratio {
-            issue: "issue #7",
-            at: &[("1", 0.3), ("8", 0.5), ("32", 0.5)],
+            issue: "issue 16",
+            at: &[("1", 0.5), ("8", 0.6), ("32", 0.6)],
         }],
     },
     Scenario {
@@ -245,6 +245,25 @@ const COMPARISONS: &[Scenario] = &[
                 ("1 listener process", "[listener]\nworkers = 1\n", 0),
             ],
             refused: Some("listener.workers has not landed"),
+        },
+        targets: &[],
+    },
+    Scenario {
+        name: "transport",
+        title: "transport: shared-memory rings vs sockets between the hops",
+        about: &[
+            "- GET /noop; both contenders are the demo group, with `group.transport` \
+             \"ring\" vs \"socket\" (decision 0040); no baseline (the rest scenario \
+             compares the default, the ring, with it)",
+        ],
+        key: "clients",
+        loads: &[Load::http("/noop", CLIENTS)],
+        contenders: Contenders::Groups {
+            groups: [
+                ("ring", "[group]\ntransport = \"ring\"\n", 0),
+                ("socket", "[group]\ntransport = \"socket\"\n", 0),
+            ],
+            refused: Some("group.transport has not landed"),
         },
         targets: &[],
     },
