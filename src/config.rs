@@ -23,6 +23,47 @@ pub(crate) struct Config {
     pub(crate) managers: Vec<ManagerConfig>,
     /// Where the built-in Store and Scheduler keep their database.
     pub(crate) data: DataConfig,
+    /// Request ids: taken or made per request, in every log line and the reply.
+    pub(crate) request_id: RequestIdConfig,
+}
+
+/// `[request_id]` (docs/http.md#request-ids).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct RequestIdConfig {
+    /// Whether every request gets an id, carried through every hop into
+    /// the log lines it causes and answered in `header`. Default true.
+    pub(crate) enabled: bool,
+    /// The header the id is read from and answered in. Default
+    /// `x-request-id`.
+    pub(crate) header: String,
+    /// Whether a client's own id (1 to 128 visible ASCII characters) is
+    /// kept; otherwise (or when it is not acceptable) a new one is made.
+    /// Default true.
+    pub(crate) accept_incoming: bool,
+}
+
+impl Default for RequestIdConfig {
+    fn default() -> Self {
+        RequestIdConfig {
+            enabled: true,
+            header: "x-request-id".to_owned(),
+            accept_incoming: true,
+        }
+    }
+}
+
+impl RequestIdConfig {
+    pub(crate) fn to_listener(&self) -> switchyard_listener::RequestIdConfig {
+        let default = switchyard_listener::RequestIdConfig::default();
+        switchyard_listener::RequestIdConfig {
+            enabled: self.enabled,
+            // Checked by `Config::validate`.
+            header: http::HeaderName::from_bytes(self.header.to_ascii_lowercase().as_bytes())
+                .unwrap_or(default.header),
+            accept_incoming: self.accept_incoming,
+        }
+    }
 }
 
 /// The HTTP front end.
@@ -74,6 +115,28 @@ pub(crate) struct ListenerConfig {
     pub(crate) max_connection_bytes: u64,
     /// WebSocket limits (`/ws`, `/ws/echo`).
     pub(crate) ws: WsLimits,
+    /// Addresses or CIDR ranges of the proxies in front of the listener
+    /// (`["10.0.0.0/8", "127.0.0.1"]`): only from those peers do
+    /// `Forwarded` and `X-Forwarded-For` name the client. Default: none.
+    #[serde(deserialize_with = "proxy_ranges")]
+    pub(crate) trusted_proxies: Vec<ipnet::IpNet>,
+}
+
+/// `"10.0.0.0/8"` or a bare address (`"127.0.0.1"`, `"::1"`: one host).
+fn proxy_ranges<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<ipnet::IpNet>, D::Error> {
+    let texts = Vec::<String>::deserialize(d)?;
+    texts
+        .iter()
+        .map(|text| {
+            text.parse::<ipnet::IpNet>()
+                .or_else(|_| text.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+                .map_err(|_| {
+                    serde::de::Error::custom(format!(
+                        "`{text}` is neither an IP address nor a CIDR range (10.0.0.0/8, fd00::/8)"
+                    ))
+                })
+        })
+        .collect()
 }
 
 /// `HOST:PORT` → the first address it resolves to (`localhost:0` works as
@@ -166,6 +229,7 @@ impl Default for ListenerConfig {
             write_stall_timeout_ms: 30_000,
             max_connection_bytes: 64 << 20,
             ws: WsLimits::default(),
+            trusted_proxies: Vec::new(),
         }
     }
 }
@@ -536,6 +600,7 @@ impl Default for Config {
                 }))
                 .collect(),
             data: DataConfig::default(),
+            request_id: RequestIdConfig::default(),
         }
     }
 }
@@ -660,6 +725,12 @@ impl Config {
         }
         if l.max_connection_bytes == 0 {
             problems.push("listener.max_connection_bytes: must be positive".to_owned());
+        }
+        let id_header = &self.request_id.header;
+        if http::HeaderName::from_bytes(id_header.as_bytes()).is_err() || id_header.is_empty() {
+            problems.push(format!(
+                "request_id.header: `{id_header}` is not an HTTP header name"
+            ));
         }
         if self.group.max_frame_bytes < 64 * 1024 || self.group.max_frame_bytes > u32::MAX as usize {
             problems.push("group.max_frame_bytes: must be between 65536 and 4294967295".to_owned());

@@ -230,6 +230,8 @@ async fn serve(role: Role, name: String, instance: u32, spec: Spec) -> anyhow::R
                 write_stall_timeout: Duration::from_millis(l.write_stall_timeout_ms),
                 max_connection_bytes: l.max_connection_bytes,
                 ws: l.ws.to_listener(),
+                trusted_proxies: l.trusted_proxies.clone(),
+                request_id: config.request_id.to_listener(),
             };
             let mut commands = control.commands();
             let drain = async move {

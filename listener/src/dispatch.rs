@@ -3,16 +3,22 @@
 //! then gRPC by content type (or every request of the gRPC-only port); the
 //! listener's own `/health` and `/ready`; WebSocket upgrades of `/ws` and
 //! `/ws/echo`; else the route table, whose entry says whether the body is
-//! taken whole or streamed.
+//! taken whole or streamed. `HEAD` is served by a path's `GET` route
+//! (headers, no body) and `OPTIONS` answers `Allow` where no route
+//! declares them. Every request first gets its context (client address,
+//! request id: `context`), and every answer its `x-request-id`.
 
 use std::sync::Arc;
 
-use http::{HeaderValue, Request, Response, StatusCode, Version, header};
-use http_body_util::Either;
+use bytes::Bytes;
+use http::{HeaderValue, Method, Request, Response, StatusCode, Version, header};
+use http_body_util::{Either, Full};
 use hyper::body::Incoming;
+use tracing::Instrument;
 
 use crate::body::Body;
 use crate::conn::Conn;
+use crate::context::Client;
 use crate::grpc::{self, Grpc};
 use crate::reply::{Reply, error, json};
 use crate::routes::Lookup;
@@ -22,6 +28,36 @@ use crate::{upload, ws};
 /// Serves one request of connection `conn`; `grpc_only` when it came on
 /// the gRPC-only port.
 pub(crate) async fn serve(
+    state: &Arc<State>,
+    grpc: &Grpc,
+    grpc_only: bool,
+    conn: &Arc<Conn>,
+    peer: Option<std::net::SocketAddr>,
+    mut req: Request<Incoming>,
+) -> Response<Either<Body, tonic::body::Body>> {
+    let config = &state.config;
+    let client = Client::of(peer, req.headers(), &config.trusted_proxies, &config.request_id);
+    let request_id = client.request_id.clone();
+    req.extensions_mut().insert(client);
+    // Every line this request causes here names it.
+    let span = match &request_id {
+        Some(id) => tracing::info_span!("request", request_id = &**id),
+        None => tracing::Span::none(),
+    };
+    let mut reply = serve_request(state, grpc, grpc_only, conn, req)
+        .instrument(span)
+        .await;
+    if let Some(id) = request_id
+        && let Ok(value) = HeaderValue::from_str(&id)
+    {
+        reply
+            .headers_mut()
+            .insert(config.request_id.header.clone(), value);
+    }
+    reply
+}
+
+async fn serve_request(
     state: &Arc<State>,
     grpc: &Grpc,
     grpc_only: bool,
@@ -97,13 +133,24 @@ fn ready(state: &State) -> Reply {
 
 async fn route(state: &State, req: Request<Incoming>) -> Reply {
     let routes = state.pool.routes();
-    let matched = match routes.lookup(req.method().as_str(), req.uri().path()) {
+    let method = req.method().clone();
+    let mut lookup = routes.lookup(method.as_str(), req.uri().path());
+    // HEAD is GET without the body, wherever no route declares HEAD.
+    let head = method == Method::HEAD && matches!(lookup, Lookup::WrongMethod(_) | Lookup::NotFound);
+    if head {
+        lookup = routes.lookup(Method::GET.as_str(), req.uri().path());
+    }
+    let matched = match lookup {
         Lookup::Found(m) => m,
+        Lookup::WrongMethod(allowed) if method == Method::OPTIONS => {
+            let mut reply = Response::new(Either::Left(Full::new(Bytes::new())));
+            *reply.status_mut() = StatusCode::NO_CONTENT;
+            insert_allow(&mut reply, allowed);
+            return reply;
+        }
         Lookup::WrongMethod(allowed) => {
             let mut reply = error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed for this path");
-            if let Ok(v) = HeaderValue::from_str(&allowed.join(", ")) {
-                reply.headers_mut().insert(header::ALLOW, v);
-            }
+            insert_allow(&mut reply, allowed);
             return reply;
         }
         Lookup::NotFound => return error(StatusCode::NOT_FOUND, "no route matches this path"),
@@ -115,11 +162,47 @@ async fn route(state: &State, req: Request<Incoming>) -> Reply {
         }
     };
     drop(routes);
-    if matched.entry.route.stream_body {
+    let reply = if matched.entry.route.stream_body {
         upload::upload(state, req, matched).await
     } else {
         crate::http::forward(state, req, matched).await
+    };
+    if head { without_body(reply) } else { reply }
+}
+
+/// `Allow` for a path whose routes take `allowed`: with `HEAD` where there
+/// is `GET`, and `OPTIONS` always.
+fn insert_allow(reply: &mut Reply, mut allowed: Vec<String>) {
+    if allowed.iter().any(|m| m == "GET") && !allowed.iter().any(|m| m == "HEAD") {
+        allowed.push("HEAD".to_owned());
     }
+    if !allowed.iter().any(|m| m == "OPTIONS") {
+        allowed.push("OPTIONS".to_owned());
+    }
+    allowed.sort();
+    if let Ok(v) = HeaderValue::from_str(&allowed.join(", ")) {
+        reply.headers_mut().insert(header::ALLOW, v);
+    }
+}
+
+/// The answer to a `HEAD`: the `GET` answer's status and headers, its
+/// length when known, no body (a streamed body's pipe is closed, which
+/// stops its producer).
+fn without_body(reply: Reply) -> Reply {
+    let (mut parts, body) = reply.into_parts();
+    let length = match &body {
+        Either::Left(whole) => http_body::Body::size_hint(whole).exact(),
+        Either::Right(pipe) => pipe.remaining,
+    };
+    if let Some(length) = length
+        && !parts.headers.contains_key(header::CONTENT_LENGTH)
+    {
+        parts
+            .headers
+            .insert(header::CONTENT_LENGTH, HeaderValue::from(length));
+    }
+    drop(body);
+    Response::from_parts(parts, Either::Left(Full::new(Bytes::new())))
 }
 
 #[cfg(test)]

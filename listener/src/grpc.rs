@@ -31,6 +31,7 @@ use tonic::{Status, Streaming};
 use tonic_health::ServingStatus;
 use tonic_health::server::{HealthReporter, HealthService};
 
+use crate::context::{Front, Opener};
 use crate::exchange::emit_notification;
 use crate::pipes::{CloseReason, Outbox, SessionGuard, Subscription, check_subscription};
 use crate::state::State;
@@ -170,7 +171,8 @@ impl CallError {
 }
 
 /// A unary call: the request event, its reply or the mapped error.
-async fn call(state: &State, req: CallRequest) -> Result<CallReply, CallError> {
+/// `front`: the request's context (the call's metadata, or its stream's).
+async fn call(state: &State, req: CallRequest, front: &Front<'_>) -> Result<CallReply, CallError> {
     if req.r#type.is_empty() {
         return Err(CallError::invalid("`type` names the event type"));
     }
@@ -198,8 +200,15 @@ async fn call(state: &State, req: CallRequest) -> Result<CallReply, CallError> {
             )),
         });
     }
-    let (status, content_type, body) =
-        crate::exchange::call(state, &req.r#type, Some(content_type), req.payload, timeout).await;
+    let (status, content_type, body) = crate::exchange::call(
+        state,
+        &req.r#type,
+        Some(content_type),
+        req.payload,
+        timeout,
+        front,
+    )
+    .await;
     if status < 400 {
         return Ok(CallReply {
             status: status.into(),
@@ -304,7 +313,11 @@ impl Events for EventsService {
     }
 
     async fn call(&self, request: tonic::Request<CallRequest>) -> Result<tonic::Response<CallReply>, Status> {
-        call(&self.state, request.into_inner())
+        // A unary call is one request: the id the listener gave it (and
+        // answers in the response headers) is its own.
+        let (metadata, extensions, request) = request.into_parts();
+        let opener = Opener::of(metadata.into_headers(), &extensions);
+        call(&self.state, request, &opener.front(&opener.client))
             .await
             .map(tonic::Response::new)
             .map_err(|e| e.grpc)
@@ -349,9 +362,10 @@ impl Events for EventsService {
         &self,
         request: tonic::Request<Streaming<ClientMessage>>,
     ) -> Result<tonic::Response<Self::SessionStream>, Status> {
-        let inbound = request.into_inner();
+        let (metadata, extensions, inbound) = request.into_parts();
+        let opener = Arc::new(Opener::of(metadata.into_headers(), &extensions));
         let (guard, tx, rx, killed) = open(&self.state);
-        tokio::spawn(read_session(self.state.clone(), guard, tx, inbound));
+        tokio::spawn(read_session(self.state.clone(), guard, tx, inbound, opener));
         Ok(tonic::Response::new(Box::pin(outbound(None, rx, killed))))
     }
 }
@@ -380,6 +394,7 @@ async fn read_session(
     guard: SessionGuard,
     tx: GrpcTx,
     mut inbound: Streaming<ClientMessage>,
+    opener: Arc<Opener>,
 ) {
     let session = guard.session;
     let max_in_flight = state.config.ws.max_in_flight;
@@ -403,9 +418,11 @@ async fn read_session(
                 let Ok(permit) = in_flight.clone().acquire_owned().await else {
                     break;
                 };
-                let (state, tx) = (state.clone(), tx.clone());
+                let (state, tx, opener) = (state.clone(), tx.clone(), opener.clone());
                 tokio::spawn(async move {
-                    let reply = match call(&state, req).await {
+                    // Each call of a stream has its own request id.
+                    let client = opener.client.next_request();
+                    let reply = match call(&state, req, &opener.front(&client)).await {
                         Ok(reply) => answer(id, server_message::Kind::Reply(reply)),
                         Err(e) => error(id, e.status, &e.grpc),
                     };

@@ -63,7 +63,7 @@ pub(crate) async fn forward(state: &State, req: Request<Incoming>, matched: Matc
         }
     };
     env.deadline = Deadline::after(state.config.request_timeout);
-    request_meta(&mut env, &parts, matched.params);
+    request_meta(&mut env, &parts, matched.params, matched.needs.as_deref());
     exchange(state, env, range.as_deref()).await
 }
 

@@ -48,6 +48,7 @@
 
 mod body;
 mod conn;
+mod context;
 mod dispatch;
 mod exchange;
 mod grpc;
@@ -61,6 +62,7 @@ mod state;
 mod upload;
 mod ws;
 
+pub use context::RequestIdConfig;
 pub use routes::percent_decode;
 
 use std::convert::Infallible;
@@ -133,6 +135,12 @@ pub struct Config {
     pub max_connection_bytes: u64,
     /// WebSocket limits.
     pub ws: WsConfig,
+    /// Proxies whose `Forwarded` / `X-Forwarded-For` name the client
+    /// (`listener.trusted_proxies`); from any other peer those headers
+    /// are the client's own word, and ignored.
+    pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// Request ids (`[request_id]`).
+    pub request_id: RequestIdConfig,
 }
 
 /// WebSocket limits (`[listener.ws]` in switchyard.toml).
@@ -262,6 +270,7 @@ pub async fn run(
             continue;
         };
         let _ = stream.set_nodelay(true);
+        let peer = stream.peer_addr().ok();
         let io = TokioIo::new(Io::new(stream, conn.clone(), admission));
         let serve = Serve {
             builder: builder.clone(),
@@ -269,6 +278,7 @@ pub async fn run(
             grpc: grpc.clone(),
             grpc_only,
             conn,
+            peer,
         };
         tokio::spawn(serve.run(io, done_tx.clone()));
     };
@@ -335,6 +345,8 @@ struct Serve {
     grpc: Arc<grpc::Grpc>,
     grpc_only: bool,
     conn: Arc<Conn>,
+    /// The TCP peer (the client, or a proxy in front of it).
+    peer: Option<std::net::SocketAddr>,
 }
 
 type Response = ::http::Response<Tracked<Either<body::Body, tonic::body::Body>>>;
@@ -385,7 +397,7 @@ impl Serve {
         let conn = &self.conn;
         conn.request_started();
         let piece = (req.version() == ::http::Version::HTTP_2).then_some(conn::H2_PIECE);
-        let reply = dispatch::serve(&self.state, &self.grpc, self.grpc_only, conn, req).await;
+        let reply = dispatch::serve(&self.state, &self.grpc, self.grpc_only, conn, self.peer, req).await;
         // Only a whole body is held in memory; a streamed one holds a ring.
         let held = match reply.body() {
             Either::Left(Either::Left(whole)) => http_body::Body::size_hint(whole).exact().unwrap_or(0),

@@ -56,7 +56,7 @@ pub(crate) async fn upload(state: &State, req: Request<Incoming>, matched: Match
     // No deadline for the hops: the listener times the answer from the end
     // of the body.
     env.deadline = Deadline::NONE;
-    request_meta(&mut env, &parts, matched.params);
+    request_meta(&mut env, &parts, matched.params, matched.needs.as_deref());
 
     // A body idle for a whole body read timeout is cut; a handler that
     // takes nothing for a whole request timeout is given up on.

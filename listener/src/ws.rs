@@ -38,6 +38,7 @@ use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, WebSocketConfig
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 
 use crate::conn::Conn;
+use crate::context::Opener;
 use crate::exchange::{call, emit_notification, round_trip};
 use crate::pipes::{CloseReason, Outbox, Subscription, check_subscription};
 use crate::reply::{Reply, error};
@@ -100,6 +101,9 @@ pub(crate) fn upgrade(state: Arc<State>, conn: &Arc<Conn>, mut req: Request<Inco
         return error(StatusCode::BAD_REQUEST, "missing Sec-WebSocket-Key");
     };
     let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
+    // What every request of the session knows of its client: the upgrade's
+    // headers (cookies, say), address and identity.
+    let opener = Arc::new(Opener::of(req.headers().clone(), req.extensions()));
     let on_upgrade = hyper::upgrade::on(&mut req);
     let cfg = state.config.ws.clone();
     let session_conn = conn.clone();
@@ -118,9 +122,9 @@ pub(crate) fn upgrade(state: Arc<State>, conn: &Arc<Conn>, mut req: Request<Inco
         let io = FrameGuard::new(TokioIo::new(upgraded));
         let ws = WebSocketStream::from_raw_socket(io, Role::Server, Some(config)).await;
         if echo {
-            echo_session(state, conn, ws).await
+            echo_session(state, conn, ws, opener).await
         } else {
-            session(state, conn, ws).await
+            session(state, conn, ws, opener).await
         }
     });
     // From now on the session's pings say whether the client is alive.
@@ -231,7 +235,7 @@ fn error_message(id: Option<&Value>, status: u16, detail: &str) -> Message {
 }
 
 /// The `/ws` session: requests, subscriptions, pushes.
-async fn session(state: Arc<State>, conn: Arc<Conn>, ws: Ws) {
+async fn session(state: Arc<State>, conn: Arc<Conn>, ws: Ws, opener: Arc<Opener>) {
     let cfg = state.config.ws.clone();
     let (sink, mut stream) = ws.split();
     let (tx, rx) = mpsc::channel::<Message>(cfg.queue);
@@ -282,9 +286,9 @@ async fn session(state: Arc<State>, conn: Arc<Conn>, ws: Ws) {
                         let Ok(permit) = in_flight.clone().acquire_owned().await else {
                             break;
                         };
-                        let (state, tx) = (state.clone(), tx.clone());
+                        let (state, tx, opener) = (state.clone(), tx.clone(), opener.clone());
                         tokio::spawn(async move {
-                            let reply = binary_request(&state, request).await;
+                            let reply = binary_request(&state, request, &opener).await;
                             let _ = tx.send(reply).await;
                             drop(permit);
                         });
@@ -336,9 +340,9 @@ async fn session(state: Arc<State>, conn: Arc<Conn>, ws: Ws) {
                 .get("data")
                 .cloned()
                 .unwrap_or(Value::Object(Default::default()));
-            let (state, tx, ty) = (state.clone(), tx.clone(), ty.clone());
+            let (state, tx, ty, opener) = (state.clone(), tx.clone(), ty.clone(), opener.clone());
             tokio::spawn(async move {
-                let reply = request(&state, &ty, msg_id.as_ref(), &data).await;
+                let reply = request(&state, &ty, msg_id.as_ref(), &data, &opener).await;
                 let _ = tx.send(reply).await;
                 drop(permit);
             });
@@ -414,14 +418,16 @@ fn unsubscribe(state: &State, session: u64, id: Option<&Value>, which: &Value) -
 }
 
 /// A binary `/ws` request → its binary reply.
-async fn binary_request(state: &State, request: WsBinaryRequest) -> Message {
+async fn binary_request(state: &State, request: WsBinaryRequest, opener: &Opener) -> Message {
     const BINCODE: &str = "application/x-bincode";
+    let client = opener.client.next_request();
     let (status, content_type, body) = call(
         state,
         &request.event_type,
         Some(BINCODE),
         Bytes::from(request.payload),
         state.config.request_timeout,
+        &opener.front(&client),
     )
     .await;
     let reply = WsBinaryReply {
@@ -460,9 +466,11 @@ fn notify(state: &State, id: Option<&Value>, ty: &Value, data: Option<&Value>) -
 }
 
 /// A `/ws` request: `{"id","type","data"}` → `{"id","status","data"|"error"}`.
-async fn request(state: &State, ty: &str, id: Option<&Value>, data: &Value) -> Message {
+async fn request(state: &State, ty: &str, id: Option<&Value>, data: &Value, opener: &Opener) -> Message {
     let body = Bytes::from(data.to_string());
-    let (status, body) = round_trip(state, ty, Some("application/json"), body).await;
+    // Each request of a session is a request of its own, with its own id.
+    let client = opener.client.next_request();
+    let (status, body) = round_trip(state, ty, Some("application/json"), body, &opener.front(&client)).await;
     let payload: Value = serde_json::from_slice(&body)
         .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into_owned()));
     let mut out = serde_json::Map::new();
@@ -477,7 +485,7 @@ async fn request(state: &State, ty: &str, id: Option<&Value>, data: &Value) -> M
 /// The `/ws/echo` session: each text or binary message goes to
 /// `demo.WsEcho` and its reply comes back as the same kind of message, in
 /// order. A failed round trip closes with 1011.
-async fn echo_session(state: Arc<State>, conn: Arc<Conn>, ws: Ws) {
+async fn echo_session(state: Arc<State>, conn: Arc<Conn>, ws: Ws, opener: Arc<Opener>) {
     let (mut sink, mut stream) = ws.split();
     loop {
         let msg = tokio::select! {
@@ -504,7 +512,10 @@ async fn echo_session(state: Arc<State>, conn: Arc<Conn>, ws: Ws) {
                 return;
             }
         };
-        let (status, reply) = round_trip(&state, ECHO_EVENT, Some("application/octet-stream"), body).await;
+        let client = opener.client.next_request();
+        let front = opener.front(&client);
+        let (status, reply) =
+            round_trip(&state, ECHO_EVENT, Some("application/octet-stream"), body, &front).await;
         let out = if status != 200 {
             tracing::warn!(status, "websocket echo round trip failed");
             close_message(Some((1011, "server error")))

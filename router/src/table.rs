@@ -3,7 +3,8 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use switchyard_proto::control::{
-    Control, HandledType, META_EVENT, ManagerDescription, ManagerHealth, RouteEntry, RouteTable,
+    Control, HandledType, META_EVENT, ManagerDescription, ManagerHealth, RequestNeeds, RouteEntry,
+    RouteTable, TypeNeeds,
 };
 use switchyard_proto::transport::FrameSink;
 use switchyard_proto::{Deadline, Envelope, EventType, Origin};
@@ -41,6 +42,9 @@ pub(crate) struct Table {
     /// Every route ever declared; routes of a manager that is down stay, so
     /// the listener answers 503 for them, not 404.
     routes: BTreeMap<(String, String), RouteEntry>,
+    /// What each request type declares it reads of its request; kept,
+    /// like the routes, while its manager is down.
+    needs: BTreeMap<EventType, RequestNeeds>,
     declared: Vec<String>,
     /// Managers that have registered an instance since the router started:
     /// once every declared one has, `known` holds every type the group
@@ -62,6 +66,7 @@ impl Table {
             known: HashMap::new(),
             in_flight: HashMap::new(),
             routes: BTreeMap::new(),
+            needs: BTreeMap::new(),
             declared,
             registered: HashSet::new(),
             broker: None,
@@ -110,6 +115,11 @@ impl Table {
                     manager: description.name.clone(),
                 },
             );
+            if handled.needs.is_empty() {
+                self.needs.remove(&handled.event_type);
+            } else {
+                self.needs.insert(handled.event_type, handled.needs.clone());
+            }
             if let Some(route) = &handled.route {
                 self.routes.insert(
                     (route.method.clone(), route.path.clone()),
@@ -169,6 +179,7 @@ impl Table {
         let key = (env.origin, env.correlation);
         let Some(id) = self.pick(env.event_type) else {
             let (status, detail) = self.unroutable(&env);
+            tracing::debug!(request_id = env.meta.request_id(), status, %detail, "request not routed");
             let mut err = Envelope::error_to(&env, status, &detail);
             if status == 503 {
                 // Its manager is restarting (or crash-looping): come back.
@@ -177,7 +188,14 @@ impl Table {
             return self.deliver(err);
         };
         let inst = self.instances.get_mut(&id).expect("picked instances exist");
+        tracing::debug!(
+            request_id = env.meta.request_id(),
+            manager = %inst.name,
+            instance = id,
+            "request routed"
+        );
         if inst.outstanding >= self.max_outstanding {
+            tracing::debug!(request_id = env.meta.request_id(), manager = %inst.name, "manager at capacity");
             let mut err = Envelope::error_to(&env, 503, &format!("manager `{}` is at capacity", inst.name));
             err.meta.push("retry-after", "1");
             return self.deliver(err);
@@ -195,6 +213,11 @@ impl Table {
                 );
             }
             Err(refused) => {
+                tracing::debug!(
+                    request_id = refused.envelope.meta.request_id(),
+                    manager = %inst.name,
+                    "manager not keeping up; request refused"
+                );
                 let mut err = Envelope::error_to(
                     &refused.envelope,
                     503,
@@ -266,7 +289,11 @@ impl Table {
     /// A response with no entry was already answered (503/504) and is dropped.
     pub(crate) fn complete(&mut self, env: Envelope) {
         let Some(flight) = self.in_flight.remove(&(env.origin, env.correlation)) else {
-            return tracing::debug!(origin = ?env.origin, "late response dropped");
+            return tracing::debug!(
+                origin = ?env.origin,
+                request_id = env.meta.request_id(),
+                "late response dropped"
+            );
         };
         if let Some(inst) = self.instances.get_mut(&flight.instance) {
             inst.outstanding = inst.outstanding.saturating_sub(1);
@@ -335,10 +362,15 @@ impl Table {
         match sink {
             Some(sink) => {
                 if let Err(refused) = sink.send(env) {
-                    tracing::warn!(%refused, "response dropped");
+                    let request_id = refused.envelope.meta.request_id();
+                    tracing::warn!(%refused, request_id, "response dropped");
                 }
             }
-            None => tracing::debug!(origin = ?env.origin, "response to a gone origin dropped"),
+            None => tracing::debug!(
+                origin = ?env.origin,
+                request_id = env.meta.request_id(),
+                "response to a gone origin dropped"
+            ),
         }
     }
 
@@ -356,6 +388,14 @@ impl Table {
             managers: managers
                 .into_iter()
                 .map(|(name, instances_up)| ManagerHealth { name, instances_up })
+                .collect(),
+            needs: self
+                .needs
+                .iter()
+                .map(|(event_type, needs)| TypeNeeds {
+                    event_type: *event_type,
+                    needs: needs.clone(),
+                })
                 .collect(),
         };
         match Envelope::control(&Control::RouteTable(table)) {

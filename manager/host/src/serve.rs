@@ -26,7 +26,7 @@ use tokio::net::unix::OwnedReadHalf;
 use tokio::sync::{mpsc, oneshot};
 
 use switchyard_manager_abi::handover;
-use switchyard_manager_abi::messages::{Description, FromPlugin, LogLevel, ToPlugin};
+use switchyard_manager_abi::messages::{Caller, Description, FromPlugin, LogLevel, ToPlugin};
 
 use crate::loader::{LoadError, Plugin};
 use crate::watchdog::Watchdog;
@@ -173,6 +173,16 @@ async fn connect(
 /// path and without needing traffic.
 pub const IDLE_STEP: Duration = Duration::from_secs(2);
 
+/// The request id of each request in the plugin's hands that has one, by
+/// the local id the plugin knows it by: the plugin's log lines name only
+/// that, and may come from any of its threads (`HostApi::log`).
+static REQUEST_IDS: std::sync::LazyLock<std::sync::Mutex<HashMap<u64, Box<str>>>> =
+    std::sync::LazyLock::new(Default::default);
+
+fn request_ids() -> std::sync::MutexGuard<'static, HashMap<u64, Box<str>>> {
+    REQUEST_IDS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// Set by plugin threads (`HostApi::wake`): step the plugin soon.
 static WAKE: tokio::sync::Notify = tokio::sync::Notify::const_new();
 
@@ -266,12 +276,23 @@ impl Host {
                         self.next_local += 1;
                         self.requests
                             .insert(local, (env.origin, env.correlation, env.event_type));
+                        if let Some(id) = env.meta.request_id() {
+                            tracing::debug!(request_id = id, correlation = local, "request to the plugin");
+                            request_ids().insert(local, id.into());
+                        }
+                        // The return address says who sent it: only the
+                        // router stamps `Manager`.
+                        let caller = match env.origin {
+                            Origin::Manager(_) => Caller::Manager,
+                            _ => Caller::Client,
+                        };
                         inputs.push(ToPlugin::Request {
                             correlation: local,
                             event_type: env.event_type,
                             meta: env.meta,
                             body,
                             stream,
+                            caller,
                         });
                     }
                     Kind::Response => {
@@ -332,12 +353,18 @@ impl Host {
     /// descriptors per upload in it.
     fn refuse(&mut self, inputs: &[ToPlugin], sink: &FrameSink) {
         for input in inputs {
-            if let ToPlugin::Request { correlation, .. } = input
-                && let Some((origin, correlation, event_type)) = self.requests.remove(correlation)
+            if let ToPlugin::Request {
+                correlation: local, ..
+            } = input
+                && let Some((origin, correlation, event_type)) = self.requests.remove(local)
             {
                 let mut env = Envelope::request(event_type, correlation, Bytes::new());
                 env.origin = origin;
-                let _ = sink.send(Envelope::error_to(&env, 500, "internal error"));
+                let mut answer = Envelope::error_to(&env, 500, "internal error");
+                if let Some(id) = request_ids().remove(local) {
+                    answer.meta.push(switchyard_proto::event::META_REQUEST_ID, &*id);
+                }
+                let _ = sink.send(answer);
             }
         }
     }
@@ -355,10 +382,17 @@ impl Host {
                     // Adopted first: an unknown request's stream is closed
                     // (its producer then stops), not leaked.
                     let handle = handle.map(handover::adopt_body);
+                    let request_id = request_ids().remove(&correlation);
                     let Some((origin, correlation, event_type)) = self.requests.remove(&correlation) else {
                         tracing::warn!(correlation, "plugin answered an unknown request");
                         continue;
                     };
+                    // The response names its request too, for the lines
+                    // the router and broker may write about it.
+                    let mut meta = meta;
+                    if let Some(id) = &request_id {
+                        meta.push(switchyard_proto::event::META_REQUEST_ID, &**id);
+                    }
                     let mut env = Envelope::request(event_type, correlation, Bytes::new());
                     env.origin = origin;
                     let payload = match handle {
@@ -462,6 +496,7 @@ impl Host {
     /// successor (it failed them), and the plugin's pending calls fail now.
     fn router_lost(&mut self, plugin: &mut Plugin) -> Result<(), LoadError> {
         self.requests.clear();
+        request_ids().clear();
         if self.calls.is_empty() {
             return Ok(());
         }
@@ -499,12 +534,18 @@ fn job_result(done: Done) -> ToPlugin {
     }
 }
 
-/// Logs a plugin's line through this process's `tracing` subscriber.
+/// Logs a plugin's line through this process's `tracing` subscriber,
+/// with the request id of the request it is about, if any.
 pub(crate) fn log(level: LogLevel, correlation: u64, message: &str) {
+    // Copied out: the lock is not held while the line is written.
+    let request_id = (correlation != 0)
+        .then(|| request_ids().get(&correlation).cloned())
+        .flatten();
+    let request_id = request_id.as_deref();
     match level {
-        LogLevel::Error => tracing::error!(correlation, "{message}"),
-        LogLevel::Warn => tracing::warn!(correlation, "{message}"),
-        LogLevel::Info => tracing::info!(correlation, "{message}"),
-        LogLevel::Debug => tracing::debug!(correlation, "{message}"),
+        LogLevel::Error => tracing::error!(correlation, request_id, "{message}"),
+        LogLevel::Warn => tracing::warn!(correlation, request_id, "{message}"),
+        LogLevel::Info => tracing::info!(correlation, request_id, "{message}"),
+        LogLevel::Debug => tracing::debug!(correlation, request_id, "{message}"),
     }
 }
