@@ -109,7 +109,7 @@ pub(crate) fn new_request_id() -> Arc<str> {
     const ALPHABET: &[u8; 32] = b"0123456789ABCDEFGHJKMNPQRSTVWXYZ";
     let millis = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u128);
+        .map_or(0, |d| d.as_millis());
     let random = (u128::from(fastrand::u64(..)) << 16) | u128::from(fastrand::u16(..));
     let value = ((millis & ((1 << 48) - 1)) << 80) | random;
     let mut text = [0u8; 26];

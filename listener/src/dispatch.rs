@@ -44,9 +44,13 @@ pub(crate) async fn serve(
         Some(id) => tracing::info_span!("request", request_id = &**id),
         None => tracing::Span::none(),
     };
-    let mut reply = serve_request(state, grpc, grpc_only, conn, req)
-        .instrument(span)
-        .await;
+    let mut reply = async {
+        let reply = serve_request(state, grpc, grpc_only, conn, req).await;
+        tracing::debug!(status = reply.status().as_u16(), "answered");
+        reply
+    }
+    .instrument(span)
+    .await;
     if let Some(id) = request_id
         && let Ok(value) = HeaderValue::from_str(&id)
     {

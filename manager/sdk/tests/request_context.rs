@@ -125,9 +125,10 @@ fn declarations_travel_in_the_route() {
     assert_eq!(Keyed::REQUEST.headers, ["x-api-key"]);
     assert_eq!(Keyed::REQUEST.cookies, ["session"]);
     assert_eq!(Keyed::REQUEST.scope, ["sub"]);
-    assert!(!Keyed::REQUEST.method);
-    let whoami = Whoami::REQUEST;
-    assert!(whoami.method && whoami.path && whoami.client && whoami.identity);
+    const { assert!(!Keyed::REQUEST.method) };
+    const WHOAMI: RequestInfo = Whoami::REQUEST;
+    const { assert!(WHOAMI.method && WHOAMI.path && WHOAMI.client && WHOAMI.identity) };
+    let whoami = WHOAMI;
     assert_eq!(whoami.headers, ["user-agent"]);
     assert_eq!(Go::REQUEST, RequestInfo::NONE);
 }
