@@ -22,6 +22,7 @@ use switchyard_proto::event::{
 };
 
 use crate::identity::{AuthMethod, Identity};
+use crate::routes::Routes;
 
 /// Longest request id taken from a client, in bytes.
 pub(crate) const MAX_REQUEST_ID: usize = 128;
@@ -219,10 +220,21 @@ pub(crate) struct Opener {
 }
 
 impl Opener {
-    /// From the opening request's headers and extensions.
-    pub(crate) fn of(headers: HeaderMap, extensions: &http::Extensions) -> Opener {
+    /// From the opening request's headers and extensions, keeping only the
+    /// headers some route declares (`routes`): a session lives long, and a
+    /// header value cloned from hyper's would keep its whole read buffer
+    /// (kilobytes) alive for as long.
+    pub(crate) fn of(headers: &HeaderMap, extensions: &http::Extensions, routes: &Routes) -> Opener {
+        let (names, cookies) = routes.declared_headers();
+        let mut kept = HeaderMap::new();
+        for (name, value) in headers {
+            let wanted = names.contains(name.as_str()) || (cookies && name == http::header::COOKIE);
+            if wanted && let Ok(copy) = http::HeaderValue::from_bytes(value.as_bytes()) {
+                kept.append(name.clone(), copy);
+            }
+        }
         Opener {
-            headers,
+            headers: kept,
             client: extensions.get::<Client>().cloned().unwrap_or(Client {
                 ip: None,
                 request_id: None,

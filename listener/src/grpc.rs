@@ -316,7 +316,7 @@ impl Events for EventsService {
         // A unary call is one request: the id the listener gave it (and
         // answers in the response headers) is its own.
         let (metadata, extensions, request) = request.into_parts();
-        let opener = Opener::of(metadata.into_headers(), &extensions);
+        let opener = Opener::of(&metadata.into_headers(), &extensions, &self.state.pool.routes());
         call(&self.state, request, &opener.front(&opener.client))
             .await
             .map(tonic::Response::new)
@@ -363,7 +363,11 @@ impl Events for EventsService {
         request: tonic::Request<Streaming<ClientMessage>>,
     ) -> Result<tonic::Response<Self::SessionStream>, Status> {
         let (metadata, extensions, inbound) = request.into_parts();
-        let opener = Arc::new(Opener::of(metadata.into_headers(), &extensions));
+        let opener = Arc::new(Opener::of(
+            &metadata.into_headers(),
+            &extensions,
+            &self.state.pool.routes(),
+        ));
         let (guard, tx, rx, killed) = open(&self.state);
         tokio::spawn(read_session(self.state.clone(), guard, tx, inbound, opener));
         Ok(tonic::Response::new(Box::pin(outbound(None, rx, killed))))

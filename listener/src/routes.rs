@@ -67,6 +67,18 @@ impl Routes {
         }
     }
 
+    /// The request headers some type declares, and whether some type
+    /// declares a cookie.
+    pub(crate) fn declared_headers(&self) -> (std::collections::HashSet<&str>, bool) {
+        let mut names = std::collections::HashSet::new();
+        let mut cookies = false;
+        for needs in self.needs.values() {
+            names.extend(needs.headers.iter().map(String::as_str));
+            cookies |= !needs.cookies.is_empty();
+        }
+        (names, cookies)
+    }
+
     /// What requests of `event_type` read of their request.
     pub(crate) fn needs(&self, event_type: EventType) -> Option<Arc<RequestNeeds>> {
         if self.needs.is_empty() {

@@ -103,7 +103,7 @@ pub(crate) fn upgrade(state: Arc<State>, conn: &Arc<Conn>, mut req: Request<Inco
     let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
     // What every request of the session knows of its client: the upgrade's
     // headers (cookies, say), address and identity.
-    let opener = Arc::new(Opener::of(req.headers().clone(), req.extensions()));
+    let opener = Arc::new(Opener::of(req.headers(), req.extensions(), &state.pool.routes()));
     let on_upgrade = hyper::upgrade::on(&mut req);
     let cfg = state.config.ws.clone();
     let session_conn = conn.clone();
