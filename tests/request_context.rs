@@ -233,22 +233,38 @@ fn replies_head_and_options() {
     assert!(r.header("x-request-id").is_some());
 }
 
-/// The scope from built-in authentication (issue 13 §2): switch `[auth]`
-/// on with the demo's dev key and a token for `ada`.
+/// The scope from built-in authentication (issue 13 §2, another branch):
+/// a verified token's `sub` fills the `#[from(scope = "sub")]` field, and
+/// the same name in the body does not. Needs only `[auth]` to exist: run
+/// with `--run-ignored only` once the authentication middleware is merged.
 #[test]
-#[ignore = "needs the [auth] middleware of issue 13 §2 (another branch)"]
+#[ignore = "needs the [auth] middleware of issue 13 §2 (merged from another branch)"]
 fn the_scope_comes_from_authentication() {
-    let token = std::env::var("SWITCHYARD_TEST_TOKEN").unwrap_or_default();
-    let auth = std::env::var("SWITCHYARD_TEST_AUTH_CONFIG").unwrap_or_default();
-    let group = Group::builder("req-scope").config(&fixture_config(&auth)).start();
-    let bearer = format!("Bearer {token}");
+    const AUTH: &str = "[auth.jwt]\nalgorithms = [\"HS256\"]\n\
+                        secret = \"a-test-secret-of-thirty-two-bytes-or-more\"\n\
+                        [[auth.rules]]\nprefix = \"/ctx\"\n";
+    let group = Group::builder("req-scope").config(&fixture_config(AUTH)).start();
+    let scratch = common::scratch_dir("req-scope-token");
+    let config = scratch.path().join("switchyard.toml");
+    std::fs::write(&config, fixture_config(AUTH)).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args(["token", "--sub", "ada", "-c"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let bearer = format!("Bearer {}", String::from_utf8_lossy(&out.stdout).trim());
     let r = request_with(
         group.addr,
         "POST",
-        "/ctx/echo/1",
+        "/ctx/echo/1?sub=admin",
         &[("authorization", &bearer)],
         br#"{"sub":"admin"}"#,
     )
     .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["event"]["sub"], "ada", "{}", r.text());
+    // Without a token the rule refuses before any handler runs.
+    let r = request_with(group.addr, "POST", "/ctx/echo/1", &[], br#"{"sub":"admin"}"#).unwrap();
+    assert_eq!(r.status, 401, "{}", r.text());
 }
