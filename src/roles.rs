@@ -61,6 +61,10 @@ impl Spec {
                 m.config = toml::Table::new();
             }
         }
+        // Secrets of `[auth]` (an HMAC key) are the listener's alone.
+        if role != Role::Listener {
+            config.auth = Default::default();
+        }
         Spec {
             config,
             runtime_dir: runtime_dir.to_path_buf(),
@@ -230,6 +234,7 @@ async fn serve(role: Role, name: String, instance: u32, spec: Spec) -> anyhow::R
                 write_stall_timeout: Duration::from_millis(l.write_stall_timeout_ms),
                 max_connection_bytes: l.max_connection_bytes,
                 ws: l.ws.to_listener(),
+                middleware: config.middleware(),
             };
             let mut commands = control.commands();
             let drain = async move {

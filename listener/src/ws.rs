@@ -21,11 +21,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::RequestBody;
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use http::{HeaderValue, Request, Response, StatusCode, header};
 use http_body_util::Full;
-use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use serde_json::Value;
 use switchyard_proto::control::{WsBinaryReply, WsBinaryRequest};
@@ -39,6 +39,7 @@ use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 
 use crate::conn::Conn;
 use crate::exchange::{call, emit_notification, round_trip};
+use crate::identity::Identity;
 use crate::pipes::{CloseReason, Outbox, Subscription, check_subscription};
 use crate::reply::{Reply, error};
 use crate::state::State;
@@ -80,7 +81,12 @@ pub(crate) fn is_upgrade<B>(req: &Request<B>) -> bool {
 
 /// Answers the upgrade (101) and serves the session once hyper hands the
 /// connection over.
-pub(crate) fn upgrade(state: Arc<State>, conn: &Arc<Conn>, mut req: Request<Incoming>, echo: bool) -> Reply {
+pub(crate) fn upgrade(
+    state: Arc<State>,
+    conn: &Arc<Conn>,
+    mut req: Request<RequestBody>,
+    echo: bool,
+) -> Reply {
     if req.method() != http::Method::GET {
         return error(StatusCode::METHOD_NOT_ALLOWED, "a WebSocket upgrade is a GET");
     }
@@ -100,6 +106,10 @@ pub(crate) fn upgrade(state: Arc<State>, conn: &Arc<Conn>, mut req: Request<Inco
         return error(StatusCode::BAD_REQUEST, "missing Sec-WebSocket-Key");
     };
     let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
+    // The middleware admitted the upgrade; its identity is the session's,
+    // and each message's event type is checked against the rules.
+    let identity = req.extensions().get::<Identity>().cloned();
+    let protocol = chosen_protocol(req.headers());
     let on_upgrade = hyper::upgrade::on(&mut req);
     let cfg = state.config.ws.clone();
     let session_conn = conn.clone();
@@ -118,9 +128,9 @@ pub(crate) fn upgrade(state: Arc<State>, conn: &Arc<Conn>, mut req: Request<Inco
         let io = FrameGuard::new(TokioIo::new(upgraded));
         let ws = WebSocketStream::from_raw_socket(io, Role::Server, Some(config)).await;
         if echo {
-            echo_session(state, conn, ws).await
+            echo_session(state, conn, ws, identity).await
         } else {
-            session(state, conn, ws).await
+            session(state, conn, ws, identity).await
         }
     });
     // From now on the session's pings say whether the client is alive.
@@ -133,7 +143,25 @@ pub(crate) fn upgrade(state: Arc<State>, conn: &Arc<Conn>, mut req: Request<Inco
     if let Ok(v) = HeaderValue::from_str(&accept) {
         headers.insert(header::SEC_WEBSOCKET_ACCEPT, v);
     }
+    if let Some(v) = protocol {
+        headers.insert(header::SEC_WEBSOCKET_PROTOCOL, v);
+    }
     reply
+}
+
+/// The subprotocol the answer names: the first one the client offered that
+/// is not a credential (`bearer.<token>`, never echoed back). Browsers fail
+/// a handshake that offered protocols and got none, so a client that puts
+/// its token there offers a protocol name beside it.
+fn chosen_protocol(headers: &http::HeaderMap) -> Option<HeaderValue> {
+    headers
+        .get_all(header::SEC_WEBSOCKET_PROTOCOL)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .find(|p| !p.is_empty() && !p.starts_with(crate::middleware::SUBPROTOCOL_PREFIX))
+        .and_then(|p| HeaderValue::from_str(p).ok())
 }
 
 fn close_message(reason: CloseReason) -> Message {
@@ -230,8 +258,8 @@ fn error_message(id: Option<&Value>, status: u16, detail: &str) -> Message {
     Message::text(Value::Object(out).to_string())
 }
 
-/// The `/ws` session: requests, subscriptions, pushes.
-async fn session(state: Arc<State>, conn: Arc<Conn>, ws: Ws) {
+/// The `/ws` session of `identity`: requests, subscriptions, pushes.
+async fn session(state: Arc<State>, conn: Arc<Conn>, ws: Ws, identity: Option<Identity>) {
     let cfg = state.config.ws.clone();
     let (sink, mut stream) = ws.split();
     let (tx, rx) = mpsc::channel::<Message>(cfg.queue);
@@ -279,6 +307,17 @@ async fn session(state: Arc<State>, conn: Arc<Conn>, ws: Ws) {
                 // A bincode request: answered with a bincode reply.
                 match switchyard_proto::codec::decode::<WsBinaryRequest>(&bytes) {
                     Ok(request) => {
+                        if let Err(refusal) =
+                            state
+                                .middleware
+                                .authorize_event(identity.as_ref(), &request.event_type, false)
+                        {
+                            let e = error_message(None, refusal.status(), &refusal.detail());
+                            if tx.send(e).await.is_err() {
+                                break;
+                            }
+                            continue;
+                        }
                         let Ok(permit) = in_flight.clone().acquire_owned().await else {
                             break;
                         };
@@ -315,7 +354,27 @@ async fn session(state: Arc<State>, conn: Arc<Conn>, ws: Ws) {
             continue;
         };
         let msg_id = m.get("id").cloned();
-        let reply = if let Some(pattern) = m.get("subscribe") {
+        // What the message asks for, as the rules see it.
+        let asked = match (m.get("subscribe"), m.get("notify"), m.get("type")) {
+            (Some(Value::String(p)), _, _) => Some((p.as_str(), true)),
+            (None, Some(Value::String(t)), _) | (None, None, Some(Value::String(t))) => {
+                Some((t.as_str(), false))
+            }
+            _ => None,
+        };
+        let refused = asked.and_then(|(event, subscription)| {
+            state
+                .middleware
+                .authorize_event(identity.as_ref(), event, subscription)
+                .err()
+        });
+        let reply = if let Some(refusal) = refused {
+            Some(error_message(
+                msg_id.as_ref(),
+                refusal.status(),
+                &refusal.detail(),
+            ))
+        } else if let Some(pattern) = m.get("subscribe") {
             Some(subscribe(
                 &state,
                 id,
@@ -476,9 +535,19 @@ async fn request(state: &State, ty: &str, id: Option<&Value>, data: &Value) -> M
 
 /// The `/ws/echo` session: each text or binary message goes to
 /// `demo.WsEcho` and its reply comes back as the same kind of message, in
-/// order. A failed round trip closes with 1011.
-async fn echo_session(state: Arc<State>, conn: Arc<Conn>, ws: Ws) {
+/// order. A failed round trip closes with 1011; a caller the rules do not
+/// let send `demo.WsEcho` is closed at once with 1008.
+async fn echo_session(state: Arc<State>, conn: Arc<Conn>, ws: Ws, identity: Option<Identity>) {
     let (mut sink, mut stream) = ws.split();
+    if state
+        .middleware
+        .authorize_event(identity.as_ref(), ECHO_EVENT, false)
+        .is_err()
+    {
+        let policy = close_message(Some((1008, "not allowed to send demo.WsEcho")));
+        let _ = tokio::time::timeout(Duration::from_secs(1), sink.send(policy)).await;
+        return;
+    }
     loop {
         let msg = tokio::select! {
             msg = stream.next() => match msg {

@@ -64,6 +64,21 @@ impl Event for WsEcho {
     }
 }
 
+/// `GET /me` → `{"sub": SUBJECT}`: who called. The demo group's `[auth]`
+/// requires a bearer token here (`switchyard token --sub NAME` makes one),
+/// so only an authenticated call reaches the handler.
+#[derive(Deserialize, Serialize, Event)]
+#[event(name = "demo.Me", http = "GET /me")]
+pub struct Me {}
+
+/// The answer of `GET /me`.
+#[derive(Serialize, Deserialize, Reply)]
+pub struct Subject {
+    /// The caller's subject, from the request's scope. `null` until the
+    /// scope reaches handlers (issue 13, section 1).
+    pub sub: Option<String>,
+}
+
 /// `GET /panic` → the handler panics; the client gets 500.
 #[derive(Deserialize, Serialize, Event)]
 #[event(name = "demo.Panic", http = "GET /panic")]
@@ -92,6 +107,7 @@ impl Manager for Basics {
             .request(Self::echo)
             .request(Self::hello)
             .request(Self::panic)
+            .request(Self::me)
             .request(Self::ws_echo)
             // Over the built-in Store and Scheduler (`state`).
             .request_async(Self::kv_put)
@@ -116,6 +132,10 @@ impl Basics {
         Result::Ok(Greeting {
             message: format!("Hello, {}!", ev.name),
         })
+    }
+
+    fn me(&mut self, _: Me, _: &mut Context) -> Result<Subject, Error> {
+        Result::Ok(Subject { sub: None })
     }
 
     fn ws_echo(&mut self, ev: WsEcho, _: &mut Context) -> Result<Binary, Error> {
