@@ -25,6 +25,22 @@ pub(crate) struct Config {
     pub(crate) data: DataConfig,
     /// Request ids: taken or made per request, in every log line and the reply.
     pub(crate) request_id: RequestIdConfig,
+    // ---- The built-in middleware (docs/middleware.md), run by the
+    // listener. `[auth]` defaults to nothing in a file, whatever the demo
+    // group has: a file never inherits the demo's development key.
+    /// `[auth]`: JWT, API keys, Basic, and the rules per route prefix or
+    /// event type.
+    #[serde(default)]
+    pub(crate) auth: switchyard_listener::AuthConfig,
+    /// `[cors]`: allowed origins, methods, headers, credentials, max-age.
+    pub(crate) cors: switchyard_listener::CorsConfig,
+    /// `[rate_limit]`: token buckets per address, API key or identity.
+    pub(crate) rate_limit: switchyard_listener::RateLimitConfig,
+    /// `[compression]`: responses by `Accept-Encoding`, request bodies by
+    /// `Content-Encoding`.
+    pub(crate) compression: switchyard_listener::CompressionConfig,
+    /// `[security_headers]`: added to every HTTP response.
+    pub(crate) security_headers: switchyard_listener::SecurityHeadersConfig,
 }
 
 /// `[request_id]` (docs/http.md#request-ids).
@@ -65,6 +81,60 @@ impl RequestIdConfig {
         }
     }
 }
+
+// ---- The built-in middleware ----
+
+/// The demo group's JWT secret, for `GET /me` and `switchyard token`.
+/// DEVELOPMENT ONLY: it is public (it is in this source), so a token it
+/// signs proves nothing. A configuration file never inherits it.
+pub(crate) const DEMO_JWT_SECRET: &str = "switchyard-demo-development-key-do-not-use-in-production";
+
+/// The demo group's `[auth]`: bearer tokens signed with
+/// [`DEMO_JWT_SECRET`], required on `/me`.
+fn demo_auth() -> switchyard_listener::AuthConfig {
+    switchyard_listener::AuthConfig {
+        jwt: Some(switchyard_listener::JwtConfig {
+            algorithms: vec!["HS256".to_owned()],
+            secret: Some(DEMO_JWT_SECRET.to_owned()),
+            ..Default::default()
+        }),
+        rules: vec![switchyard_listener::AuthRule {
+            prefix: Some("/me".to_owned()),
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
+impl Config {
+    /// The listener's middleware settings.
+    pub(crate) fn middleware(&self) -> switchyard_listener::MiddlewareConfig {
+        switchyard_listener::MiddlewareConfig {
+            auth: self.auth.clone(),
+            cors: self.cors.clone(),
+            rate_limit: self.rate_limit.clone(),
+            compression: self.compression.clone(),
+            security_headers: self.security_headers.clone(),
+        }
+    }
+
+    /// Key files named relative to the configuration file, made relative
+    /// to `base` (its directory).
+    fn resolve_middleware_paths(&mut self, base: &Path) {
+        if let Some(jwt) = &mut self.auth.jwt {
+            for path in [&mut jwt.secret_file, &mut jwt.public_key_file, &mut jwt.jwks_file]
+                .into_iter()
+                .flatten()
+            {
+                if path.is_relative() {
+                    *path = base.join(&*path);
+                }
+            }
+        }
+    }
+}
+
+// ---- end of the built-in middleware ----
 
 /// The HTTP front end.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -601,6 +671,11 @@ impl Default for Config {
                 .collect(),
             data: DataConfig::default(),
             request_id: RequestIdConfig::default(),
+            auth: demo_auth(),
+            cors: Default::default(),
+            rate_limit: Default::default(),
+            compression: Default::default(),
+            security_headers: Default::default(),
         }
     }
 }
@@ -676,6 +751,7 @@ impl Config {
         {
             config.data.dir = Some(base.join(dir));
         }
+        config.resolve_middleware_paths(base);
         Ok(config)
     }
 
@@ -789,6 +865,11 @@ impl Config {
             }
         }
         self.validate_builtins(&mut problems);
+        // The listener's own builder, run here: key files are read and
+        // every middleware key checked before any process starts.
+        if let Err(problem) = switchyard_listener::check_middleware(&self.middleware()) {
+            problems.push(problem);
+        }
         if problems.is_empty() {
             Ok(())
         } else {
@@ -886,5 +967,31 @@ mod tests {
             assert!(err.contains(key), "{key} not named in {err}");
         }
         // Plugins are checked by the validation child: tests/validation.rs.
+    }
+
+    #[test]
+    fn middleware_keys_are_checked_and_files_never_inherit_the_demo_key() {
+        let config: Config = toml::from_str("[listener]\nworkers = 1\n").unwrap();
+        assert!(config.auth.jwt.is_none(), "a file got the demo's key");
+        assert!(Config::default().auth.jwt.is_some());
+        let config: Config = toml::from_str(
+            "[auth.jwt]\nalgorithms = [\"HS256\"]\nsecret = \"short\"\n\
+             [cors]\nallow_origins = [\"*\"]\nallow_credentials = true\n",
+        )
+        .unwrap();
+        let err = config.validate().unwrap_err().to_string();
+        assert!(err.contains("auth.jwt.secret"), "{err}");
+        let err = toml::from_str::<Config>("[rate_limit]\nmax_client = 3\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("max_client"), "{err}");
+        let mut config: Config =
+            toml::from_str("[auth.jwt]\nalgorithms = [\"RS256\"]\npublic_key_file = \"keys/pub.pem\"\n")
+                .unwrap();
+        config.resolve_middleware_paths(Path::new("/etc/switchyard"));
+        assert_eq!(
+            config.auth.jwt.unwrap().public_key_file.unwrap(),
+            Path::new("/etc/switchyard/keys/pub.pem")
+        );
     }
 }

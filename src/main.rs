@@ -9,6 +9,7 @@
 //! - `roles`: the entry of each child process.
 //! - `supervisor`: spawning, watching, restarting and stopping children.
 //! - `status`: `switchyard status`.
+//! - `token`: `switchyard token`, a development bearer token.
 
 mod config;
 mod inherit;
@@ -16,6 +17,7 @@ mod roles;
 mod scaffold;
 mod status;
 mod supervisor;
+mod token;
 mod validate;
 
 use std::path::PathBuf;
@@ -84,6 +86,24 @@ enum Command {
     /// breaks and where it saturates (see bench/README.md). The scenario
     /// suite against the in-process baseline is `switchyard-suite`.
     Bench(Box<switchyard_bench::load::Options>),
+    /// Print a bearer token for the demo's `GET /me` (development only:
+    /// signed with the HMAC secret of the configuration's `[auth.jwt]`,
+    /// by default the demo's public development key).
+    Token {
+        /// The token's subject (`sub`).
+        #[arg(long)]
+        sub: String,
+        /// Seconds until the token expires.
+        #[arg(long, default_value_t = 3600)]
+        ttl_s: u64,
+        /// A role the token carries (repeatable), in the `roles` claim.
+        #[arg(long = "role")]
+        roles: Vec<String>,
+        /// The configuration whose `[auth.jwt]` secret signs (default: the
+        /// demo group's).
+        #[arg(short, long)]
+        config: Option<PathBuf>,
+    },
     /// Validate a configuration file and exit.
     Check {
         #[arg(short, long)]
@@ -157,6 +177,27 @@ fn main() -> ExitCode {
             scaffold::main(&path, sdk)
         }
         Command::Bench(options) => switchyard_bench::load::main(*options),
+        Command::Token {
+            sub,
+            ttl_s,
+            roles,
+            config,
+        } => {
+            let config = match load_config(config.as_deref()) {
+                Ok(c) => c,
+                Err(code) => return code,
+            };
+            match token::sign(&config, &sub, &roles, ttl_s) {
+                Ok(token) => {
+                    println!("{token}");
+                    ExitCode::SUCCESS
+                }
+                Err(err) => {
+                    eprintln!("switchyard token: {err}");
+                    ExitCode::from(EXIT_CONFIG)
+                }
+            }
+        }
         Command::Check { config } => match load_config(Some(&config)) {
             Ok(_) => {
                 println!("{}: ok", config.display());

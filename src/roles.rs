@@ -61,6 +61,10 @@ impl Spec {
                 m.config = toml::Table::new();
             }
         }
+        // Secrets of `[auth]` (an HMAC key) are the listener's alone.
+        if role != Role::Listener {
+            config.auth = Default::default();
+        }
         Spec {
             config,
             runtime_dir: runtime_dir.to_path_buf(),
@@ -232,6 +236,7 @@ async fn serve(role: Role, name: String, instance: u32, spec: Spec) -> anyhow::R
                 ws: l.ws.to_listener(),
                 trusted_proxies: l.trusted_proxies.clone(),
                 request_id: config.request_id.to_listener(),
+                middleware: config.middleware(),
             };
             let mut commands = control.commands();
             let drain = async move {

@@ -233,12 +233,10 @@ fn replies_head_and_options() {
     assert!(r.header("x-request-id").is_some());
 }
 
-/// The scope from built-in authentication (issue 13 §2, another branch):
-/// a verified token's `sub` fills the `#[from(scope = "sub")]` field, and
-/// the same name in the body does not. Needs only `[auth]` to exist: run
-/// with `--run-ignored only` once the authentication middleware is merged.
+/// The scope from built-in authentication: a verified token's `sub` fills
+/// the `#[from(scope = "sub")]` field, and the same name in the body or
+/// the query does not.
 #[test]
-#[ignore = "needs the [auth] middleware of issue 13 §2 (merged from another branch)"]
 fn the_scope_comes_from_authentication() {
     const AUTH: &str = "[auth.jwt]\nalgorithms = [\"HS256\"]\n\
                         secret = \"a-test-secret-of-thirty-two-bytes-or-more\"\n\

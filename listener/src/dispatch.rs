@@ -6,20 +6,25 @@
 //! taken whole or streamed. `HEAD` is served by a path's `GET` route
 //! (headers, no body) and `OPTIONS` answers `Allow` where no route
 //! declares them. Every request first gets its context (client address,
-//! request id: `context`), and every answer its `x-request-id`.
+//! request id: `context`), and every answer its `x-request-id`. Each is
+//! admitted by the middleware first (rate limits, authentication, rules),
+//! except `/health`, `/ready` and gRPC health and reflection, which load
+//! balancers and tools reach without credentials.
 
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode, Version, header};
 use http_body_util::{Either, Full};
-use hyper::body::Incoming;
 use tracing::Instrument;
 
+use crate::RequestBody;
 use crate::body::Body;
 use crate::conn::Conn;
 use crate::context::Client;
 use crate::grpc::{self, Grpc};
+use crate::middleware::Scope;
 use crate::reply::{Reply, error, json};
 use crate::routes::Lookup;
 use crate::state::State;
@@ -33,11 +38,16 @@ pub(crate) async fn serve(
     grpc_only: bool,
     conn: &Arc<Conn>,
     peer: Option<std::net::SocketAddr>,
-    mut req: Request<Incoming>,
+    mut req: Request<RequestBody>,
 ) -> Response<Either<Body, tonic::body::Body>> {
     let config = &state.config;
     let client = Client::of(peer, req.headers(), &config.trusted_proxies, &config.request_id);
     let request_id = client.request_id.clone();
+    // Rate limits count the client behind a trusted proxy, not the proxy.
+    let client_ip = client
+        .ip
+        .or(peer.map(|p| p.ip()))
+        .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED.into());
     req.extensions_mut().insert(client);
     // Every line this request causes here names it.
     let span = match &request_id {
@@ -45,7 +55,7 @@ pub(crate) async fn serve(
         None => tracing::Span::none(),
     };
     let mut reply = async {
-        let reply = serve_request(state, grpc, grpc_only, conn, req).await;
+        let reply = serve_request(state, grpc, grpc_only, conn, client_ip, req).await;
         tracing::debug!(status = reply.status().as_u16(), "answered");
         reply
     }
@@ -66,7 +76,8 @@ async fn serve_request(
     grpc: &Grpc,
     grpc_only: bool,
     conn: &Arc<Conn>,
-    req: Request<Incoming>,
+    client: IpAddr,
+    mut req: Request<RequestBody>,
 ) -> Response<Either<Body, tonic::body::Body>> {
     if let Some(violation) = framing_violation(&req) {
         let mut reply = error(StatusCode::BAD_REQUEST, violation);
@@ -78,16 +89,67 @@ async fn serve_request(
         return reply.map(Either::Left);
     }
     if grpc_only || grpc::is_grpc(&req) {
+        // A call's event type is in its message: the rules are applied
+        // there (`grpc`); here, the credential and the rate limits.
+        if !grpc::is_public(&req)
+            && let Err(refusal) = admit(state, client, &mut req, None, Scope::default(), false).await
+        {
+            return refusal.grpc().into_http().map(Either::Right);
+        }
         return grpc.serve(req).await.map(Either::Right);
     }
-    let reply = match req.uri().path() {
+    let mut reply = match req.uri().path() {
         "/health" => json(StatusCode::OK, serde_json::json!({ "status": "alive" })),
         "/ready" => ready(state),
-        "/ws" if ws::is_upgrade(&req) => ws::upgrade(state.clone(), conn, req, false),
-        "/ws/echo" if ws::is_upgrade(&req) => ws::upgrade(state.clone(), conn, req, true),
-        _ => route(state, req).await,
+        path @ ("/ws" | "/ws/echo") if ws::is_upgrade(&req) => {
+            let echo = path == "/ws/echo";
+            let token = state.middleware.ws_token(req.headers(), req.uri().query());
+            let path = path.to_owned();
+            let scope = Scope {
+                path: Some(&path),
+                ..Scope::default()
+            };
+            match admit(state, client, &mut req, token.as_deref(), scope, true).await {
+                Ok(()) => ws::upgrade(state.clone(), conn, req, echo),
+                Err(refusal) => state.middleware.refuse(&refusal),
+            }
+        }
+        _ => route(state, client, req).await,
     };
+    state.middleware.secure(reply.headers_mut());
     reply.map(Either::Left)
+}
+
+/// Lets `req` through the middleware (its identity, if any, goes into its
+/// extensions) or says why not. `token` is a bearer token found outside
+/// the headers (a WebSocket upgrade's subprotocol or query).
+async fn admit(
+    state: &State,
+    client: IpAddr,
+    req: &mut Request<RequestBody>,
+    token: Option<&str>,
+    scope: Scope<'_>,
+    rules: bool,
+) -> Result<(), crate::middleware::Refusal> {
+    let mw = &state.middleware;
+    if !mw.admits() {
+        return Ok(());
+    }
+    let ws_upgrade = token.is_some() || (scope.path.is_some() && ws::is_upgrade(req));
+    let identity = if ws_upgrade && !mw.ws_header_tokens() {
+        // `[auth.websocket] token_from` leaves the headers out: a
+        // credential there is not looked at.
+        let mut headers = req.headers().clone();
+        headers.remove(http::header::AUTHORIZATION);
+        mw.admit(&headers, token, client, &scope, rules).await?
+    } else {
+        mw.admit(req.headers(), token, client, &scope, rules).await?
+    };
+    if let Some(identity) = identity {
+        // The identity contract: whatever comes next reads it from here.
+        req.extensions_mut().insert(identity);
+    }
+    Ok(())
 }
 
 /// How an HTTP/1 request breaks the framing or `Host` rules of RFC 9112
@@ -135,7 +197,7 @@ fn ready(state: &State) -> Reply {
     )
 }
 
-async fn route(state: &State, req: Request<Incoming>) -> Reply {
+async fn route(state: &State, client: IpAddr, mut req: Request<RequestBody>) -> Reply {
     let routes = state.pool.routes();
     let method = req.method().clone();
     let mut lookup = routes.lookup(method.as_str(), req.uri().path());
@@ -143,6 +205,22 @@ async fn route(state: &State, req: Request<Incoming>) -> Reply {
     let head = method == Method::HEAD && matches!(lookup, Lookup::WrongMethod(_) | Lookup::NotFound);
     if head {
         lookup = routes.lookup(Method::GET.as_str(), req.uri().path());
+    }
+    drop(routes);
+    // Admitted before a 404 or 405 too: a client probing paths counts
+    // against its limits like any other.
+    let event = match &lookup {
+        Lookup::Found(m) => Some(m.entry.type_name.clone()),
+        _ => None,
+    };
+    let path = req.uri().path().to_owned();
+    let scope = Scope {
+        path: Some(&path),
+        event: event.as_deref(),
+        subscription: false,
+    };
+    if let Err(refusal) = admit(state, client, &mut req, None, scope, true).await {
+        return state.middleware.refuse(&refusal);
     }
     let matched = match lookup {
         Lookup::Found(m) => m,
@@ -165,7 +243,6 @@ async fn route(state: &State, req: Request<Incoming>) -> Reply {
             );
         }
     };
-    drop(routes);
     let reply = if matched.entry.route.stream_body {
         upload::upload(state, req, matched).await
     } else {

@@ -8,8 +8,10 @@
 //! the manager produced it. The listener enforces the limits a client can
 //! abuse (connections, idle and stalled connections, header size and read
 //! time, body size and read time, bytes held for a client, request
-//! deadline) and answers `/health` and `/ready` itself. It owns no business
-//! logic and no state that outlives a request.
+//! deadline) and answers `/health` and `/ready` itself. Its built-in
+//! middleware (authentication, CORS, rate limits, compression, security
+//! headers) runs here too, with no hop. It owns no business logic and no
+//! state that outlives a request.
 //!
 //! # Layout
 //! Modules follow a request's path. Front ends are leaves over a shared
@@ -21,8 +23,12 @@
 //! - `conn`: admission (`max_connections`), the socket wrapper and body
 //!   tracker that stamp progress, and the sweeper that closes idle and
 //!   stalled connections.
+//! - `middleware`: CORS, compression and request decoding around the
+//!   whole service; rate limits, authentication and its rules per
+//!   request; security headers.
 //! - `dispatch`: which front end serves a request (gRPC by content type,
-//!   `/health`, `/ready`, WebSocket upgrades, else the route table).
+//!   `/health`, `/ready`, WebSocket upgrades, else the route table), once
+//!   the middleware has admitted it.
 //! - Leaves:
 //!   - `http`: a route whose body is taken whole → event → response.
 //!   - `upload`: a route whose body is streamed into a pipe as it arrives.
@@ -53,8 +59,8 @@ mod dispatch;
 mod exchange;
 mod grpc;
 mod http;
-#[allow(dead_code)] // filled by the authentication middleware (issue 13)
 mod identity;
+mod middleware;
 mod pipes;
 mod reply;
 mod routes;
@@ -63,7 +69,17 @@ mod upload;
 mod ws;
 
 pub use context::RequestIdConfig;
+pub use middleware::check as check_middleware;
+pub use middleware::config::{
+    ApiKey, ApiKeysConfig, AuthConfig, AuthRule, BasicConfig, BasicUser, CompressionConfig, CorsConfig,
+    JwtConfig, MiddlewareConfig, RateKey, RateLimit, RateLimitConfig, Require, SecurityHeadersConfig,
+    TokenSource, WsAuthConfig,
+};
 pub use routes::percent_decode;
+
+/// A request body as the listener's code reads it: decoded by its
+/// `Content-Encoding` (the middleware's request decoding) as it is read.
+pub(crate) type RequestBody = tower_http::decompression::DecompressionBody<hyper::body::Incoming>;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -141,6 +157,8 @@ pub struct Config {
     pub trusted_proxies: Vec<ipnet::IpNet>,
     /// Request ids (`[request_id]`).
     pub request_id: RequestIdConfig,
+    /// The built-in middleware (docs/middleware.md).
+    pub middleware: MiddlewareConfig,
 }
 
 /// WebSocket limits (`[listener.ws]` in switchyard.toml).
@@ -206,6 +224,7 @@ impl Config {
                 self.shm_threshold, self.max_frame
             )));
         }
+        middleware::check(&self.middleware).map_err(Error::Config)?;
         Ok(())
     }
 }
@@ -248,7 +267,9 @@ pub async fn run(
         first_request: config.idle_timeout + config.header_read_timeout,
         write_stall: config.write_stall_timeout,
     });
-    let state = state::State::start(pool, config.clone());
+    let middleware = middleware::Middleware::new(&config.middleware).map_err(Error::Config)?;
+    let layers = Arc::new(middleware::layers(&config.middleware).map_err(Error::Config)?);
+    let state = state::State::start(pool, config.clone(), middleware);
     let grpc = Arc::new(grpc::Grpc::new(state.clone()));
     // "Drain" is told to every connection; "done" is the drop of the last
     // connection task's sender.
@@ -276,6 +297,7 @@ pub async fn run(
             builder: builder.clone(),
             state: state.clone(),
             grpc: grpc.clone(),
+            layers: layers.clone(),
             grpc_only,
             conn,
             peer,
@@ -343,6 +365,9 @@ struct Serve {
     builder: Arc<auto::Builder<TokioExecutor>>,
     state: Arc<state::State>,
     grpc: Arc<grpc::Grpc>,
+    /// The middleware's tower-http layers, wrapped around each connection's
+    /// service.
+    layers: Arc<middleware::Layers>,
     grpc_only: bool,
     conn: Arc<Conn>,
     /// The TCP peer (the client, or a proxy in front of it).
@@ -357,11 +382,22 @@ impl Serve {
     async fn run(self, io: TokioIo<Io>, _done: mpsc::Sender<()>) {
         let conn = self.conn.clone();
         let builder = self.builder.clone();
+        let layers = self.layers.clone();
         let this = Arc::new(self);
-        let service = hyper::service::service_fn(move |req| {
+        let respond = tower::service_fn(move |req| {
             let this = this.clone();
             async move { Ok::<_, Infallible>(this.respond(req).await) }
         });
+        // Outermost first: CORS answers preflights and marks every answer,
+        // compressed ones too; request bodies are decoded before anything
+        // reads them (decision 0046).
+        let service = hyper_util::service::TowerToHyperService::new(
+            tower::ServiceBuilder::new()
+                .option_layer(layers.cors.clone())
+                .layer(layers.compression.clone())
+                .layer(layers.decompression.clone())
+                .service(respond),
+        );
         let connection = builder.serve_connection_with_upgrades(io, service);
         tokio::pin!(connection);
         let mut draining = false;
@@ -393,7 +429,7 @@ impl Serve {
     }
 
     /// One request of the connection: served, then its body tracked.
-    async fn respond(&self, req: ::http::Request<hyper::body::Incoming>) -> Response {
+    async fn respond(&self, req: ::http::Request<RequestBody>) -> Response {
         let conn = &self.conn;
         conn.request_started();
         let piece = (req.version() == ::http::Version::HTTP_2).then_some(conn::H2_PIECE);

@@ -9,12 +9,15 @@ use switchyard_proto::Payload;
 use switchyard_proto::pool::SegmentPool;
 
 use crate::Config;
+use crate::middleware::Middleware;
 use crate::pipes::Pool;
 
 pub(crate) struct State {
     /// The return pipes: every request and session goes through them.
     pub(crate) pool: Arc<Pool>,
     pub(crate) config: Arc<Config>,
+    /// Rate limits, authentication and security headers (built once).
+    pub(crate) middleware: Middleware,
     /// Reusable shared memory for large request bodies (decision 0011).
     pub(crate) segments: Mutex<SegmentPool>,
 }
@@ -31,10 +34,11 @@ impl State {
     /// The state of a listener process whose pipes are `pool`; idle request
     /// segments go back to the kernel after a while, for as long as the
     /// state lives.
-    pub(crate) fn start(pool: Arc<Pool>, config: Arc<Config>) -> Arc<State> {
+    pub(crate) fn start(pool: Arc<Pool>, config: Arc<Config>, middleware: Middleware) -> Arc<State> {
         let state = Arc::new(State {
             pool,
             config,
+            middleware,
             segments: Mutex::new(SegmentPool::new(SEGMENT_POOL_BYTES, SEGMENT_LEASE)),
         });
         // A weak reference: the task must not keep the listener's state alive.

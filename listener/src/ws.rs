@@ -21,11 +21,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::RequestBody;
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use http::{HeaderValue, Request, Response, StatusCode, header};
 use http_body_util::Full;
-use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use serde_json::Value;
 use switchyard_proto::control::{WsBinaryReply, WsBinaryRequest};
@@ -81,7 +81,12 @@ pub(crate) fn is_upgrade<B>(req: &Request<B>) -> bool {
 
 /// Answers the upgrade (101) and serves the session once hyper hands the
 /// connection over.
-pub(crate) fn upgrade(state: Arc<State>, conn: &Arc<Conn>, mut req: Request<Incoming>, echo: bool) -> Reply {
+pub(crate) fn upgrade(
+    state: Arc<State>,
+    conn: &Arc<Conn>,
+    mut req: Request<RequestBody>,
+    echo: bool,
+) -> Reply {
     if req.method() != http::Method::GET {
         return error(StatusCode::METHOD_NOT_ALLOWED, "a WebSocket upgrade is a GET");
     }
@@ -104,6 +109,9 @@ pub(crate) fn upgrade(state: Arc<State>, conn: &Arc<Conn>, mut req: Request<Inco
     // What every request of the session knows of its client: the upgrade's
     // headers (cookies, say), address and identity.
     let opener = Arc::new(Opener::of(req.headers(), req.extensions(), &state.pool.routes()));
+    // The middleware admitted the upgrade; its identity (in `opener`) is
+    // the session's, and each message's event type is checked against the rules.
+    let protocol = chosen_protocol(req.headers());
     let on_upgrade = hyper::upgrade::on(&mut req);
     let cfg = state.config.ws.clone();
     let session_conn = conn.clone();
@@ -137,7 +145,25 @@ pub(crate) fn upgrade(state: Arc<State>, conn: &Arc<Conn>, mut req: Request<Inco
     if let Ok(v) = HeaderValue::from_str(&accept) {
         headers.insert(header::SEC_WEBSOCKET_ACCEPT, v);
     }
+    if let Some(v) = protocol {
+        headers.insert(header::SEC_WEBSOCKET_PROTOCOL, v);
+    }
     reply
+}
+
+/// The subprotocol the answer names: the first one the client offered that
+/// is not a credential (`bearer.<token>`, never echoed back). Browsers fail
+/// a handshake that offered protocols and got none, so a client that puts
+/// its token there offers a protocol name beside it.
+fn chosen_protocol(headers: &http::HeaderMap) -> Option<HeaderValue> {
+    headers
+        .get_all(header::SEC_WEBSOCKET_PROTOCOL)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .find(|p| !p.is_empty() && !p.starts_with(crate::middleware::SUBPROTOCOL_PREFIX))
+        .and_then(|p| HeaderValue::from_str(p).ok())
 }
 
 fn close_message(reason: CloseReason) -> Message {
@@ -283,6 +309,17 @@ async fn session(state: Arc<State>, conn: Arc<Conn>, ws: Ws, opener: Arc<Opener>
                 // A bincode request: answered with a bincode reply.
                 match switchyard_proto::codec::decode::<WsBinaryRequest>(&bytes) {
                     Ok(request) => {
+                        if let Err(refusal) = state.middleware.authorize_event(
+                            opener.identity.as_ref(),
+                            &request.event_type,
+                            false,
+                        ) {
+                            let e = error_message(None, refusal.status(), &refusal.detail());
+                            if tx.send(e).await.is_err() {
+                                break;
+                            }
+                            continue;
+                        }
                         let Ok(permit) = in_flight.clone().acquire_owned().await else {
                             break;
                         };
@@ -319,7 +356,27 @@ async fn session(state: Arc<State>, conn: Arc<Conn>, ws: Ws, opener: Arc<Opener>
             continue;
         };
         let msg_id = m.get("id").cloned();
-        let reply = if let Some(pattern) = m.get("subscribe") {
+        // What the message asks for, as the rules see it.
+        let asked = match (m.get("subscribe"), m.get("notify"), m.get("type")) {
+            (Some(Value::String(p)), _, _) => Some((p.as_str(), true)),
+            (None, Some(Value::String(t)), _) | (None, None, Some(Value::String(t))) => {
+                Some((t.as_str(), false))
+            }
+            _ => None,
+        };
+        let refused = asked.and_then(|(event, subscription)| {
+            state
+                .middleware
+                .authorize_event(opener.identity.as_ref(), event, subscription)
+                .err()
+        });
+        let reply = if let Some(refusal) = refused {
+            Some(error_message(
+                msg_id.as_ref(),
+                refusal.status(),
+                &refusal.detail(),
+            ))
+        } else if let Some(pattern) = m.get("subscribe") {
             Some(subscribe(
                 &state,
                 id,
@@ -484,9 +541,19 @@ async fn request(state: &State, ty: &str, id: Option<&Value>, data: &Value, open
 
 /// The `/ws/echo` session: each text or binary message goes to
 /// `demo.WsEcho` and its reply comes back as the same kind of message, in
-/// order. A failed round trip closes with 1011.
+/// order. A failed round trip closes with 1011; a caller the rules do not
+/// let send `demo.WsEcho` is closed at once with 1008.
 async fn echo_session(state: Arc<State>, conn: Arc<Conn>, ws: Ws, opener: Arc<Opener>) {
     let (mut sink, mut stream) = ws.split();
+    if state
+        .middleware
+        .authorize_event(opener.identity.as_ref(), ECHO_EVENT, false)
+        .is_err()
+    {
+        let policy = close_message(Some((1008, "not allowed to send demo.WsEcho")));
+        let _ = tokio::time::timeout(Duration::from_secs(1), sink.send(policy)).await;
+        return;
+    }
     loop {
         let msg = tokio::select! {
             msg = stream.next() => match msg {

@@ -361,6 +361,24 @@ pub(crate) fn check_config(exe: &Path, config: &str) -> anyhow::Result<Result<()
     })
 }
 
+/// A bearer token from `switchyard token` for a group of `config`;
+/// `Err` with its message when this build cannot make one.
+pub(crate) fn token(exe: &Path, config: &str, sub: &str) -> anyhow::Result<Result<String, String>> {
+    let dir = scratch("token")?;
+    let file = dir.path().join("switchyard.toml");
+    std::fs::write(&file, config).with_context(|| format!("cannot write {}", file.display()))?;
+    let output = Command::new(exe)
+        .args(["token", "--sub", sub, "--ttl-s", "86400", "-c"])
+        .arg(&file)
+        .output()
+        .context("cannot run switchyard token")?;
+    Ok(if output.status.success() {
+        Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
+    } else {
+        Err(String::from_utf8_lossy(&output.stderr).trim().to_owned())
+    })
+}
+
 /// `switchyard status --json`.
 #[derive(Clone, Debug, Deserialize)]
 pub(crate) struct Status {

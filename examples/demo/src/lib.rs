@@ -97,6 +97,24 @@ impl Event for WsEcho {
     }
 }
 
+/// `GET /me` → `{"sub": SUBJECT}`: who called. The demo group's `[auth]`
+/// requires a bearer token here (`switchyard token --sub NAME` makes one),
+/// so only an authenticated call reaches the handler.
+#[derive(Deserialize, Serialize, Event)]
+#[event(name = "demo.Me", http = "GET /me")]
+pub struct Me {
+    /// The verified token's subject; never from the query or a body.
+    #[from(scope = "sub")]
+    pub sub: Option<String>,
+}
+
+/// The answer of `GET /me`.
+#[derive(Serialize, Deserialize, Reply)]
+pub struct Subject {
+    /// The caller's subject, from the request's scope.
+    pub sub: Option<String>,
+}
+
 /// `GET /panic` → the handler panics; the client gets 500.
 #[derive(Deserialize, Serialize, Event)]
 #[event(name = "demo.Panic", http = "GET /panic")]
@@ -127,6 +145,7 @@ impl Manager for Basics {
             .request(Self::panic)
             .request(Self::whoami)
             .request(Self::hi)
+            .request(Self::me)
             .request(Self::ws_echo)
             // Over the built-in Store and Scheduler (`state`).
             .request_async(Self::kv_put)
@@ -191,6 +210,10 @@ impl Basics {
             switchyard_manager::Redirect::Permanent,
             &format!("/hello/{name}"),
         )
+    }
+
+    fn me(&mut self, ev: Me, _: &mut Context) -> Result<Subject, Error> {
+        Result::Ok(Subject { sub: ev.sub })
     }
 
     fn ws_echo(&mut self, ev: WsEcho, _: &mut Context) -> Result<Binary, Error> {
