@@ -13,6 +13,8 @@ struct Instance {
     sink: FrameSink,
     /// Requests sent to this instance and not answered yet.
     outstanding: u32,
+    /// Being replaced: gets no new work, finishes what it has.
+    draining: bool,
 }
 
 struct Known {
@@ -132,6 +134,7 @@ impl Table {
                 name: description.name.clone(),
                 sink,
                 outstanding: 0,
+                draining: false,
             },
         );
         self.publish();
@@ -153,6 +156,12 @@ impl Table {
             .filter(|(_, f)| f.instance == id)
             .map(|(k, _)| *k)
             .collect();
+        if !self.declared.contains(&inst.name) && !self.instances.values().any(|i| i.name == inst.name) {
+            // Removed by a reload and now gone: its routes answer 404.
+            self.routes.retain(|_, entry| entry.manager != inst.name);
+            self.known.retain(|_, known| known.manager != inst.name);
+            self.registered.remove(&inst.name);
+        }
         let detail = format!("manager `{}` went down while handling the request", inst.name);
         for key in &lost {
             if self.in_flight.remove(key).is_some() {
@@ -162,6 +171,32 @@ impl Table {
         }
         self.publish();
         lost.len()
+    }
+
+    /// The managers the group now declares. One no longer declared, with
+    /// no instance left, takes its routes and types with it.
+    pub(crate) fn set_declared(&mut self, declared: Vec<String>) {
+        self.declared = declared;
+        let live: HashSet<&String> = self.instances.values().map(|i| &i.name).collect();
+        let gone = |manager: &String| !live.contains(manager) && !self.declared.contains(manager);
+        self.routes.retain(|_, entry| !gone(&entry.manager));
+        self.known.retain(|_, known| !gone(&known.manager));
+        self.registered.retain(|name| !gone(name));
+        self.publish();
+    }
+
+    /// Takes a draining instance out of routing: no new request or
+    /// notification goes to it; responses from it and to its own calls
+    /// still flow until it disconnects.
+    pub(crate) fn drain_instance(&mut self, id: u64) {
+        let Some(inst) = self.instances.get_mut(&id) else {
+            return;
+        };
+        inst.draining = true;
+        for list in self.handlers.values_mut().chain(self.subscribers.values_mut()) {
+            list.retain(|&i| i != id);
+        }
+        self.publish();
     }
 
     /// Sends a request to one instance, or answers it at once.
@@ -347,7 +382,7 @@ impl Table {
         self.version += 1;
         let Some(broker) = &self.broker else { return };
         let mut managers: BTreeMap<String, u32> = self.declared.iter().map(|n| (n.clone(), 0)).collect();
-        for inst in self.instances.values() {
+        for inst in self.instances.values().filter(|i| !i.draining) {
             *managers.entry(inst.name.clone()).or_default() += 1;
         }
         let table = RouteTable {

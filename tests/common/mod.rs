@@ -222,9 +222,10 @@ impl GroupBuilder {
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match group.line_events.recv_timeout(left) {
-                Ok(line) if line.contains("listening on http://") => {
+                // `http://ADDR`, or `https://ADDR` with `[listener.tls]`.
+                Ok(line) if line.contains("listening on http") => {
                     let addr = line
-                        .split("http://")
+                        .split("://")
                         .nth(1)
                         .unwrap()
                         .split_whitespace()
