@@ -141,7 +141,7 @@ pub async fn run(
             link = connect(&description, &config) => link,
         };
         match link {
-            Ok((reader, sink, id)) => {
+            Ok((reader, sink, writer, id)) => {
                 backoff.reset();
                 tracing::info!(
                     instance = config.instance,
@@ -156,7 +156,14 @@ pub async fn run(
                     .serve(&mut plugin, &config, link, &mut results, shutdown.as_mut())
                     .await?
                 {
-                    Served::Stopped => return Ok(()),
+                    Served::Stopped => {
+                        // The answers just given are still queued: the
+                        // writer ends once they are written, when its last
+                        // sink is gone.
+                        drop(sink);
+                        let _ = tokio::time::timeout(Duration::from_secs(2), writer).await;
+                        return Ok(());
+                    }
                     Served::RouterLost => {}
                 }
                 tracing::warn!("router connection lost; reconnecting");
@@ -173,19 +180,25 @@ pub async fn run(
     }
 }
 
-async fn connect(
-    description: &Description,
-    config: &Config,
-) -> Result<(FrameReader<OwnedReadHalf>, FrameSink, u64), switchyard_proto::Error> {
+/// The router link: its reader, its sink and the sink's writer task, and
+/// the id the router gave this instance.
+type Connected = (
+    FrameReader<OwnedReadHalf>,
+    FrameSink,
+    tokio::task::JoinHandle<switchyard_proto::Result<()>>,
+    u64,
+);
+
+async fn connect(description: &Description, config: &Config) -> Result<Connected, switchyard_proto::Error> {
     let stream = UnixStream::connect(&config.router_socket).await?;
     let (read, write) = stream.into_split();
-    let (sink, _writer) = spawn_writer(write, config.queue_capacity, config.max_frame);
+    let (sink, writer) = spawn_writer(write, config.queue_capacity, config.max_frame);
     let mut reader = FrameReader::new(read, config.max_frame);
     let hello = Control::HelloManager(description.for_router(&config.name));
     sink.send_wait(Envelope::control(&hello)?).await?;
     match reader.next().await? {
         Some(env) if env.kind == Kind::Control => match env.decode_control()? {
-            Control::Welcome { id } => Ok((reader, sink, id)),
+            Control::Welcome { id } => Ok((reader, sink, writer, id)),
             _ => Err(switchyard_proto::Error::Malformed("expected welcome")),
         },
         _ => Err(switchyard_proto::Error::Closed),
