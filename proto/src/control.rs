@@ -293,6 +293,11 @@ pub struct RouteTable {
     pub version: u64,
     pub routes: Vec<RouteEntry>,
     pub managers: Vec<ManagerHealth>,
+    /// Managers a reload removed from the group, and now gone: listeners
+    /// forget their routes (404), which they otherwise keep while a
+    /// manager is down (503).
+    #[serde(default)]
+    pub retired: Vec<String>,
 }
 
 impl RouteTable {

@@ -48,6 +48,9 @@ pub(crate) struct Table {
     /// once every declared one has, `known` holds every type the group
     /// serves.
     registered: HashSet<String>,
+    /// Managers removed by a reload whose last instance has gone: their
+    /// routes are forgotten, by the listeners too.
+    retired: std::collections::BTreeSet<String>,
     broker: Option<FrameSink>,
     version: u64,
     next_id: u64,
@@ -66,6 +69,7 @@ impl Table {
             routes: BTreeMap::new(),
             declared,
             registered: HashSet::new(),
+            retired: Default::default(),
             broker: None,
             version: 0,
             next_id: 0,
@@ -128,6 +132,7 @@ impl Table {
             self.subscribers.entry(*sub).or_default().push(id);
         }
         self.registered.insert(description.name.clone());
+        self.retired.remove(&description.name);
         self.instances.insert(
             id,
             Instance {
@@ -157,10 +162,7 @@ impl Table {
             .map(|(k, _)| *k)
             .collect();
         if !self.declared.contains(&inst.name) && !self.instances.values().any(|i| i.name == inst.name) {
-            // Removed by a reload and now gone: its routes answer 404.
-            self.routes.retain(|_, entry| entry.manager != inst.name);
-            self.known.retain(|_, known| known.manager != inst.name);
-            self.registered.remove(&inst.name);
+            self.forget(&inst.name);
         }
         let detail = format!("manager `{}` went down while handling the request", inst.name);
         for key in &lost {
@@ -178,11 +180,25 @@ impl Table {
     pub(crate) fn set_declared(&mut self, declared: Vec<String>) {
         self.declared = declared;
         let live: HashSet<&String> = self.instances.values().map(|i| &i.name).collect();
-        let gone = |manager: &String| !live.contains(manager) && !self.declared.contains(manager);
-        self.routes.retain(|_, entry| !gone(&entry.manager));
-        self.known.retain(|_, known| !gone(&known.manager));
-        self.registered.retain(|name| !gone(name));
+        let gone: Vec<String> = self
+            .registered
+            .iter()
+            .filter(|m| !live.contains(m) && !self.declared.contains(m))
+            .cloned()
+            .collect();
+        for manager in gone {
+            self.forget(&manager);
+        }
         self.publish();
+    }
+
+    /// A manager removed from the group and gone: its routes answer 404,
+    /// its types are unknown.
+    fn forget(&mut self, manager: &str) {
+        self.routes.retain(|_, entry| entry.manager != manager);
+        self.known.retain(|_, known| known.manager != manager);
+        self.registered.remove(manager);
+        self.retired.insert(manager.to_owned());
     }
 
     /// Takes a draining instance out of routing: no new request or
@@ -387,6 +403,7 @@ impl Table {
         }
         let table = RouteTable {
             version: self.version,
+            retired: self.retired.iter().cloned().collect(),
             routes: self.routes.values().cloned().collect(),
             managers: managers
                 .into_iter()
