@@ -172,6 +172,11 @@ impl Conn {
         self.last_activity.store(now(), Ordering::Relaxed);
     }
 
+    /// Whether a request has been received on it.
+    pub(crate) fn has_served(&self) -> bool {
+        self.served.load(Ordering::Relaxed)
+    }
+
     /// The connection now carries a WebSocket session, whose own pings say
     /// whether the client is alive.
     pub(crate) fn upgraded(&self) {

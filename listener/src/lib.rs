@@ -466,22 +466,35 @@ impl Serve {
         });
         let connection = builder.serve_connection_with_upgrades(io, service);
         tokio::pin!(connection);
-        let mut draining = false;
+        let (mut draining, mut shut) = (false, false);
         let closed = std::future::poll_fn(|cx| {
-            match conn.poll_signal(cx) {
-                Signal::Close(reason) => return Poll::Ready(Some(reason)),
-                Signal::Drain if !draining => {
-                    draining = true;
+            loop {
+                match conn.poll_signal(cx) {
+                    Signal::Close(reason) => return Poll::Ready(Some(reason)),
+                    Signal::Drain => draining = true,
+                    Signal::None => {}
+                }
+                // Told to drain, a connection is let go once it has had a
+                // request: one accepted just before, whose request is not
+                // read yet, gets it answered (with `connection: close`)
+                // instead of a close its client would see as a reset (an
+                // upgrade's old group drains while its clients connect).
+                if draining && !shut && conn.has_served() {
+                    shut = true;
                     connection.as_mut().graceful_shutdown();
                 }
-                _ => {}
-            }
-            connection.as_mut().poll(cx).map(|ended| {
-                if let Err(err) = ended {
-                    tracing::debug!(%err, "connection ended with an error");
+                match connection.as_mut().poll(cx) {
+                    Poll::Ready(ended) => {
+                        if let Err(err) = ended {
+                            tracing::debug!(%err, "connection ended with an error");
+                        }
+                        return Poll::Ready(None);
+                    }
+                    // Its first request arrived during this poll.
+                    Poll::Pending if draining && !shut && conn.has_served() => continue,
+                    Poll::Pending => return Poll::Pending,
                 }
-                None
-            })
+            }
         })
         .await;
         if let Some(reason) = closed {
