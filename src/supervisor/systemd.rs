@@ -21,14 +21,18 @@ pub(crate) struct Systemd {
 }
 
 impl Systemd {
-    /// Reads `NOTIFY_SOCKET` and `WATCHDOG_USEC` (and `WATCHDOG_PID`, which
-    /// must be ours if set). The variables stay in the environment, so
-    /// that a supervisor started by `switchyard upgrade` can notify too;
-    /// the children's environments are cleared of them (`child::spawn`).
+    /// Reads `WATCHDOG_USEC` (and `WATCHDOG_PID`, which must be ours if
+    /// set: as `sd_watchdog_enabled(3)`, an absent one means this
+    /// process). The variables stay in the environment, so that a
+    /// supervisor started by `switchyard upgrade` can notify too (it is
+    /// started without `WATCHDOG_PID`, which names the old one); the
+    /// children's environments are cleared of them (`child::spawn`).
     pub(crate) fn from_env() -> Systemd {
-        let mut usec = 0;
-        let watchdog = sd_notify::watchdog_enabled(false, &mut usec)
-            .then(|| Duration::from_micros(usec) / 2)
+        let var = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u64>().ok());
+        let ours = var("WATCHDOG_PID").is_none_or(|pid| pid == u64::from(std::process::id()));
+        let watchdog = var("WATCHDOG_USEC")
+            .filter(|_| ours)
+            .map(|usec| Duration::from_micros(usec) / 2)
             .filter(|d| !d.is_zero());
         Systemd {
             watchdog,

@@ -112,6 +112,9 @@ impl Sending {
         }
         cmd.arg("--upgrade-fd")
             .arg(theirs.as_raw_fd().to_string())
+            // systemd's watchdog names the old supervisor; the new one
+            // takes it over with MAINPID=.
+            .env_remove("WATCHDOG_PID")
             .stdin(std::process::Stdio::null());
         match std::fs::remove_file(control) {
             Ok(()) => {}

@@ -363,6 +363,13 @@ impl Group {
         pid
     }
 
+    /// Waits for the supervisor to exit on its own (after `switchyard
+    /// upgrade`, say), within [`PATIENCE`].
+    pub fn wait_exit(&mut self) -> std::process::ExitStatus {
+        let mut child = self.child.take().unwrap();
+        wait_with_patience(&mut child)
+    }
+
     /// Sends SIGTERM to the supervisor and waits for it to exit.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
         self.stop_with(Signal::SIGTERM)
