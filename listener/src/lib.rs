@@ -417,6 +417,12 @@ fn refuse(stream: TcpStream) {
     let _ = stream.try_write(answer);
 }
 
+/// How long a connection accepted just before a drain, with no request
+/// yet, is given to send its first (answered with `connection: close`).
+/// Its client is usually mid-handshake or mid-write: microseconds to a few
+/// milliseconds.
+const DRAIN_FIRST_REQUEST: Duration = Duration::from_secs(1);
+
 /// What a connection task needs to serve one connection.
 struct Serve {
     builder: Arc<auto::Builder<TokioExecutor>>,
@@ -467,20 +473,31 @@ impl Serve {
         let connection = builder.serve_connection_with_upgrades(io, service);
         tokio::pin!(connection);
         let (mut draining, mut shut) = (false, false);
+        // How long a draining connection that has had no request yet waits
+        // for its first.
+        let mut first_request: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
         let closed = std::future::poll_fn(|cx| {
             loop {
                 match conn.poll_signal(cx) {
                     Signal::Close(reason) => return Poll::Ready(Some(reason)),
-                    Signal::Drain => draining = true,
-                    Signal::None => {}
+                    Signal::Drain if !draining => {
+                        draining = true;
+                        first_request = Some(Box::pin(tokio::time::sleep(DRAIN_FIRST_REQUEST)));
+                    }
+                    Signal::Drain | Signal::None => {}
                 }
                 // Told to drain, a connection is let go once it has had a
                 // request: one accepted just before, whose request is not
                 // read yet, gets it answered (with `connection: close`)
                 // instead of a close its client would see as a reset (an
                 // upgrade's old group drains while its clients connect).
-                if draining && !shut && conn.has_served() {
+                // One that sends nothing is let go after a moment.
+                let waited = first_request
+                    .as_mut()
+                    .is_some_and(|late| late.as_mut().poll(cx).is_ready());
+                if draining && !shut && (conn.has_served() || waited) {
                     shut = true;
+                    first_request = None;
                     connection.as_mut().graceful_shutdown();
                 }
                 match connection.as_mut().poll(cx) {

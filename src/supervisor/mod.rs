@@ -755,8 +755,10 @@ impl Supervisor {
             load: Load::default(),
         }];
         let mut children: Vec<&Child> = self.children.iter().filter(|c| !c.retired).collect();
-        // Start order: a replacement is listed beside what it replaces.
-        children.sort_by_key(|c| (c.role.rank(), c.name.clone(), c.instance, c.epoch));
+        // Start order (managers in the configuration's order); a
+        // replacement is listed beside what it replaces.
+        let place = |name: &str| self.config.managers.iter().position(|m| m.name == name);
+        children.sort_by_key(|c| (c.role.rank(), place(&c.name), c.instance, c.epoch));
         out.extend(children.into_iter().map(|c| c.info(&self.config.restart)));
         out
     }
