@@ -11,8 +11,8 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use common::*;
@@ -122,7 +122,10 @@ fn five_reloads_under_load_swap_builds_with_nothing_but_2xx() {
         plugin("switchyard-fixture-versioned-one"),
         plugin("switchyard-fixture-versioned-two"),
     ];
-    let names = ["switchyard-fixture-versioned-one", "switchyard-fixture-versioned-two"];
+    let names = [
+        "switchyard-fixture-versioned-one",
+        "switchyard-fixture-versioned-two",
+    ];
     let dir = scratch_dir("reload-files");
     let config: PathBuf = dir.path().join("switchyard.toml");
     std::fs::write(&config, versioned(&builds[0], "start", 2)).unwrap();
@@ -170,7 +173,12 @@ fn five_reloads_under_load_swap_builds_with_nothing_but_2xx() {
         for (started, answer) in seen.iter().flatten() {
             if *started > *at && until.is_none_or(|u| *started < u) {
                 let (_, body) = answer.as_ref().unwrap();
-                assert_eq!(&build_of(body), build, "a request after reload {} got the old build", i + 1);
+                assert_eq!(
+                    &build_of(body),
+                    build,
+                    "a request after reload {} got the old build",
+                    i + 1
+                );
             }
         }
     }
@@ -210,7 +218,10 @@ fn an_invalid_configuration_is_refused_with_checks_messages_and_the_group_runs_o
     assert_eq!(check.status.code(), Some(64));
     let checked = String::from_utf8_lossy(&check.stderr);
     for line in checked.lines().skip(1) {
-        assert!(refused.contains(line), "`check` says {line:?}; reload said:\n{refused}");
+        assert!(
+            refused.contains(line),
+            "`check` says {line:?}; reload said:\n{refused}"
+        );
     }
     assert!(refused.contains("listener.max_header_bytes"), "{refused}");
     assert!(refused.contains("managers[0].plugin"), "{refused}");
@@ -218,6 +229,73 @@ fn an_invalid_configuration_is_refused_with_checks_messages_and_the_group_runs_o
     // Untouched: same processes, same answers.
     assert_eq!(g.all_pids(), pids);
     assert!(get(g.addr, "/version").unwrap().text().contains("good"));
+}
+
+#[test]
+fn a_replacement_that_does_not_start_undoes_the_reload() {
+    let build = plugin("switchyard-fixture-versioned-one");
+    let dir = scratch_dir("reload-files");
+    let config = dir.path().join("switchyard.toml");
+    std::fs::write(&config, versioned(&build, "kept", 1)).unwrap();
+    let g = Group::builder("reload-undo").config_file(&config).start();
+    let pids = g.all_pids();
+
+    // Valid (the validation child creates it fine), but it cannot start.
+    std::fs::write(
+        &config,
+        format!("{}fail_to_start = true\n", versioned(&build, "broken", 1)),
+    )
+    .unwrap();
+    let out = reload(&g);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("undone"), "{said}");
+    assert!(said.contains("versioned"), "{said}");
+    assert_eq!(g.all_pids(), pids, "the running processes were touched");
+    assert!(get(g.addr, "/version").unwrap().text().contains("kept"));
+
+    // The next good reload goes through.
+    std::fs::write(&config, versioned(&build, "fixed", 1)).unwrap();
+    reload_ok(&g);
+    assert!(get(g.addr, "/version").unwrap().text().contains("fixed"));
+}
+
+#[test]
+fn a_manager_is_replaced_with_its_worker_processes() {
+    let dir = scratch_dir("reload-files");
+    let config = dir.path().join("switchyard.toml");
+    let compute = |size: u32| {
+        format!("[[managers]]\nname = \"compute\"\n[managers.workers]\nkind = \"process\"\nsize = {size}\n")
+    };
+    std::fs::write(&config, compute(1)).unwrap();
+    let g = Group::builder("reload-workers").config_file(&config).start();
+    assert_eq!(get(g.addr, "/cpu/1").unwrap().status, 200);
+    let workers = |g: &Group| -> Vec<u64> {
+        g.status()["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["role"] == "worker")
+            .filter_map(|p| p["pid"].as_u64())
+            .collect()
+    };
+    let old = workers(&g);
+    assert_eq!(old.len(), 1);
+
+    std::fs::write(&config, compute(2)).unwrap();
+    let said = reload_ok(&g);
+    assert!(said.contains("replaced compute"), "{said}");
+    // The new pool: two new worker processes, jobs run on them.
+    let new = workers(&g);
+    assert_eq!(new.len(), 2, "{new:?}");
+    assert!(new.iter().all(|pid| !old.contains(pid)));
+    assert!(
+        old.iter().all(|&pid| !alive(pid as u32)),
+        "an old worker lives on"
+    );
+    for _ in 0..4 {
+        assert_eq!(get(g.addr, "/cpu/1").unwrap().status, 200);
+    }
 }
 
 #[test]
@@ -237,7 +315,11 @@ fn managers_come_and_go_and_listener_limits_change_live() {
     g.wait_line("reloaded: added versioned");
     assert_eq!(get(g.addr, "/version").unwrap().status, 200);
     g.eventually_status("/ready", 200);
-    assert_eq!(g.pid_of("basics"), basics_pid, "an unchanged manager keeps running");
+    assert_eq!(
+        g.pid_of("basics"),
+        basics_pid,
+        "an unchanged manager keeps running"
+    );
 
     // A listener limit, live; the bind address needs a restart.
     let body = vec![b'x'; 2000];
@@ -253,7 +335,10 @@ fn managers_come_and_go_and_listener_limits_change_live() {
     .unwrap();
     let said = reload_ok(&g);
     assert!(said.contains("applied live: listener.max_body_bytes"), "{said}");
-    assert!(said.contains("need a restart") && said.contains("listener.grpc_bind"), "{said}");
+    assert!(
+        said.contains("need a restart") && said.contains("listener.grpc_bind"),
+        "{said}"
+    );
     let echo = request(g.addr, "POST", "/echo", &body).unwrap();
     assert_eq!(echo.status, 413);
 
@@ -263,7 +348,11 @@ fn managers_come_and_go_and_listener_limits_change_live() {
     let said = reload_ok(&g);
     assert!(said.contains("removed versioned"), "{said}");
     eventually("the removed manager exits", PATIENCE, || {
-        if alive(versioned_pid) { Err(versioned_pid) } else { Ok(()) }
+        if alive(versioned_pid) {
+            Err(versioned_pid)
+        } else {
+            Ok(())
+        }
     });
     assert!(
         !g.status()["processes"]
