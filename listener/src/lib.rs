@@ -334,7 +334,11 @@ pub async fn run(
             stream = accept_optional(grpc_port.as_mut()) => (stream, true),
         };
         let Some((conn, admission)) = connections.admit() else {
-            refuse(stream);
+            // A TLS client cannot read a plaintext 503 (and a handshake is
+            // what the limit spares us): it is closed instead.
+            if current.tls.is_none() {
+                refuse(stream);
+            }
             continue;
         };
         let _ = stream.set_nodelay(true);
