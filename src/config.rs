@@ -190,6 +190,10 @@ pub(crate) struct ListenerConfig {
     /// `Forwarded` and `X-Forwarded-For` name the client. Default: none.
     #[serde(deserialize_with = "proxy_ranges")]
     pub(crate) trusted_proxies: Vec<ipnet::IpNet>,
+    /// TLS on every port of the listener (`[listener.tls]`); absent:
+    /// plaintext.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) tls: Option<TlsSettings>,
 }
 
 /// `"10.0.0.0/8"` or a bare address (`"127.0.0.1"`, `"::1"`: one host).
@@ -207,6 +211,48 @@ fn proxy_ranges<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<ipnet::IpN
                 })
         })
         .collect()
+}
+
+/// `[listener.tls]`: HTTPS, gRPC over TLS and `wss://` on the listener's
+/// ports (docs/tls.md). The files are read at start and again on every
+/// reload; relative paths are relative to the configuration file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct TlsSettings {
+    /// PEM certificate chain: the server's certificate first, then its
+    /// intermediates. Required.
+    pub(crate) cert: PathBuf,
+    /// PEM private key of that certificate (PKCS#8, PKCS#1 or SEC1).
+    /// Required.
+    pub(crate) key: PathBuf,
+    /// PEM bundle of the CAs whose client certificates are accepted
+    /// (mTLS). Default: none, no client certificate is asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) client_ca: Option<PathBuf>,
+    /// With `client_ca`: `"required"` (default; a client without a valid
+    /// certificate fails the handshake) or `"optional"` (a certificate is
+    /// asked for and verified if given).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) client_auth: Option<ClientAuth>,
+}
+
+/// `listener.tls.client_auth`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum ClientAuth {
+    Required,
+    Optional,
+}
+
+impl TlsSettings {
+    pub(crate) fn to_listener(&self) -> switchyard_listener::TlsConfig {
+        switchyard_listener::TlsConfig {
+            cert: self.cert.clone(),
+            key: self.key.clone(),
+            client_ca: self.client_ca.clone(),
+            client_cert_required: self.client_auth != Some(ClientAuth::Optional),
+        }
+    }
 }
 
 /// `HOST:PORT` → the first address it resolves to (`localhost:0` works as
@@ -300,6 +346,7 @@ impl Default for ListenerConfig {
             max_connection_bytes: 64 << 20,
             ws: WsLimits::default(),
             trusted_proxies: Vec::new(),
+            tls: None,
         }
     }
 }
@@ -474,9 +521,14 @@ impl ManagerConfig {
             .unwrap_or(&self.name)
     }
 
-    /// The socket where worker processes of `instance` connect.
-    pub(crate) fn workers_socket(&self, runtime_dir: &Path, instance: u32) -> PathBuf {
-        runtime_dir.join(format!("workers-{}-{instance}.sock", self.name))
+    /// The socket where worker processes of `instance` connect. `epoch`
+    /// counts the reloads that replaced the manager: the instances that
+    /// replace it listen apart from the ones still draining.
+    pub(crate) fn workers_socket(&self, runtime_dir: &Path, instance: u32, epoch: u64) -> PathBuf {
+        match epoch {
+            0 => runtime_dir.join(format!("workers-{}-{instance}.sock", self.name)),
+            _ => runtime_dir.join(format!("workers-{}-{instance}.{epoch}.sock", self.name)),
+        }
     }
 
     /// Opens the plugin library (or the built-in one). Runs the plugin's
@@ -752,6 +804,16 @@ impl Config {
             config.data.dir = Some(base.join(dir));
         }
         config.resolve_middleware_paths(base);
+        if let Some(tls) = &mut config.listener.tls {
+            for path in [Some(&mut tls.cert), Some(&mut tls.key), tls.client_ca.as_mut()]
+                .into_iter()
+                .flatten()
+            {
+                if path.is_relative() {
+                    *path = base.join(&*path);
+                }
+            }
+        }
         Ok(config)
     }
 
@@ -807,6 +869,23 @@ impl Config {
             problems.push(format!(
                 "request_id.header: `{id_header}` is not an HTTP header name"
             ));
+        }
+        if let Some(tls) = &l.tls {
+            if tls.client_auth.is_some() && tls.client_ca.is_none() {
+                problems.push(
+                    "listener.tls.client_auth: needs listener.tls.client_ca (the CAs to verify clients with)"
+                        .to_owned(),
+                );
+            }
+            // The same loading the listener does, so that a bad file stops
+            // `up` (or is refused by `reload`) before any process runs it.
+            if let Err(err) = switchyard_listener::tls::load(&tls.to_listener()) {
+                let text = err.to_string();
+                problems.push(format!(
+                    "listener.tls.{}",
+                    text.strip_prefix("TLS: ").unwrap_or(&text)
+                ));
+            }
         }
         if self.group.max_frame_bytes < 64 * 1024 || self.group.max_frame_bytes > u32::MAX as usize {
             problems.push("group.max_frame_bytes: must be between 65536 and 4294967295".to_owned());

@@ -1,7 +1,9 @@
 //! The route table: method + path pattern → event type.
 //!
-//! Routes are merged, never forgotten: when a manager goes down its routes
+//! Routes are merged, not forgotten: when a manager goes down its routes
 //! stay, so requests to them get 503 from the router rather than 404 here.
+//! Only a manager a reload removed from the group (`RouteTable::retired`)
+//! takes its routes with it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -52,6 +54,7 @@ impl Routes {
         for declared in &table.needs {
             needs.insert(declared.event_type, Arc::new(declared.needs.clone()));
         }
+        known.retain(|_, entry| !table.retired.contains(&entry.manager));
         let mut by_method: HashMap<String, matchit::Router<Arc<RouteEntry>>> = HashMap::new();
         for ((method, path), entry) in &known {
             let router = by_method.entry(method.clone()).or_default();
@@ -172,6 +175,12 @@ mod tests {
         });
         assert!(matches!(routes.lookup("POST", "/echo"), Lookup::Found(_)));
         assert!(matches!(routes.lookup("GET", "/noop"), Lookup::Found(_)));
+        // A manager removed from the group takes its routes with it.
+        let routes = routes.merged(RouteTable {
+            retired: vec!["m".into()],
+            ..Default::default()
+        });
+        assert!(matches!(routes.lookup("GET", "/noop"), Lookup::NotFound));
     }
 
     #[test]

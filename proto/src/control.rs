@@ -9,6 +9,7 @@
 //! broker ──RouterLost──▶ every pipe (fail in-flight requests at once)
 //! listener pipe ──Subscribe/Unsubscribe/SessionClosed──▶ broker (WebSocket sessions)
 //! broker ──Notification frame, meta `to`──▶ the pipe holding the sessions
+//! manager ──Draining──▶ router ──Draining──▶ manager (no request follows it)
 //! ```
 
 use serde::{Deserialize, Serialize};
@@ -45,6 +46,13 @@ pub enum Control {
     Unsubscribe { session: u64, sub: u64 },
     /// The session is gone: drop all its subscriptions.
     SessionClosed { session: u64 },
+    /// Manager → router: this instance is being replaced (`switchyard
+    /// reload`); route no new request or notification to it. The router
+    /// answers with the same message once it has taken the instance out:
+    /// every request routed to it before comes ahead of that answer on the
+    /// connection, so the manager can tell when what it must finish is all
+    /// there.
+    Draining,
 }
 
 /// The meta key that names an event's type (`order.created`): set by the
@@ -351,6 +359,11 @@ pub struct RouteTable {
     /// The request types that declare [`RequestNeeds`] (the others need
     /// nothing).
     pub needs: Vec<TypeNeeds>,
+    /// Managers a reload removed from the group, and now gone: listeners
+    /// forget their routes (404), which they otherwise keep while a
+    /// manager is down (503).
+    #[serde(default)]
+    pub retired: Vec<String>,
 }
 
 impl RouteTable {

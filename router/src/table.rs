@@ -14,6 +14,8 @@ struct Instance {
     sink: FrameSink,
     /// Requests sent to this instance and not answered yet.
     outstanding: u32,
+    /// Being replaced: gets no new work, finishes what it has.
+    draining: bool,
 }
 
 struct Known {
@@ -50,6 +52,9 @@ pub(crate) struct Table {
     /// once every declared one has, `known` holds every type the group
     /// serves.
     registered: HashSet<String>,
+    /// Managers removed by a reload whose last instance has gone: their
+    /// routes are forgotten, by the listeners too.
+    retired: std::collections::BTreeSet<String>,
     broker: Option<FrameSink>,
     version: u64,
     next_id: u64,
@@ -69,6 +74,7 @@ impl Table {
             needs: BTreeMap::new(),
             declared,
             registered: HashSet::new(),
+            retired: Default::default(),
             broker: None,
             version: 0,
             next_id: 0,
@@ -136,12 +142,14 @@ impl Table {
             self.subscribers.entry(*sub).or_default().push(id);
         }
         self.registered.insert(description.name.clone());
+        self.retired.remove(&description.name);
         self.instances.insert(
             id,
             Instance {
                 name: description.name.clone(),
                 sink,
                 outstanding: 0,
+                draining: false,
             },
         );
         self.publish();
@@ -163,6 +171,9 @@ impl Table {
             .filter(|(_, f)| f.instance == id)
             .map(|(k, _)| *k)
             .collect();
+        if !self.declared.contains(&inst.name) && !self.instances.values().any(|i| i.name == inst.name) {
+            self.forget(&inst.name);
+        }
         let detail = format!("manager `{}` went down while handling the request", inst.name);
         for key in &lost {
             if self.in_flight.remove(key).is_some() {
@@ -172,6 +183,46 @@ impl Table {
         }
         self.publish();
         lost.len()
+    }
+
+    /// The managers the group now declares. One no longer declared, with
+    /// no instance left, takes its routes and types with it.
+    pub(crate) fn set_declared(&mut self, declared: Vec<String>) {
+        self.declared = declared;
+        let live: HashSet<&String> = self.instances.values().map(|i| &i.name).collect();
+        let gone: Vec<String> = self
+            .registered
+            .iter()
+            .filter(|m| !live.contains(m) && !self.declared.contains(m))
+            .cloned()
+            .collect();
+        for manager in gone {
+            self.forget(&manager);
+        }
+        self.publish();
+    }
+
+    /// A manager removed from the group and gone: its routes answer 404,
+    /// its types are unknown.
+    fn forget(&mut self, manager: &str) {
+        self.routes.retain(|_, entry| entry.manager != manager);
+        self.known.retain(|_, known| known.manager != manager);
+        self.registered.remove(manager);
+        self.retired.insert(manager.to_owned());
+    }
+
+    /// Takes a draining instance out of routing: no new request or
+    /// notification goes to it; responses from it and to its own calls
+    /// still flow until it disconnects.
+    pub(crate) fn drain_instance(&mut self, id: u64) {
+        let Some(inst) = self.instances.get_mut(&id) else {
+            return;
+        };
+        inst.draining = true;
+        for list in self.handlers.values_mut().chain(self.subscribers.values_mut()) {
+            list.retain(|&i| i != id);
+        }
+        self.publish();
     }
 
     /// Sends a request to one instance, or answers it at once.
@@ -379,11 +430,12 @@ impl Table {
         self.version += 1;
         let Some(broker) = &self.broker else { return };
         let mut managers: BTreeMap<String, u32> = self.declared.iter().map(|n| (n.clone(), 0)).collect();
-        for inst in self.instances.values() {
+        for inst in self.instances.values().filter(|i| !i.draining) {
             *managers.entry(inst.name.clone()).or_default() += 1;
         }
         let table = RouteTable {
             version: self.version,
+            retired: self.retired.iter().cloned().collect(),
             routes: self.routes.values().cloned().collect(),
             managers: managers
                 .into_iter()

@@ -223,9 +223,10 @@ impl GroupBuilder {
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match group.line_events.recv_timeout(left) {
-                Ok(line) if line.contains("listening on http://") => {
+                // `http://ADDR`, or `https://ADDR` with `[listener.tls]`.
+                Ok(line) if line.contains("listening on http") => {
                     let addr = line
-                        .split("http://")
+                        .split("://")
                         .nth(1)
                         .unwrap()
                         .split_whitespace()
@@ -361,6 +362,13 @@ impl Group {
         let pid = self.pid_of(name);
         kill(pid, Signal::SIGKILL);
         pid
+    }
+
+    /// Waits for the supervisor to exit on its own (after `switchyard
+    /// upgrade`, say), within [`PATIENCE`].
+    pub fn wait_exit(&mut self) -> std::process::ExitStatus {
+        let mut child = self.child.take().unwrap();
+        wait_with_patience(&mut child)
     }
 
     /// Sends SIGTERM to the supervisor and waits for it to exit.

@@ -86,6 +86,33 @@ const TICKING: &str = "[[managers]]\nname = \"basics\"\n\n[[managers]]\nname = \
 /// ([`SCENARIOS`](super::SCENARIOS) orders a run).
 const COMPARISONS: &[Scenario] = &[
     Scenario {
+        name: "tls",
+        title: "tls: HTTPS, GET /noop",
+        about: &[
+            "- HTTPS on both sides: rustls on ring, TLS 1.3, an ECDSA P-256 certificate made for the \
+             run (rcgen), the client verifying it against the run's CA",
+            "- keep-alive rows: one connection per client, so req/s over TLS; new-connection rows: \
+             a TCP connection and a full TLS handshake before every request (`--new-connection`), \
+             so req/s is the handshake rate",
+            "- Switchyard: `switchyard up` with `[listener.tls]` and the demo's managers; baseline: \
+             `switchyard-baseline --tls-cert --tls-key`, the same route in-process",
+        ],
+        key: "connections, clients",
+        loads: &[
+            Load::http(
+                "/noop",
+                &[("keep-alive 1", 1), ("keep-alive 8", 8), ("keep-alive 32", 32)],
+            ),
+            Load {
+                route: "/noop",
+                rows: &[("new connection 8", 8), ("new connection 32", 32)],
+                transport: &["--new-connection"],
+            },
+        ],
+        contenders: Contenders::TlsDemoAndBaseline,
+        targets: &[],
+    },
+    Scenario {
         name: "rest",
         title: "rest: GET /noop",
         about: &[DEMO_GROUP, DEMO_BASELINE],
@@ -294,6 +321,8 @@ enum Contenders {
     /// The demo group (`switchyard up` with no configuration) against the
     /// baseline.
     DemoAndBaseline,
+    /// The same, both serving HTTPS with a certificate made for the run.
+    TlsDemoAndBaseline,
     /// Two groups, each with its label, its configuration, and the
     /// WebSocket subscribers opened after start that never read. With
     /// `refused`, the scenario is skipped (saying it, and `switchyard
@@ -348,11 +377,30 @@ impl Target {
 
 impl Scenario {
     fn run(&self, ctx: &Ctx) -> anyhow::Result<Outcome> {
-        let (contenders, about) = match self.prepare(ctx)? {
-            Ok(ready) => ready,
-            Err(why) => return Ok(Outcome::Skipped(why)),
+        // Certificates for a TLS scenario, kept for its whole run.
+        let certificates = match self.contenders {
+            Contenders::TlsDemoAndBaseline => {
+                let dir = super::tmp::scratch("tls")?;
+                let files = crate::tls::TestCertificates::create(dir.path())?;
+                Some((dir, files))
+            }
+            _ => None,
         };
-        let comparison = compare(ctx, self.name, self.key, contenders, self.loads)?;
+        let (contenders, about) = match certificates.as_ref() {
+            Some((_, files)) => (
+                Contender::tls_pair(files),
+                self.about.iter().map(|l| format!("{l}\n")).collect(),
+            ),
+            None => match self.prepare(ctx)? {
+                Ok(ready) => ready,
+                Err(why) => return Ok(Outcome::Skipped(why)),
+            },
+        };
+        let trust: Vec<String> = match certificates.as_ref() {
+            Some((_, files)) => vec!["--cacert".to_owned(), files.ca.display().to_string()],
+            None => Vec::new(),
+        };
+        let comparison = compare(ctx, self.name, self.key, contenders, self.loads, &trust)?;
         let mut body = about;
         body.push('\n');
         body.push_str(&render_comparison(&comparison));
@@ -373,13 +421,13 @@ impl Scenario {
         };
         let verbatim = |line: &str| line.to_owned();
         match self.contenders {
-            Contenders::DemoAndBaseline => {
+            Contenders::DemoAndBaseline | Contenders::TlsDemoAndBaseline => {
                 let demo = Contender::Group {
                     label: "Switchyard",
                     config: None,
                     stalled: 0,
                 };
-                Ok(Ok(([demo, Contender::Baseline], about(&verbatim))))
+                Ok(Ok(([demo, Contender::Baseline(None)], about(&verbatim))))
             }
             Contenders::Groups { groups, refused } => {
                 let contenders = groups.map(|(label, config, stalled)| Contender::Group {
@@ -537,7 +585,7 @@ fn middleware(ctx: &Ctx) -> anyhow::Result<Outcome> {
         rows: CLIENTS,
         transport,
     }];
-    let comparison = compare(ctx, "middleware", "clients", contenders, &loads)?;
+    let comparison = compare(ctx, "middleware", "clients", contenders, &loads, &[])?;
     let mut body = String::new();
     let _ = writeln!(
         body,
@@ -729,15 +777,33 @@ enum Contender {
         /// WebSocket subscribers opened after start that never read.
         stalled: usize,
     },
-    Baseline,
+    /// `switchyard-baseline`, over TLS with this certificate and key.
+    Baseline(Option<(PathBuf, PathBuf)>),
 }
 
 impl Contender {
     fn label(&self) -> &'static str {
         match self {
             Contender::Group { label, .. } => label,
-            Contender::Baseline => "baseline",
+            Contender::Baseline(_) => "baseline",
         }
+    }
+
+    /// The demo group and the baseline, both on HTTPS with `files`.
+    fn tls_pair(files: &crate::tls::TestCertificates) -> [Contender; 2] {
+        let config = format!(
+            "[listener.tls]\ncert = \"{}\"\nkey = \"{}\"\n",
+            files.cert.display(),
+            files.key.display()
+        );
+        [
+            Contender::Group {
+                label: "Switchyard",
+                config: Some(config),
+                stalled: 0,
+            },
+            Contender::Baseline(Some((files.cert.clone(), files.key.clone()))),
+        ]
     }
 
     fn start(&self, ctx: &Ctx) -> anyhow::Result<Running> {
@@ -745,9 +811,12 @@ impl Contender {
             Contender::Group { config, .. } => {
                 Running::Group(Group::start(&ctx.switchyard, config.as_deref())?)
             }
-            Contender::Baseline => {
+            Contender::Baseline(tls) => {
                 let mut command = std::process::Command::new(&ctx.baseline);
                 command.args(["--bind", "127.0.0.1:0"]);
+                if let Some((cert, key)) = tls {
+                    command.arg("--tls-cert").arg(cert).arg("--tls-key").arg(key);
+                }
                 Running::Baseline(Server::start("switchyard-baseline", command)?)
             }
         })
@@ -776,6 +845,7 @@ fn compare(
     key_header: &str,
     contenders: [Contender; 2],
     loads: &[Load],
+    extra: &[String],
 ) -> anyhow::Result<Comparison> {
     let mut rows: Vec<Row> = loads
         .iter()
@@ -815,6 +885,7 @@ fn compare(
                         &concurrency,
                         ctx.duration,
                         load.transport,
+                        extra,
                     )?))
                     .with_context(|| format!("{} against {}", load.route, contender.label()))?;
                 anyhow::ensure!(
@@ -845,6 +916,7 @@ fn load_options(
     concurrency: &[u32],
     duration: Duration,
     transport: &[&str],
+    extra: &[String],
 ) -> anyhow::Result<load::Options> {
     #[derive(Parser)]
     struct Cli {
@@ -876,6 +948,7 @@ fn load_options(
         "1",
     ];
     argv.extend_from_slice(transport);
+    argv.extend(extra.iter().map(String::as_str));
     Ok(Cli::try_parse_from(argv)
         .map_err(|err| anyhow::anyhow!("bad load options: {err}"))?
         .options)
@@ -1014,6 +1087,7 @@ mod tests {
             &[1, 8],
             Duration::from_millis(2500),
             &["--ws"],
+            &[],
         )
         .unwrap();
         assert_eq!(o.routes, [load::Route::get("/noop")]);

@@ -90,15 +90,35 @@ impl Workers {
     }
 }
 
-/// Serves `plugin` until `shutdown` resolves. `ready` fires once the router
-/// has accepted the manager's declaration. Returns an error only when the
-/// plugin itself breaks (the supervisor then restarts the process).
+/// How the host is told to end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shutdown {
+    /// Stop at once (the group stops: the router fails what is in flight).
+    Now,
+    /// The instance is being replaced (`switchyard reload`): the router is
+    /// told to send it nothing new, and the host stops once every request
+    /// it holds is answered, or when the grace period is over.
+    Drain(Duration),
+}
+
+/// How [`Host::serve`] ended.
+enum Served {
+    /// The router connection closed: reconnect.
+    RouterLost,
+    /// Told to stop, or drained.
+    Stopped,
+}
+
+/// Serves `plugin` until `shutdown` resolves (and, for a drain, until what
+/// it holds is answered). `ready` fires once the router has accepted the
+/// manager's declaration. Returns an error only when the plugin itself
+/// breaks (the supervisor then restarts the process).
 pub async fn run(
     mut plugin: Plugin,
     description: Description,
     config: Config,
     ready: oneshot::Sender<()>,
-    shutdown: impl Future<Output = ()>,
+    shutdown: impl Future<Output = Shutdown>,
 ) -> Result<(), LoadError> {
     let mut ready = Some(ready);
     tokio::pin!(shutdown);
@@ -121,7 +141,7 @@ pub async fn run(
             link = connect(&description, &config) => link,
         };
         match link {
-            Ok((reader, sink, id)) => {
+            Ok((reader, sink, writer, id)) => {
                 backoff.reset();
                 tracing::info!(
                     instance = config.instance,
@@ -131,9 +151,20 @@ pub async fn run(
                 if let Some(ready) = ready.take() {
                     let _ = ready.send(());
                 }
-                tokio::select! {
-                    _ = &mut shutdown => return Ok(()),
-                    served = host.serve(&mut plugin, &config, reader, &sink, &mut results) => served?,
+                let link = Link { reader, sink: &sink };
+                match host
+                    .serve(&mut plugin, &config, link, &mut results, shutdown.as_mut())
+                    .await?
+                {
+                    Served::Stopped => {
+                        // The answers just given are still queued: the
+                        // writer ends once they are written, when its last
+                        // sink is gone.
+                        drop(sink);
+                        let _ = tokio::time::timeout(Duration::from_secs(2), writer).await;
+                        return Ok(());
+                    }
+                    Served::RouterLost => {}
                 }
                 tracing::warn!("router connection lost; reconnecting");
                 host.router_lost(&mut plugin)?;
@@ -149,19 +180,25 @@ pub async fn run(
     }
 }
 
-async fn connect(
-    description: &Description,
-    config: &Config,
-) -> Result<(FrameReader<OwnedReadHalf>, FrameSink, u64), switchyard_proto::Error> {
+/// The router link: its reader, its sink and the sink's writer task, and
+/// the id the router gave this instance.
+type Connected = (
+    FrameReader<OwnedReadHalf>,
+    FrameSink,
+    tokio::task::JoinHandle<switchyard_proto::Result<()>>,
+    u64,
+);
+
+async fn connect(description: &Description, config: &Config) -> Result<Connected, switchyard_proto::Error> {
     let stream = UnixStream::connect(&config.router_socket).await?;
     let (read, write) = stream.into_split();
-    let (sink, _writer) = spawn_writer(write, config.queue_capacity, config.max_frame);
+    let (sink, writer) = spawn_writer(write, config.queue_capacity, config.max_frame);
     let mut reader = FrameReader::new(read, config.max_frame);
     let hello = Control::HelloManager(description.for_router(&config.name));
     sink.send_wait(Envelope::control(&hello)?).await?;
     match reader.next().await? {
         Some(env) if env.kind == Kind::Control => match env.decode_control()? {
-            Control::Welcome { id } => Ok((reader, sink, id)),
+            Control::Welcome { id } => Ok((reader, sink, writer, id)),
             _ => Err(switchyard_proto::Error::Malformed("expected welcome")),
         },
         _ => Err(switchyard_proto::Error::Closed),
@@ -208,15 +245,29 @@ struct Host {
     ticks: bool,
 }
 
+/// The connection to the router.
+struct Link<'a> {
+    reader: FrameReader<OwnedReadHalf>,
+    sink: &'a FrameSink,
+}
+
 impl Host {
+    /// Serves the router connection until it closes or `shutdown` says to
+    /// stop; a drain goes on serving until the router has acknowledged it
+    /// and every request and call the host holds is answered.
     async fn serve(
         &mut self,
         plugin: &mut Plugin,
         config: &Config,
-        mut reader: FrameReader<OwnedReadHalf>,
-        sink: &FrameSink,
+        link: Link<'_>,
         results: &mut mpsc::UnboundedReceiver<Done>,
-    ) -> Result<(), LoadError> {
+        mut shutdown: std::pin::Pin<&mut impl Future<Output = Shutdown>>,
+    ) -> Result<Served, LoadError> {
+        let Link { mut reader, sink } = link;
+        // Set once told to drain: when the grace ends.
+        let mut drain_until: Option<tokio::time::Instant> = None;
+        // The router's answer to our `Draining`: no request follows it.
+        let mut drain_acknowledged = false;
         let mut batch = Vec::with_capacity(64);
         let mut inputs = Vec::with_capacity(64);
         let mut tick = tokio::time::interval(switchyard_manager_abi::TICK_PERIOD);
@@ -224,14 +275,38 @@ impl Host {
         let mut idle = tokio::time::interval(IDLE_STEP);
         idle.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
+            if drain_acknowledged && self.requests.is_empty() && self.calls.is_empty() {
+                tracing::info!("drained: every request answered");
+                return Ok(Served::Stopped);
+            }
             tokio::select! {
+                how = shutdown.as_mut(), if drain_until.is_none() => match how {
+                    Shutdown::Now => return Ok(Served::Stopped),
+                    Shutdown::Drain(grace) => {
+                        tracing::info!(in_flight = self.requests.len(), "draining: the router sends nothing new");
+                        drain_until = Some(tokio::time::Instant::now() + grace);
+                        let told = Envelope::control(&Control::Draining)
+                            .map_err(|e| e.to_string())
+                            .and_then(|env| sink.send(env).map_err(|e| e.to_string()));
+                        if let Err(err) = told {
+                            tracing::warn!(%err, "cannot tell the router; stopping");
+                            return Ok(Served::Stopped);
+                        }
+                    }
+                },
+                _ = tokio::time::sleep_until(drain_until.unwrap_or_else(tokio::time::Instant::now)), if drain_until.is_some() => {
+                    tracing::warn!(unanswered = self.requests.len(), "drain grace period over; stopping");
+                    return Ok(Served::Stopped);
+                }
                 _ = tick.tick(), if self.ticks => inputs.push(ToPlugin::Timers { ahead_ms: 0 }),
                 read = reader.read_batch(&mut batch) => match read {
+                    // While draining, a lost router has failed what we held.
                     Ok(true) => {}
-                    Ok(false) => return Ok(()),
+                    Ok(false) if drain_until.is_some() => return Ok(Served::Stopped),
+                    Ok(false) => return Ok(Served::RouterLost),
                     Err(err) => {
                         tracing::warn!(%err, "closing router connection");
-                        return Ok(());
+                        return Ok(if drain_until.is_some() { Served::Stopped } else { Served::RouterLost });
                     }
                 },
                 _ = WAKE.notified() => inputs.push(ToPlugin::Wake),
@@ -244,6 +319,12 @@ impl Host {
                 }
             }
             for mut env in batch.drain(..) {
+                if env.kind == Kind::Control {
+                    if matches!(env.decode_control(), Ok(Control::Draining)) {
+                        drain_acknowledged = true;
+                    }
+                    continue;
+                }
                 // A request's pipe goes to the plugin as it is (an upload).
                 let mut stream = None;
                 if env.kind == Kind::Request
