@@ -23,7 +23,118 @@ pub(crate) struct Config {
     pub(crate) managers: Vec<ManagerConfig>,
     /// Where the built-in Store and Scheduler keep their database.
     pub(crate) data: DataConfig,
+    /// Request ids: taken or made per request, in every log line and the reply.
+    pub(crate) request_id: RequestIdConfig,
+    // ---- The built-in middleware (docs/middleware.md), run by the
+    // listener. `[auth]` defaults to nothing in a file, whatever the demo
+    // group has: a file never inherits the demo's development key.
+    /// `[auth]`: JWT, API keys, Basic, and the rules per route prefix or
+    /// event type.
+    #[serde(default)]
+    pub(crate) auth: switchyard_listener::AuthConfig,
+    /// `[cors]`: allowed origins, methods, headers, credentials, max-age.
+    pub(crate) cors: switchyard_listener::CorsConfig,
+    /// `[rate_limit]`: token buckets per address, API key or identity.
+    pub(crate) rate_limit: switchyard_listener::RateLimitConfig,
+    /// `[compression]`: responses by `Accept-Encoding`, request bodies by
+    /// `Content-Encoding`.
+    pub(crate) compression: switchyard_listener::CompressionConfig,
+    /// `[security_headers]`: added to every HTTP response.
+    pub(crate) security_headers: switchyard_listener::SecurityHeadersConfig,
 }
+
+/// `[request_id]` (docs/http.md#request-ids).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct RequestIdConfig {
+    /// Whether every request gets an id, carried through every hop into
+    /// the log lines it causes and answered in `header`. Default true.
+    pub(crate) enabled: bool,
+    /// The header the id is read from and answered in. Default
+    /// `x-request-id`.
+    pub(crate) header: String,
+    /// Whether a client's own id (1 to 128 visible ASCII characters) is
+    /// kept; otherwise (or when it is not acceptable) a new one is made.
+    /// Default true.
+    pub(crate) accept_incoming: bool,
+}
+
+impl Default for RequestIdConfig {
+    fn default() -> Self {
+        RequestIdConfig {
+            enabled: true,
+            header: "x-request-id".to_owned(),
+            accept_incoming: true,
+        }
+    }
+}
+
+impl RequestIdConfig {
+    pub(crate) fn to_listener(&self) -> switchyard_listener::RequestIdConfig {
+        let default = switchyard_listener::RequestIdConfig::default();
+        switchyard_listener::RequestIdConfig {
+            enabled: self.enabled,
+            // Checked by `Config::validate`.
+            header: http::HeaderName::from_bytes(self.header.to_ascii_lowercase().as_bytes())
+                .unwrap_or(default.header),
+            accept_incoming: self.accept_incoming,
+        }
+    }
+}
+
+// ---- The built-in middleware ----
+
+/// The demo group's JWT secret, for `GET /me` and `switchyard token`.
+/// DEVELOPMENT ONLY: it is public (it is in this source), so a token it
+/// signs proves nothing. A configuration file never inherits it.
+pub(crate) const DEMO_JWT_SECRET: &str = "switchyard-demo-development-key-do-not-use-in-production";
+
+/// The demo group's `[auth]`: bearer tokens signed with
+/// [`DEMO_JWT_SECRET`], required on `/me`.
+fn demo_auth() -> switchyard_listener::AuthConfig {
+    switchyard_listener::AuthConfig {
+        jwt: Some(switchyard_listener::JwtConfig {
+            algorithms: vec!["HS256".to_owned()],
+            secret: Some(DEMO_JWT_SECRET.to_owned()),
+            ..Default::default()
+        }),
+        rules: vec![switchyard_listener::AuthRule {
+            prefix: Some("/me".to_owned()),
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
+impl Config {
+    /// The listener's middleware settings.
+    pub(crate) fn middleware(&self) -> switchyard_listener::MiddlewareConfig {
+        switchyard_listener::MiddlewareConfig {
+            auth: self.auth.clone(),
+            cors: self.cors.clone(),
+            rate_limit: self.rate_limit.clone(),
+            compression: self.compression.clone(),
+            security_headers: self.security_headers.clone(),
+        }
+    }
+
+    /// Key files named relative to the configuration file, made relative
+    /// to `base` (its directory).
+    fn resolve_middleware_paths(&mut self, base: &Path) {
+        if let Some(jwt) = &mut self.auth.jwt {
+            for path in [&mut jwt.secret_file, &mut jwt.public_key_file, &mut jwt.jwks_file]
+                .into_iter()
+                .flatten()
+            {
+                if path.is_relative() {
+                    *path = base.join(&*path);
+                }
+            }
+        }
+    }
+}
+
+// ---- end of the built-in middleware ----
 
 /// The HTTP front end.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -74,6 +185,74 @@ pub(crate) struct ListenerConfig {
     pub(crate) max_connection_bytes: u64,
     /// WebSocket limits (`/ws`, `/ws/echo`).
     pub(crate) ws: WsLimits,
+    /// Addresses or CIDR ranges of the proxies in front of the listener
+    /// (`["10.0.0.0/8", "127.0.0.1"]`): only from those peers do
+    /// `Forwarded` and `X-Forwarded-For` name the client. Default: none.
+    #[serde(deserialize_with = "proxy_ranges")]
+    pub(crate) trusted_proxies: Vec<ipnet::IpNet>,
+    /// TLS on every port of the listener (`[listener.tls]`); absent:
+    /// plaintext.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) tls: Option<TlsSettings>,
+}
+
+/// `"10.0.0.0/8"` or a bare address (`"127.0.0.1"`, `"::1"`: one host).
+fn proxy_ranges<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<ipnet::IpNet>, D::Error> {
+    let texts = Vec::<String>::deserialize(d)?;
+    texts
+        .iter()
+        .map(|text| {
+            text.parse::<ipnet::IpNet>()
+                .or_else(|_| text.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+                .map_err(|_| {
+                    serde::de::Error::custom(format!(
+                        "`{text}` is neither an IP address nor a CIDR range (10.0.0.0/8, fd00::/8)"
+                    ))
+                })
+        })
+        .collect()
+}
+
+/// `[listener.tls]`: HTTPS, gRPC over TLS and `wss://` on the listener's
+/// ports (docs/tls.md). The files are read at start and again on every
+/// reload; relative paths are relative to the configuration file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct TlsSettings {
+    /// PEM certificate chain: the server's certificate first, then its
+    /// intermediates. Required.
+    pub(crate) cert: PathBuf,
+    /// PEM private key of that certificate (PKCS#8, PKCS#1 or SEC1).
+    /// Required.
+    pub(crate) key: PathBuf,
+    /// PEM bundle of the CAs whose client certificates are accepted
+    /// (mTLS). Default: none, no client certificate is asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) client_ca: Option<PathBuf>,
+    /// With `client_ca`: `"required"` (default; a client without a valid
+    /// certificate fails the handshake) or `"optional"` (a certificate is
+    /// asked for and verified if given).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) client_auth: Option<ClientAuth>,
+}
+
+/// `listener.tls.client_auth`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum ClientAuth {
+    Required,
+    Optional,
+}
+
+impl TlsSettings {
+    pub(crate) fn to_listener(&self) -> switchyard_listener::TlsConfig {
+        switchyard_listener::TlsConfig {
+            cert: self.cert.clone(),
+            key: self.key.clone(),
+            client_ca: self.client_ca.clone(),
+            client_cert_required: self.client_auth != Some(ClientAuth::Optional),
+        }
+    }
 }
 
 /// `HOST:PORT` → the first address it resolves to (`localhost:0` works as
@@ -166,6 +345,8 @@ impl Default for ListenerConfig {
             write_stall_timeout_ms: 30_000,
             max_connection_bytes: 64 << 20,
             ws: WsLimits::default(),
+            trusted_proxies: Vec::new(),
+            tls: None,
         }
     }
 }
@@ -351,9 +532,14 @@ impl ManagerConfig {
             .unwrap_or(&self.name)
     }
 
-    /// The socket where worker processes of `instance` connect.
-    pub(crate) fn workers_socket(&self, runtime_dir: &Path, instance: u32) -> PathBuf {
-        runtime_dir.join(format!("workers-{}-{instance}.sock", self.name))
+    /// The socket where worker processes of `instance` connect. `epoch`
+    /// counts the reloads that replaced the manager: the instances that
+    /// replace it listen apart from the ones still draining.
+    pub(crate) fn workers_socket(&self, runtime_dir: &Path, instance: u32, epoch: u64) -> PathBuf {
+        match epoch {
+            0 => runtime_dir.join(format!("workers-{}-{instance}.sock", self.name)),
+            _ => runtime_dir.join(format!("workers-{}-{instance}.{epoch}.sock", self.name)),
+        }
     }
 
     /// Opens the plugin library (or the built-in one). Runs the plugin's
@@ -547,6 +733,12 @@ impl Default for Config {
                 }))
                 .collect(),
             data: DataConfig::default(),
+            request_id: RequestIdConfig::default(),
+            auth: demo_auth(),
+            cors: Default::default(),
+            rate_limit: Default::default(),
+            compression: Default::default(),
+            security_headers: Default::default(),
         }
     }
 }
@@ -622,6 +814,17 @@ impl Config {
         {
             config.data.dir = Some(base.join(dir));
         }
+        config.resolve_middleware_paths(base);
+        if let Some(tls) = &mut config.listener.tls {
+            for path in [Some(&mut tls.cert), Some(&mut tls.key), tls.client_ca.as_mut()]
+                .into_iter()
+                .flatten()
+            {
+                if path.is_relative() {
+                    *path = base.join(&*path);
+                }
+            }
+        }
         Ok(config)
     }
 
@@ -671,6 +874,29 @@ impl Config {
         }
         if l.max_connection_bytes == 0 {
             problems.push("listener.max_connection_bytes: must be positive".to_owned());
+        }
+        let id_header = &self.request_id.header;
+        if http::HeaderName::from_bytes(id_header.as_bytes()).is_err() || id_header.is_empty() {
+            problems.push(format!(
+                "request_id.header: `{id_header}` is not an HTTP header name"
+            ));
+        }
+        if let Some(tls) = &l.tls {
+            if tls.client_auth.is_some() && tls.client_ca.is_none() {
+                problems.push(
+                    "listener.tls.client_auth: needs listener.tls.client_ca (the CAs to verify clients with)"
+                        .to_owned(),
+                );
+            }
+            // The same loading the listener does, so that a bad file stops
+            // `up` (or is refused by `reload`) before any process runs it.
+            if let Err(err) = switchyard_listener::tls::load(&tls.to_listener()) {
+                let text = err.to_string();
+                problems.push(format!(
+                    "listener.tls.{}",
+                    text.strip_prefix("TLS: ").unwrap_or(&text)
+                ));
+            }
         }
         if self.group.max_frame_bytes < 64 * 1024 || self.group.max_frame_bytes > u32::MAX as usize {
             problems.push("group.max_frame_bytes: must be between 65536 and 4294967295".to_owned());
@@ -732,6 +958,11 @@ impl Config {
             }
         }
         self.validate_builtins(&mut problems);
+        // The listener's own builder, run here: key files are read and
+        // every middleware key checked before any process starts.
+        if let Err(problem) = switchyard_listener::check_middleware(&self.middleware()) {
+            problems.push(problem);
+        }
         if problems.is_empty() {
             Ok(())
         } else {
@@ -829,5 +1060,31 @@ mod tests {
             assert!(err.contains(key), "{key} not named in {err}");
         }
         // Plugins are checked by the validation child: tests/validation.rs.
+    }
+
+    #[test]
+    fn middleware_keys_are_checked_and_files_never_inherit_the_demo_key() {
+        let config: Config = toml::from_str("[listener]\nworkers = 1\n").unwrap();
+        assert!(config.auth.jwt.is_none(), "a file got the demo's key");
+        assert!(Config::default().auth.jwt.is_some());
+        let config: Config = toml::from_str(
+            "[auth.jwt]\nalgorithms = [\"HS256\"]\nsecret = \"short\"\n\
+             [cors]\nallow_origins = [\"*\"]\nallow_credentials = true\n",
+        )
+        .unwrap();
+        let err = config.validate().unwrap_err().to_string();
+        assert!(err.contains("auth.jwt.secret"), "{err}");
+        let err = toml::from_str::<Config>("[rate_limit]\nmax_client = 3\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("max_client"), "{err}");
+        let mut config: Config =
+            toml::from_str("[auth.jwt]\nalgorithms = [\"RS256\"]\npublic_key_file = \"keys/pub.pem\"\n")
+                .unwrap();
+        config.resolve_middleware_paths(Path::new("/etc/switchyard"));
+        assert_eq!(
+            config.auth.jwt.unwrap().public_key_file.unwrap(),
+            Path::new("/etc/switchyard/keys/pub.pem")
+        );
     }
 }

@@ -18,10 +18,23 @@ fn owned(fd: i32) -> std::io::Result<OwnedFd> {
         nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
     )
     .map_err(std::io::Error::from)?;
-    // SAFETY: the supervisor placed a descriptor at `fd` for this process alone
-    // (pre_exec dup2), nothing else in this process refers to it, and it is
-    // adopted exactly once per process.
+    // SAFETY: the process that started this one placed a descriptor at `fd`
+    // for it alone (the supervisor's pre_exec dup2, or an upgrading
+    // supervisor's handover socket), nothing else in this process refers
+    // to it, and it is adopted exactly once per process.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// A descriptor this process inherited at `fd` (the handover socket of
+/// `switchyard upgrade`), close-on-exec from now on.
+pub(crate) fn adopt(fd: i32) -> std::io::Result<OwnedFd> {
+    if fd <= 2 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a handover descriptor",
+        ));
+    }
+    owned(fd)
 }
 
 /// The spec the supervisor wrote into a memfd at [`SPEC_FD`]. The

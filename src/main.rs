@@ -8,7 +8,9 @@
 //! - `config`: `switchyard.toml`.
 //! - `roles`: the entry of each child process.
 //! - `supervisor`: spawning, watching, restarting and stopping children.
-//! - `status`: `switchyard status`.
+//! - `status`: the control socket, and its clients `switchyard status`,
+//!   `reload` and `upgrade`.
+//! - `token`: `switchyard token`, a development bearer token.
 
 mod config;
 mod inherit;
@@ -16,6 +18,7 @@ mod roles;
 mod scaffold;
 mod status;
 mod supervisor;
+mod token;
 mod validate;
 
 use std::path::PathBuf;
@@ -55,6 +58,26 @@ enum Command {
         /// overriding `data.dir` (default: see docs/configuration.md).
         #[arg(long)]
         data_dir: Option<PathBuf>,
+        /// Internal (`switchyard upgrade`): the socket the upgrading
+        /// supervisor hands its listening sockets over.
+        #[arg(long, hide = true)]
+        upgrade_fd: Option<i32>,
+    },
+    /// Re-read the configuration of a running group and apply it without
+    /// failing a request (also SIGHUP): changed managers are replaced
+    /// instance by instance, the listener's limits and certificates change
+    /// live. An invalid configuration is refused; the group runs on.
+    Reload {
+        /// The group's runtime directory (default: the only running group).
+        #[arg(long)]
+        runtime_dir: Option<PathBuf>,
+    },
+    /// Hand the listening sockets to a new supervisor started from the
+    /// binary on disk; this group then drains and exits.
+    Upgrade {
+        /// The group's runtime directory (default: the only running group).
+        #[arg(long)]
+        runtime_dir: Option<PathBuf>,
     },
     /// Show the processes of a running group.
     Status {
@@ -84,6 +107,24 @@ enum Command {
     /// breaks and where it saturates (see bench/README.md). The scenario
     /// suite against the in-process baseline is `switchyard-suite`.
     Bench(Box<switchyard_bench::load::Options>),
+    /// Print a bearer token for the demo's `GET /me` (development only:
+    /// signed with the HMAC secret of the configuration's `[auth.jwt]`,
+    /// by default the demo's public development key).
+    Token {
+        /// The token's subject (`sub`).
+        #[arg(long)]
+        sub: String,
+        /// Seconds until the token expires.
+        #[arg(long, default_value_t = 3600)]
+        ttl_s: u64,
+        /// A role the token carries (repeatable), in the `roles` claim.
+        #[arg(long = "role")]
+        roles: Vec<String>,
+        /// The configuration whose `[auth.jwt]` secret signs (default: the
+        /// demo group's).
+        #[arg(short, long)]
+        config: Option<PathBuf>,
+    },
     /// Validate a configuration file and exit.
     Check {
         #[arg(short, long)]
@@ -114,6 +155,14 @@ fn load_config(path: Option<&std::path::Path>) -> Result<config::Config, ExitCod
     })
 }
 
+/// Adopts the handover socket an upgrading supervisor left at `fd`.
+fn inherited_handover(fd: i32) -> Result<std::os::fd::OwnedFd, ExitCode> {
+    inherit::adopt(fd).map_err(|err| {
+        eprintln!("switchyard: no handover socket at fd {fd}: {err}");
+        ExitCode::FAILURE
+    })
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
@@ -122,26 +171,40 @@ fn main() -> ExitCode {
             bind,
             runtime_dir,
             data_dir,
+            upgrade_fd,
         } => {
-            let mut config = match load_config(config.as_deref()) {
-                Ok(c) => c,
+            // First, so that a failure below still closes it (the old
+            // supervisor then reads end-of-file and serves on).
+            let handover = match upgrade_fd.map(inherited_handover).transpose() {
+                Ok(h) => h,
                 Err(code) => return code,
             };
-            if let Some(bind) = bind {
-                config.listener.bind = bind;
-            }
-            if let Err(err) = config.prepare_data_dir(data_dir) {
-                eprintln!("switchyard: {err}");
-                return ExitCode::FAILURE;
-            }
+            let source = supervisor::Source {
+                path: config,
+                bind,
+                data_dir,
+            };
+            let config = match source.load() {
+                Ok(c) => c,
+                Err(err @ supervisor::SourceError::Config(_)) => {
+                    eprintln!("switchyard: {err}");
+                    return ExitCode::from(EXIT_CONFIG);
+                }
+                Err(err) => {
+                    eprintln!("switchyard: {err}");
+                    return ExitCode::FAILURE;
+                }
+            };
             // The default soft limit (often 1024) is far below what a
             // listener's connections need; the children inherit this one.
             if let Err(err) = switchyard_proto::accept::raise_nofile_limit() {
                 eprintln!("switchyard: cannot raise the descriptor limit: {err}");
             }
-            supervisor::main(config, runtime_dir)
+            supervisor::main(config, source, runtime_dir, handover)
         }
         Command::Status { json, runtime_dir } => status::main(json, runtime_dir),
+        Command::Reload { runtime_dir } => status::reload(runtime_dir),
+        Command::Upgrade { runtime_dir } => status::upgrade(runtime_dir),
         Command::New {
             path,
             sdk,
@@ -157,6 +220,27 @@ fn main() -> ExitCode {
             scaffold::main(&path, sdk)
         }
         Command::Bench(options) => switchyard_bench::load::main(*options),
+        Command::Token {
+            sub,
+            ttl_s,
+            roles,
+            config,
+        } => {
+            let config = match load_config(config.as_deref()) {
+                Ok(c) => c,
+                Err(code) => return code,
+            };
+            match token::sign(&config, &sub, &roles, ttl_s) {
+                Ok(token) => {
+                    println!("{token}");
+                    ExitCode::SUCCESS
+                }
+                Err(err) => {
+                    eprintln!("switchyard token: {err}");
+                    ExitCode::from(EXIT_CONFIG)
+                }
+            }
+        }
         Command::Check { config } => match load_config(Some(&config)) {
             Ok(_) => {
                 println!("{}: ok", config.display());

@@ -10,7 +10,7 @@ use switchyard_proto::process::{CONTROL_FD, RuntimePaths, init_child_logging};
 use switchyard_proto::supervision::{ChildChannel, Command, Phase, wait_stop};
 use tokio::sync::oneshot;
 
-use crate::config::Config;
+use crate::config::{Config, TlsSettings};
 use crate::inherit;
 
 /// The roles a child can play.
@@ -32,6 +32,17 @@ impl Role {
         matches!(self, Role::Broker | Role::Router | Role::Listener)
     }
 
+    /// Place in the start order (broker first, listeners last).
+    pub(crate) fn rank(self) -> u8 {
+        match self {
+            Role::Broker => 0,
+            Role::Router => 1,
+            Role::Manager => 2,
+            Role::Worker => 3,
+            Role::Listener => 4,
+        }
+    }
+
     pub(crate) fn as_str(self) -> &'static str {
         match self {
             Role::Broker => "broker",
@@ -49,21 +60,36 @@ impl Role {
 pub(crate) struct Spec {
     pub(crate) config: Config,
     pub(crate) runtime_dir: std::path::PathBuf,
+    /// A manager's or worker's epoch: how many reloads replaced the
+    /// manager before this instance (its worker socket's name).
+    #[serde(default)]
+    pub(crate) epoch: u64,
 }
 
 impl Spec {
     /// The spec of one child: every manager's `config` table (its secrets)
     /// goes to that manager's own processes only.
-    pub(crate) fn for_child(config: &Config, runtime_dir: &std::path::Path, role: Role, name: &str) -> Spec {
+    pub(crate) fn for_child(
+        config: &Config,
+        runtime_dir: &std::path::Path,
+        role: Role,
+        name: &str,
+        epoch: u64,
+    ) -> Spec {
         let mut config = config.clone();
         for m in &mut config.managers {
             if !(role == Role::Manager && m.name == name) {
                 m.config = toml::Table::new();
             }
         }
+        // Secrets of `[auth]` (an HMAC key) are the listener's alone.
+        if role != Role::Listener {
+            config.auth = Default::default();
+        }
         Spec {
             config,
             runtime_dir: runtime_dir.to_path_buf(),
+            epoch,
         }
     }
 }
@@ -136,6 +162,8 @@ async fn serve(role: Role, name: String, instance: u32, spec: Spec) -> anyhow::R
         wait_stop(&mut commands).await;
     };
 
+    // What this role can change while it runs (`switchyard reload`).
+    let mut live = None;
     let work: std::pin::Pin<Box<dyn Future<Output = anyhow::Result<()>>>> = match role {
         Role::Broker => {
             let listener = inherit::unix_listener()?;
@@ -154,7 +182,11 @@ async fn serve(role: Role, name: String, instance: u32, spec: Spec) -> anyhow::R
                 queue_capacity,
                 max_outstanding: config.group.max_outstanding_per_instance,
             };
-            Box::pin(async move { Ok(switchyard_router::run(listener, cfg, ready_tx, stop).await?) })
+            let (declared_tx, declared) = tokio::sync::watch::channel(cfg.declared_managers.clone());
+            live = Some(Live::Router(declared_tx));
+            Box::pin(async move {
+                Ok(switchyard_router::run_declaring(listener, cfg, ready_tx, stop, declared).await?)
+            })
         }
         Role::Manager => {
             let m = config
@@ -187,11 +219,22 @@ async fn serve(role: Role, name: String, instance: u32, spec: Spec) -> anyhow::R
                     size: w.size(),
                     queue: w.queue,
                     job_timeout: Duration::from_millis(w.job_timeout_ms),
-                    socket: m.workers_socket(&spec.runtime_dir, instance),
+                    socket: m.workers_socket(&spec.runtime_dir, instance, spec.epoch),
                 },
             };
+            // Told to drain, the instance is being replaced: it finishes
+            // what it holds. Told to stop, the group is stopping.
+            let mut commands = control.commands();
+            let shutdown = async move {
+                match wait_stop(&mut commands).await {
+                    Command::Drain { grace_ms } => {
+                        switchyard_manager_host::Shutdown::Drain(Duration::from_millis(grace_ms))
+                    }
+                    _ => switchyard_manager_host::Shutdown::Now,
+                }
+            };
             Box::pin(async move {
-                Ok(switchyard_manager_host::run(plugin, description, cfg, ready_tx, stop).await?)
+                Ok(switchyard_manager_host::run(plugin, description, cfg, ready_tx, shutdown).await?)
             })
         }
         Role::Worker => {
@@ -201,7 +244,7 @@ async fn serve(role: Role, name: String, instance: u32, spec: Spec) -> anyhow::R
                 .find(|m| m.name == name)
                 .ok_or_else(|| anyhow::anyhow!("no manager `{name}` in the configuration"))?;
             let runner = m.library()?.job_runner(m.kind())?;
-            let socket = m.workers_socket(&spec.runtime_dir, instance);
+            let socket = m.workers_socket(&spec.runtime_dir, instance, spec.epoch);
             Box::pin(async move {
                 switchyard_worker::process::serve(&socket, max_frame, runner, ready_tx, stop).await;
                 Ok(())
@@ -215,25 +258,9 @@ async fn serve(role: Role, name: String, instance: u32, spec: Spec) -> anyhow::R
                 .is_some()
                 .then(inherit::grpc_listener)
                 .transpose()?;
-            let l = &config.listener;
-            let cfg = switchyard_listener::Config {
-                broker_socket: paths.broker_socket(),
-                pipes: config.pipes(),
-                max_frame,
-                queue_capacity,
-                max_header_bytes: l.max_header_bytes,
-                max_body_bytes: l.max_body_bytes,
-                max_upload_bytes: l.max_upload_bytes,
-                header_read_timeout: Duration::from_millis(l.header_read_timeout_ms),
-                request_timeout: Duration::from_millis(l.request_timeout_ms),
-                shm_threshold: config.group.shm_threshold_bytes,
-                max_connections: l.max_connections,
-                idle_timeout: Duration::from_millis(l.idle_timeout_ms),
-                body_read_timeout: Duration::from_millis(l.body_read_timeout_ms),
-                write_stall_timeout: Duration::from_millis(l.write_stall_timeout_ms),
-                max_connection_bytes: l.max_connection_bytes,
-                ws: l.ws.to_listener(),
-            };
+            let cfg = listener_config(config, &paths);
+            let (updates_tx, updates) = tokio::sync::mpsc::channel(1);
+            live = Some(Live::Listener(updates_tx));
             let mut commands = control.commands();
             let drain = async move {
                 match wait_stop(&mut commands).await {
@@ -241,7 +268,9 @@ async fn serve(role: Role, name: String, instance: u32, spec: Spec) -> anyhow::R
                     _ => Duration::ZERO,
                 }
             };
-            Box::pin(async move { Ok(switchyard_listener::run(tcp, grpc_tcp, cfg, ready_tx, drain).await?) })
+            Box::pin(async move {
+                Ok(switchyard_listener::run(tcp, grpc_tcp, cfg, ready_tx, drain, updates).await?)
+            })
         }
     };
 
@@ -265,11 +294,87 @@ async fn serve(role: Role, name: String, instance: u32, spec: Spec) -> anyhow::R
             }
         }
     };
+    let reconfigure = async {
+        let Some(live) = live else {
+            return std::future::pending().await;
+        };
+        let Some(mut specs) = control.reconfigurations() else {
+            return std::future::pending().await;
+        };
+        while let Some(text) = specs.recv().await {
+            let error = match live.apply(&text, &paths).await {
+                Ok(()) => None,
+                Err(err) => Some(format!("{err:#}")),
+            };
+            control.report_reconfigured(error).await;
+        }
+        std::future::pending().await
+    };
     let result = tokio::select! {
         result = work => result,
         never = report_ready => match never {},
+        never = reconfigure => match never {},
     };
     control.report(Phase::Stopped).await;
     let cause = control.commands().borrow().cause();
     result.map(|()| cause)
+}
+
+/// The listener's settings from the group's configuration.
+fn listener_config(config: &Config, paths: &RuntimePaths) -> switchyard_listener::Config {
+    let l = &config.listener;
+    switchyard_listener::Config {
+        broker_socket: paths.broker_socket(),
+        pipes: config.pipes(),
+        max_frame: config.group.max_frame_bytes,
+        queue_capacity: config.group.queue_capacity,
+        max_header_bytes: l.max_header_bytes,
+        max_body_bytes: l.max_body_bytes,
+        max_upload_bytes: l.max_upload_bytes,
+        header_read_timeout: Duration::from_millis(l.header_read_timeout_ms),
+        request_timeout: Duration::from_millis(l.request_timeout_ms),
+        shm_threshold: config.group.shm_threshold_bytes,
+        max_connections: l.max_connections,
+        idle_timeout: Duration::from_millis(l.idle_timeout_ms),
+        body_read_timeout: Duration::from_millis(l.body_read_timeout_ms),
+        write_stall_timeout: Duration::from_millis(l.write_stall_timeout_ms),
+        max_connection_bytes: l.max_connection_bytes,
+        ws: l.ws.to_listener(),
+        trusted_proxies: l.trusted_proxies.clone(),
+        request_id: config.request_id.to_listener(),
+        middleware: config.middleware(),
+        tls: l.tls.as_ref().map(TlsSettings::to_listener),
+    }
+}
+
+/// The live-configuration channel of a role that can change settings
+/// while it runs: the supervisor sends it the role's new spec on `reload`.
+enum Live {
+    /// Limits, timeouts and TLS certificates (re-read from their files).
+    Listener(tokio::sync::mpsc::Sender<switchyard_listener::Update>),
+    /// The managers the group declares.
+    Router(tokio::sync::watch::Sender<Vec<String>>),
+}
+
+impl Live {
+    /// Applies a spec the supervisor sent; `Ok` once the role runs with it.
+    async fn apply(&self, text: &str, paths: &RuntimePaths) -> anyhow::Result<()> {
+        let spec: Spec = serde_json::from_str(text)?;
+        match self {
+            Live::Listener(updates) => {
+                let (applied, answer) = oneshot::channel();
+                let update = switchyard_listener::Update {
+                    config: listener_config(&spec.config, paths),
+                    applied,
+                };
+                let stopping = || anyhow::anyhow!("the listener is stopping");
+                updates.send(update).await.map_err(|_| stopping())?;
+                answer.await.map_err(|_| stopping())??;
+            }
+            Live::Router(declared) => {
+                declared.send_replace(spec.config.managers.iter().map(|m| m.name.clone()).collect());
+            }
+        }
+        Ok(())
+    }
 }

@@ -1,9 +1,16 @@
-//! `switchyard status`: ask a running group's supervisor, over the control
-//! socket in its runtime directory, for its process tree.
+//! The control socket in a group's runtime directory, and its clients:
+//! `switchyard status` (the process tree), `reload` and `upgrade`.
 //!
-//! The protocol is one JSON line each way: `{"cmd":"status"}` →
-//! `{"processes":[...]}`, so `socat` works as a client too. A request line
-//! longer than `supervision::MAX_LINE` bytes (64 KiB) ends the connection.
+//! The protocol is one JSON line each way, so `socat` works as a client
+//! too:
+//! - `{"cmd":"status"}` → `{"processes":[...]}`;
+//! - `{"cmd":"reload"}` → `{"reloaded":{...}}` once applied, or
+//!   `{"error":"...","kind":"invalid"|"failed"|"busy"}`;
+//! - `{"cmd":"upgrade"}` → `{"upgraded":{"pid":N}}` once the new group
+//!   serves, or `{"error":"..."}`.
+//!
+//! A request line longer than `supervision::MAX_LINE` bytes (64 KiB) ends
+//! the connection.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
@@ -17,7 +24,8 @@ use switchyard_proto::transport::PeerPolicy;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::supervisor::{Event, ProcessInfo, runtime_dir};
+use crate::supervisor::reload::ReloadReport;
+use crate::supervisor::{Event, ProcessInfo, ReloadError, Request, runtime_dir};
 
 #[derive(serde::Serialize, serde::Deserialize)]
 struct StatusReply {
@@ -67,6 +75,35 @@ pub(crate) async fn serve(socket: std::os::unix::net::UnixListener, events: mpsc
                             Err(_) => Ok(r#"{"error":"supervisor is stopping"}"#.to_owned()),
                         }
                     }
+                    Ok(v) if v["cmd"] == "reload" => {
+                        let (tx, rx) = oneshot::channel();
+                        let _ = events.send(Event::Control(Request::Reload(tx)));
+                        Ok(match rx.await {
+                            Ok(Ok(report)) => serde_json::json!({ "reloaded": report }),
+                            Ok(Err(err)) => {
+                                let kind = match err {
+                                    ReloadError::Invalid(_) => "invalid",
+                                    ReloadError::Failed(_) => "failed",
+                                    ReloadError::Busy(_) => "busy",
+                                };
+                                serde_json::json!({ "error": err.to_string(), "kind": kind })
+                            }
+                            Err(_) => {
+                                serde_json::json!({ "error": "the supervisor is stopping", "kind": "failed" })
+                            }
+                        }
+                        .to_string())
+                    }
+                    Ok(v) if v["cmd"] == "upgrade" => {
+                        let (tx, rx) = oneshot::channel();
+                        let _ = events.send(Event::Control(Request::Upgrade(tx)));
+                        Ok(match rx.await {
+                            Ok(Ok(pid)) => serde_json::json!({ "upgraded": { "pid": pid } }),
+                            Ok(Err(err)) => serde_json::json!({ "error": err }),
+                            Err(_) => serde_json::json!({ "error": "the supervisor is stopping" }),
+                        }
+                        .to_string())
+                    }
                     _ => Ok(r#"{"error":"unknown command"}"#.to_owned()),
                 };
                 let mut reply = reply.unwrap_or_default();
@@ -104,13 +141,121 @@ fn find_group(requested: Option<PathBuf>) -> Result<PathBuf, String> {
     }
 }
 
-fn query(dir: &std::path::Path) -> std::io::Result<StatusReply> {
+/// Sends one command line to the group in `dir` and reads its answer,
+/// waiting at most `patience` (none: as long as it takes).
+fn ask<T: serde::de::DeserializeOwned>(
+    dir: &std::path::Path,
+    command: &str,
+    patience: Option<Duration>,
+) -> std::io::Result<T> {
     let mut stream = std::os::unix::net::UnixStream::connect(RuntimePaths::new(dir).control_socket())?;
-    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-    stream.write_all(b"{\"cmd\":\"status\"}\n")?;
+    stream.set_read_timeout(patience)?;
+    stream.write_all(format!("{{\"cmd\":\"{command}\"}}\n").as_bytes())?;
     let mut line = String::new();
     BufReader::new(stream).read_line(&mut line)?;
+    if line.is_empty() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            "the supervisor closed the connection without an answer",
+        ));
+    }
     serde_json::from_str(&line).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+}
+
+fn query(dir: &std::path::Path) -> std::io::Result<StatusReply> {
+    ask(dir, "status", Some(Duration::from_secs(5)))
+}
+
+/// Finds the group, or says why not (exit 1).
+fn group_dir(command: &str, runtime_dir: Option<PathBuf>) -> Result<PathBuf, ExitCode> {
+    find_group(runtime_dir).map_err(|msg| {
+        eprintln!("switchyard {command}: {msg}");
+        ExitCode::FAILURE
+    })
+}
+
+#[derive(serde::Deserialize)]
+struct ControlAnswer<T> {
+    #[serde(default = "Option::default")]
+    reloaded: Option<T>,
+    #[serde(default = "Option::default")]
+    upgraded: Option<T>,
+    #[serde(default)]
+    error: Option<String>,
+    #[serde(default)]
+    kind: Option<String>,
+}
+
+/// `switchyard reload`: exit 0 once applied, 64 when the configuration is
+/// invalid (the group runs on unchanged), 1 when it could not be applied.
+pub(crate) fn reload(runtime_dir: Option<PathBuf>) -> ExitCode {
+    let dir = match group_dir("reload", runtime_dir) {
+        Ok(d) => d,
+        Err(code) => return code,
+    };
+    // A reload starts and drains processes: it takes what it takes, each
+    // step bounded by the group's own timeouts.
+    match ask::<ControlAnswer<ReloadReport>>(&dir, "reload", None) {
+        Ok(ControlAnswer {
+            reloaded: Some(report),
+            ..
+        }) => {
+            println!("{}", report.describe());
+            ExitCode::SUCCESS
+        }
+        Ok(answer) => {
+            let err = answer.error.unwrap_or_else(|| "no answer".to_owned());
+            eprintln!("switchyard reload: refused; the group runs on unchanged:\n{err}");
+            if answer.kind.as_deref() == Some("invalid") {
+                ExitCode::from(crate::EXIT_CONFIG)
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Err(err) => {
+            eprintln!(
+                "switchyard reload: cannot reach the group in {}: {err}",
+                dir.display()
+            );
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct Upgraded {
+    pid: u32,
+}
+
+/// `switchyard upgrade`: exit 0 once the new group serves (the old one
+/// drains on its own), 1 when the new one did not start (the old one
+/// serves on).
+pub(crate) fn upgrade(runtime_dir: Option<PathBuf>) -> ExitCode {
+    let dir = match group_dir("upgrade", runtime_dir) {
+        Ok(d) => d,
+        Err(code) => return code,
+    };
+    match ask::<ControlAnswer<Upgraded>>(&dir, "upgrade", None) {
+        Ok(ControlAnswer {
+            upgraded: Some(Upgraded { pid }),
+            ..
+        }) => {
+            println!("upgraded: the new supervisor (pid {pid}) serves; the old group drains and exits");
+            ExitCode::SUCCESS
+        }
+        Ok(answer) => {
+            let err = answer.error.unwrap_or_else(|| "no answer".to_owned());
+            eprintln!("switchyard upgrade: {err}; the running group serves on");
+            ExitCode::FAILURE
+        }
+        Err(err) => {
+            eprintln!(
+                "switchyard upgrade: cannot reach the group in {}: {err}",
+                dir.display()
+            );
+            ExitCode::FAILURE
+        }
+    }
 }
 
 pub(crate) fn main(json: bool, runtime_dir: Option<PathBuf>) -> ExitCode {

@@ -1,21 +1,24 @@
-//! No signal ends the group silently: SIGHUP (until reload exists) and the
-//! signals Switchyard gives no meaning are logged and ignored by the
-//! supervisor, children ignore SIGHUP, SIGQUIT stops at once but cleanly,
-//! and every stop names its cause.
+//! No signal ends the group silently: SIGHUP reloads the configuration
+//! (tests/reload.rs has the rest), the signals Switchyard gives no meaning
+//! are logged and ignored by the supervisor, children ignore SIGHUP,
+//! SIGQUIT stops at once but cleanly, and every stop names its cause.
 
 mod common;
 
 use common::*;
 
 #[test]
-fn sighup_is_logged_and_ignored_by_the_supervisor_and_every_child() {
+fn sighup_reloads_in_the_supervisor_and_is_ignored_by_every_child() {
     let mut g = Group::start("sighup");
     let pids = g.all_pids();
     let supervisor = g.supervisor_pid();
 
     kill(supervisor, Signal::SIGHUP);
     let line = g.wait_line("SIGHUP");
-    assert!(line.contains("ignored"), "{line}");
+    assert!(line.contains("reloading"), "{line}");
+    // The zero-configuration group has nothing to change.
+    let line = g.wait_line("reloaded:");
+    assert!(line.contains("no manager or setting changed"), "{line}");
     // A hang-up sent to the children themselves (`kill -HUP`, or to their
     // process groups) does not kill them either.
     for &pid in pids.iter().filter(|&&p| p != supervisor) {

@@ -45,6 +45,17 @@ type Reply = Response<Full<Bytes>>;
 /// Serves HTTP/1.1 and h2 (prior knowledge) on `listener` until `shutdown`
 /// resolves, then stops accepting and gives open connections a few seconds.
 pub async fn serve(listener: TcpListener, shutdown: impl Future<Output = ()>) {
+    serve_with(listener, None, shutdown).await
+}
+
+/// [`serve`], over TLS when `tls` is given (ALPN h2 and http/1.1), as the
+/// listener serves `[listener.tls]`: the handshake in the connection's task.
+pub async fn serve_with(
+    listener: TcpListener,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    shutdown: impl Future<Output = ()>,
+) {
+    let tls = tls.map(tokio_rustls::TlsAcceptor::from);
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
@@ -77,6 +88,7 @@ pub async fn serve(listener: TcpListener, shutdown: impl Future<Output = ()>) {
                 let builder = builder.clone();
                 let payloads = payloads.clone();
                 let watcher = graceful.watcher();
+                let tls = tls.clone();
                 tokio::spawn(async move {
                     let grpc = events::GrpcBaseline::service();
                     let service = hyper::service::service_fn(move |req: Request<Incoming>| {
@@ -99,9 +111,19 @@ pub async fn serve(listener: TcpListener, shutdown: impl Future<Output = ()>) {
                             Ok(reply.map(Either::Left))
                         }
                     });
-                    let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-                    // A client hanging up mid-request is not the server's problem.
-                    let _ = watcher.watch(conn.into_owned()).await;
+                    // A client hanging up mid-request (or mid-handshake) is
+                    // not the server's problem.
+                    match tls {
+                        None => {
+                            let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+                            let _ = watcher.watch(conn.into_owned()).await;
+                        }
+                        Some(acceptor) => {
+                            let Ok(stream) = acceptor.accept(stream).await else { return };
+                            let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+                            let _ = watcher.watch(conn.into_owned()).await;
+                        }
+                    }
                 });
             }
         }

@@ -40,8 +40,9 @@ use scenarios::{Ctx, Outcome};
 pub use server::{ManagerEntry, Pool, config_toml};
 
 /// Every scenario, in the order a full run takes them.
-pub const SCENARIOS: [&str; 11] = [
+pub const SCENARIOS: [&str; 12] = [
     "rest",
+    "tls",
     "payload",
     "routing",
     "managers",

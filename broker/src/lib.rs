@@ -213,6 +213,13 @@ async fn pipe(
             match env.kind {
                 Kind::Request | Kind::Notification => {
                     env.origin = Origin::Pipe(id);
+                    if env.kind == Kind::Request {
+                        tracing::debug!(
+                            request_id = env.meta.request_id(),
+                            pipe = id,
+                            "request to the router"
+                        );
+                    }
                     let refused = match &st.router {
                         Some((_, router)) => router.send(env).err(),
                         None => Some(Refused {
@@ -228,6 +235,7 @@ async fn pipe(
                         } else {
                             "router is not available"
                         };
+                        tracing::debug!(request_id = envelope.meta.request_id(), detail, "request refused");
                         let _ = sink.send(Envelope::error_to(&envelope, 503, detail));
                     }
                 }
@@ -374,10 +382,18 @@ async fn router(
             match (env.kind, env.origin) {
                 (Kind::Response | Kind::StreamItem, Origin::Pipe(id)) => {
                     // The pipe may be gone (listener restarted): drop.
-                    if let Some(pipe) = st.pipes.get(&id)
-                        && let Err(refused) = pipe.sink.send(env)
-                    {
-                        tracing::debug!(%refused, id, "response dropped");
+                    match st.pipes.get(&id) {
+                        Some(pipe) => {
+                            if let Err(refused) = pipe.sink.send(env) {
+                                let request_id = refused.envelope.meta.request_id();
+                                tracing::debug!(%refused, id, request_id, "response dropped");
+                            }
+                        }
+                        None => tracing::debug!(
+                            id,
+                            request_id = env.meta.request_id(),
+                            "response to a gone pipe dropped"
+                        ),
                     }
                 }
                 (Kind::Control, _) => match env.decode_control() {

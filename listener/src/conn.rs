@@ -172,6 +172,11 @@ impl Conn {
         self.last_activity.store(now(), Ordering::Relaxed);
     }
 
+    /// Whether a request has been received on it.
+    pub(crate) fn has_served(&self) -> bool {
+        self.served.load(Ordering::Relaxed)
+    }
+
     /// The connection now carries a WebSocket session, whose own pings say
     /// whether the client is alive.
     pub(crate) fn upgraded(&self) {
@@ -271,7 +276,9 @@ impl Conn {
 
 /// The connections of one listener process.
 pub(crate) struct Connections {
-    limits: Limits,
+    /// Replaced whole by a reload ([`Connections::set_limits`]); read once
+    /// per admission and once per sweep.
+    limits: Mutex<Limits>,
     open: Mutex<HashMap<u64, Arc<Conn>>>,
     next_id: AtomicU64,
     /// Connections refused in the current burst (0: none).
@@ -296,7 +303,7 @@ impl Connections {
     pub(crate) fn start(limits: Limits) -> Arc<Connections> {
         tick_clock();
         let connections = Arc::new(Connections {
-            limits,
+            limits: Mutex::new(limits),
             open: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(0),
             refused: AtomicU64::new(0),
@@ -307,6 +314,17 @@ impl Connections {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Conn>>> {
         self.open.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The limits in force.
+    pub(crate) fn limits(&self) -> Limits {
+        *self.limits.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// New limits (a reload), for every connection from the next admission
+    /// and the next sweep on; the sweep's period stays what it was.
+    pub(crate) fn set_limits(&self, limits: Limits) {
+        *self.limits.lock().unwrap_or_else(|p| p.into_inner()) = limits;
     }
 
     /// Connections open now.
@@ -325,12 +343,13 @@ impl Connections {
     /// Admits a new connection, or `None` when `max_connections` are open
     /// (the caller refuses it).
     pub(crate) fn admit(self: &Arc<Self>) -> Option<(Arc<Conn>, Admission)> {
+        let max_connections = self.limits().max_connections;
         let mut open = self.lock();
-        if open.len() >= self.limits.max_connections {
+        if open.len() >= max_connections {
             drop(open);
             if self.refused.fetch_add(1, Ordering::Relaxed) == 0 {
                 tracing::warn!(
-                    max_connections = self.limits.max_connections,
+                    max_connections,
                     "connection limit reached; refusing new connections with 503 until some close"
                 );
             }
@@ -357,7 +376,7 @@ impl Connections {
 async fn sweep(connections: Weak<Connections>) {
     let tick = match connections.upgrade() {
         Some(c) => {
-            let l = &c.limits;
+            let l = c.limits();
             (l.idle.min(l.write_stall).min(l.first_request) / 4)
                 .clamp(Duration::from_millis(50), Duration::from_secs(1))
         }
@@ -371,11 +390,12 @@ async fn sweep(connections: Weak<Connections>) {
         let Some(connections) = connections.upgrade() else {
             return;
         };
+        let limits = connections.limits();
         let flagged: Vec<(Arc<Conn>, Close)> = connections
             .lock()
             .values()
             .filter(|c| c.close_reason().is_none())
-            .filter_map(|c| c.verdict(now, &connections.limits).map(|r| (c.clone(), r)))
+            .filter_map(|c| c.verdict(now, &limits).map(|r| (c.clone(), r)))
             .collect();
         for (conn, reason) in flagged {
             tracing::debug!(reason = reason.describe(), "closing a connection");

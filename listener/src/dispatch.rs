@@ -3,17 +3,28 @@
 //! then gRPC by content type (or every request of the gRPC-only port); the
 //! listener's own `/health` and `/ready`; WebSocket upgrades of `/ws` and
 //! `/ws/echo`; else the route table, whose entry says whether the body is
-//! taken whole or streamed.
+//! taken whole or streamed. `HEAD` is served by a path's `GET` route
+//! (headers, no body) and `OPTIONS` answers `Allow` where no route
+//! declares them. Every request first gets its context (client address,
+//! request id: `context`), and every answer its `x-request-id`. Each is
+//! admitted by the middleware first (rate limits, authentication, rules),
+//! except `/health`, `/ready` and gRPC health and reflection, which load
+//! balancers and tools reach without credentials.
 
+use std::net::IpAddr;
 use std::sync::Arc;
 
-use http::{HeaderValue, Request, Response, StatusCode, Version, header};
-use http_body_util::Either;
-use hyper::body::Incoming;
+use bytes::Bytes;
+use http::{HeaderValue, Method, Request, Response, StatusCode, Version, header};
+use http_body_util::{Either, Full};
+use tracing::Instrument;
 
+use crate::RequestBody;
 use crate::body::Body;
 use crate::conn::Conn;
+use crate::context::Client;
 use crate::grpc::{self, Grpc};
+use crate::middleware::Scope;
 use crate::reply::{Reply, error, json};
 use crate::routes::Lookup;
 use crate::state::State;
@@ -26,7 +37,47 @@ pub(crate) async fn serve(
     grpc: &Grpc,
     grpc_only: bool,
     conn: &Arc<Conn>,
-    req: Request<Incoming>,
+    peer: Option<std::net::SocketAddr>,
+    mut req: Request<RequestBody>,
+) -> Response<Either<Body, tonic::body::Body>> {
+    let config = &state.config;
+    let client = Client::of(peer, req.headers(), &config.trusted_proxies, &config.request_id);
+    let request_id = client.request_id.clone();
+    // Rate limits count the client behind a trusted proxy, not the proxy.
+    let client_ip = client
+        .ip
+        .or(peer.map(|p| p.ip()))
+        .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED.into());
+    req.extensions_mut().insert(client);
+    // Every line this request causes here names it.
+    let span = match &request_id {
+        Some(id) => tracing::info_span!("request", request_id = &**id),
+        None => tracing::Span::none(),
+    };
+    let mut reply = async {
+        let reply = serve_request(state, grpc, grpc_only, conn, client_ip, req).await;
+        tracing::debug!(status = reply.status().as_u16(), "answered");
+        reply
+    }
+    .instrument(span)
+    .await;
+    if let Some(id) = request_id
+        && let Ok(value) = HeaderValue::from_str(&id)
+    {
+        reply
+            .headers_mut()
+            .insert(config.request_id.header.clone(), value);
+    }
+    reply
+}
+
+async fn serve_request(
+    state: &Arc<State>,
+    grpc: &Grpc,
+    grpc_only: bool,
+    conn: &Arc<Conn>,
+    client: IpAddr,
+    mut req: Request<RequestBody>,
 ) -> Response<Either<Body, tonic::body::Body>> {
     if let Some(violation) = framing_violation(&req) {
         let mut reply = error(StatusCode::BAD_REQUEST, violation);
@@ -38,16 +89,67 @@ pub(crate) async fn serve(
         return reply.map(Either::Left);
     }
     if grpc_only || grpc::is_grpc(&req) {
+        // A call's event type is in its message: the rules are applied
+        // there (`grpc`); here, the credential and the rate limits.
+        if !grpc::is_public(&req)
+            && let Err(refusal) = admit(state, client, &mut req, None, Scope::default(), false).await
+        {
+            return refusal.grpc().into_http().map(Either::Right);
+        }
         return grpc.serve(req).await.map(Either::Right);
     }
-    let reply = match req.uri().path() {
+    let mut reply = match req.uri().path() {
         "/health" => json(StatusCode::OK, serde_json::json!({ "status": "alive" })),
         "/ready" => ready(state),
-        "/ws" if ws::is_upgrade(&req) => ws::upgrade(state.clone(), conn, req, false),
-        "/ws/echo" if ws::is_upgrade(&req) => ws::upgrade(state.clone(), conn, req, true),
-        _ => route(state, req).await,
+        path @ ("/ws" | "/ws/echo") if ws::is_upgrade(&req) => {
+            let echo = path == "/ws/echo";
+            let token = state.middleware.ws_token(req.headers(), req.uri().query());
+            let path = path.to_owned();
+            let scope = Scope {
+                path: Some(&path),
+                ..Scope::default()
+            };
+            match admit(state, client, &mut req, token.as_deref(), scope, true).await {
+                Ok(()) => ws::upgrade(state.clone(), conn, req, echo),
+                Err(refusal) => state.middleware.refuse(&refusal),
+            }
+        }
+        _ => route(state, client, req).await,
     };
+    state.middleware.secure(reply.headers_mut());
     reply.map(Either::Left)
+}
+
+/// Lets `req` through the middleware (its identity, if any, goes into its
+/// extensions) or says why not. `token` is a bearer token found outside
+/// the headers (a WebSocket upgrade's subprotocol or query).
+async fn admit(
+    state: &State,
+    client: IpAddr,
+    req: &mut Request<RequestBody>,
+    token: Option<&str>,
+    scope: Scope<'_>,
+    rules: bool,
+) -> Result<(), crate::middleware::Refusal> {
+    let mw = &state.middleware;
+    if !mw.admits() {
+        return Ok(());
+    }
+    let ws_upgrade = token.is_some() || (scope.path.is_some() && ws::is_upgrade(req));
+    let identity = if ws_upgrade && !mw.ws_header_tokens() {
+        // `[auth.websocket] token_from` leaves the headers out: a
+        // credential there is not looked at.
+        let mut headers = req.headers().clone();
+        headers.remove(http::header::AUTHORIZATION);
+        mw.admit(&headers, token, client, &scope, rules).await?
+    } else {
+        mw.admit(req.headers(), token, client, &scope, rules).await?
+    };
+    if let Some(identity) = identity {
+        // The identity contract: whatever comes next reads it from here.
+        req.extensions_mut().insert(identity);
+    }
+    Ok(())
 }
 
 /// How an HTTP/1 request breaks the framing or `Host` rules of RFC 9112
@@ -95,15 +197,42 @@ fn ready(state: &State) -> Reply {
     )
 }
 
-async fn route(state: &State, req: Request<Incoming>) -> Reply {
+async fn route(state: &State, client: IpAddr, mut req: Request<RequestBody>) -> Reply {
     let routes = state.pool.routes();
-    let matched = match routes.lookup(req.method().as_str(), req.uri().path()) {
+    let method = req.method().clone();
+    let mut lookup = routes.lookup(method.as_str(), req.uri().path());
+    // HEAD is GET without the body, wherever no route declares HEAD.
+    let head = method == Method::HEAD && matches!(lookup, Lookup::WrongMethod(_) | Lookup::NotFound);
+    if head {
+        lookup = routes.lookup(Method::GET.as_str(), req.uri().path());
+    }
+    drop(routes);
+    // Admitted before a 404 or 405 too: a client probing paths counts
+    // against its limits like any other.
+    let event = match &lookup {
+        Lookup::Found(m) => Some(m.entry.type_name.clone()),
+        _ => None,
+    };
+    let path = req.uri().path().to_owned();
+    let scope = Scope {
+        path: Some(&path),
+        event: event.as_deref(),
+        subscription: false,
+    };
+    if let Err(refusal) = admit(state, client, &mut req, None, scope, true).await {
+        return state.middleware.refuse(&refusal);
+    }
+    let matched = match lookup {
         Lookup::Found(m) => m,
+        Lookup::WrongMethod(allowed) if method == Method::OPTIONS => {
+            let mut reply = Response::new(Either::Left(Full::new(Bytes::new())));
+            *reply.status_mut() = StatusCode::NO_CONTENT;
+            insert_allow(&mut reply, allowed);
+            return reply;
+        }
         Lookup::WrongMethod(allowed) => {
             let mut reply = error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed for this path");
-            if let Ok(v) = HeaderValue::from_str(&allowed.join(", ")) {
-                reply.headers_mut().insert(header::ALLOW, v);
-            }
+            insert_allow(&mut reply, allowed);
             return reply;
         }
         Lookup::NotFound => return error(StatusCode::NOT_FOUND, "no route matches this path"),
@@ -114,12 +243,47 @@ async fn route(state: &State, req: Request<Incoming>) -> Reply {
             );
         }
     };
-    drop(routes);
-    if matched.entry.route.stream_body {
+    let reply = if matched.entry.route.stream_body {
         upload::upload(state, req, matched).await
     } else {
         crate::http::forward(state, req, matched).await
+    };
+    if head { without_body(reply) } else { reply }
+}
+
+/// `Allow` for a path whose routes take `allowed`: with `HEAD` where there
+/// is `GET`, and `OPTIONS` always.
+fn insert_allow(reply: &mut Reply, mut allowed: Vec<String>) {
+    if allowed.iter().any(|m| m == "GET") && !allowed.iter().any(|m| m == "HEAD") {
+        allowed.push("HEAD".to_owned());
     }
+    if !allowed.iter().any(|m| m == "OPTIONS") {
+        allowed.push("OPTIONS".to_owned());
+    }
+    allowed.sort();
+    if let Ok(v) = HeaderValue::from_str(&allowed.join(", ")) {
+        reply.headers_mut().insert(header::ALLOW, v);
+    }
+}
+
+/// The answer to a `HEAD`: the `GET` answer's status and headers, its
+/// length when known, no body (a streamed body's pipe is closed, which
+/// stops its producer).
+fn without_body(reply: Reply) -> Reply {
+    let (mut parts, body) = reply.into_parts();
+    let length = match &body {
+        Either::Left(whole) => http_body::Body::size_hint(whole).exact(),
+        Either::Right(pipe) => pipe.remaining,
+    };
+    if let Some(length) = length
+        && !parts.headers.contains_key(header::CONTENT_LENGTH)
+    {
+        parts
+            .headers
+            .insert(header::CONTENT_LENGTH, HeaderValue::from(length));
+    }
+    drop(body);
+    Response::from_parts(parts, Either::Left(Full::new(Bytes::new())))
 }
 
 #[cfg(test)]

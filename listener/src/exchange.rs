@@ -14,6 +14,10 @@ use http::StatusCode;
 use switchyard_proto::control::META_EVENT;
 use switchyard_proto::{Deadline, Envelope, EventType, Payload, StreamHandle, problem};
 
+use switchyard_proto::control::RequestNeeds;
+
+use crate::context::{self, Client, Front};
+use crate::identity::Identity;
 use crate::pipes::SendFailure;
 use crate::reply::{Reply, error, into_http, retry_later};
 use crate::state::State;
@@ -70,8 +74,24 @@ pub(crate) async fn send(
     }
 }
 
-/// The request's content type, query and path parameters, as event meta.
-pub(crate) fn request_meta(env: &mut Envelope, parts: &http::request::Parts, params: Vec<(String, String)>) {
+/// The request's content type, query and path parameters, as event meta;
+/// its request id, and what its type declares of the rest (`needs`).
+pub(crate) fn request_meta(
+    env: &mut Envelope,
+    parts: &http::request::Parts,
+    params: Vec<(String, String)>,
+    needs: Option<&RequestNeeds>,
+) {
+    if let Some(client) = parts.extensions.get::<Client>() {
+        let front = Front {
+            headers: &parts.headers,
+            method: Some(parts.method.as_str()),
+            path: Some(parts.uri.path()),
+            client,
+            identity: parts.extensions.get::<Identity>(),
+        };
+        context::push(&mut env.meta, needs, &front);
+    }
     if let Some(ct) = parts
         .headers
         .get(http::header::CONTENT_TYPE)
@@ -119,8 +139,9 @@ pub(crate) async fn round_trip(
     ty: &str,
     content_type: Option<&str>,
     body: Bytes,
+    front: &Front<'_>,
 ) -> (u16, Bytes) {
-    let (status, _, body) = call(state, ty, content_type, body, state.config.request_timeout).await;
+    let (status, _, body) = call(state, ty, content_type, body, state.config.request_timeout, front).await;
     (status, body)
 }
 
@@ -138,6 +159,7 @@ pub(crate) async fn call(
     content_type: Option<&str>,
     body: Bytes,
     timeout: Duration,
+    front: &Front<'_>,
 ) -> (u16, Option<String>, Bytes) {
     let problem_bytes = |status: u16, detail: &str| {
         let (status, body) = problem_bytes(status, detail);
@@ -150,6 +172,8 @@ pub(crate) async fn call(
     };
     env.deadline = Deadline::after(timeout);
     env.meta.push(META_EVENT, ty);
+    let needs = state.pool.routes().needs(env.event_type);
+    context::push(&mut env.meta, needs.as_deref(), front);
     if let Some(ct) = content_type {
         env.meta.push("content-type", ct);
         // A bincode request gets a bincode answer; anything else, JSON.

@@ -14,9 +14,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::RequestBody;
 use futures_util::Stream;
 use http::{Request, Response};
-use hyper::body::Incoming;
 use serde_json::Value;
 use switchyard_proto::grpc::events_server::{Events, EventsServer};
 use switchyard_proto::grpc::{
@@ -31,9 +31,19 @@ use tonic::{Status, Streaming};
 use tonic_health::ServingStatus;
 use tonic_health::server::{HealthReporter, HealthService};
 
+use crate::context::{Front, Opener};
 use crate::exchange::emit_notification;
+use crate::identity::Identity;
+use crate::middleware::Refusal;
 use crate::pipes::{CloseReason, Outbox, SessionGuard, Subscription, check_subscription};
 use crate::state::State;
+
+/// Whether a gRPC request is one that needs no credential: health checks
+/// and reflection, which load balancers and tools call as they are.
+pub(crate) fn is_public<B>(req: &Request<B>) -> bool {
+    let path = req.uri().path();
+    path.starts_with("/grpc.health.") || path.starts_with("/grpc.reflection.")
+}
 
 /// Whether a request is gRPC (by content type).
 pub(crate) fn is_grpc<B>(req: &Request<B>) -> bool {
@@ -43,11 +53,11 @@ pub(crate) fn is_grpc<B>(req: &Request<B>) -> bool {
 }
 
 type Handler =
-    Box<dyn Fn(Request<Incoming>) -> Pin<Box<dyn Future<Output = Response<Body>> + Send>> + Send + Sync>;
+    Box<dyn Fn(Request<RequestBody>) -> Pin<Box<dyn Future<Output = Response<Body>> + Send>> + Send + Sync>;
 
 fn handler<S>(service: S) -> (&'static str, Handler)
 where
-    S: Service<Request<Incoming>, Response = Response<Body>, Error = Infallible>
+    S: Service<Request<RequestBody>, Response = Response<Body>, Error = Infallible>
         + NamedService
         + Clone
         + Send
@@ -103,7 +113,7 @@ impl Grpc {
     }
 
     /// Serves one gRPC request.
-    pub(crate) async fn serve(&self, req: Request<Incoming>) -> Response<Body> {
+    pub(crate) async fn serve(&self, req: Request<RequestBody>) -> Response<Body> {
         let path = req.uri().path();
         let service = path
             .strip_prefix('/')
@@ -160,6 +170,15 @@ struct CallError {
     grpc: Status,
 }
 
+impl From<Refusal> for CallError {
+    fn from(refusal: Refusal) -> CallError {
+        CallError {
+            status: refusal.status(),
+            grpc: refusal.grpc(),
+        }
+    }
+}
+
 impl CallError {
     fn invalid(detail: impl Into<String>) -> CallError {
         CallError {
@@ -170,10 +189,15 @@ impl CallError {
 }
 
 /// A unary call: the request event, its reply or the mapped error.
-async fn call(state: &State, req: CallRequest) -> Result<CallReply, CallError> {
+/// `front`: the request's context (the call's metadata, or its stream's).
+/// The caller's identity (the stream's credential) is `front`'s.
+async fn call(state: &State, req: CallRequest, front: &Front<'_>) -> Result<CallReply, CallError> {
     if req.r#type.is_empty() {
         return Err(CallError::invalid("`type` names the event type"));
     }
+    state
+        .middleware
+        .authorize_event(front.identity, &req.r#type, false)?;
     let content_type = if req.content_type.is_empty() {
         "application/json"
     } else {
@@ -198,8 +222,15 @@ async fn call(state: &State, req: CallRequest) -> Result<CallReply, CallError> {
             )),
         });
     }
-    let (status, content_type, body) =
-        crate::exchange::call(state, &req.r#type, Some(content_type), req.payload, timeout).await;
+    let (status, content_type, body) = crate::exchange::call(
+        state,
+        &req.r#type,
+        Some(content_type),
+        req.payload,
+        timeout,
+        front,
+    )
+    .await;
     if status < 400 {
         return Ok(CallReply {
             status: status.into(),
@@ -291,10 +322,16 @@ type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 #[tonic::async_trait]
 impl Events for EventsService {
     async fn notify(&self, request: tonic::Request<NotifyRequest>) -> Result<tonic::Response<Ack>, Status> {
-        let request = request.into_inner();
-        if !(request.content_type.is_empty() || request.content_type.starts_with("application/json")) {
+        let ct = &request.get_ref().content_type;
+        if !(ct.is_empty() || ct.starts_with("application/json")) {
             return Err(Status::invalid_argument("notifications are JSON"));
         }
+        let identity = request.extensions().get::<Identity>();
+        self.state
+            .middleware
+            .authorize_event(identity, &request.get_ref().r#type, false)
+            .map_err(|r| r.grpc())?;
+        let request = request.into_inner();
         if serde_json::from_slice::<serde::de::IgnoredAny>(&request.payload).is_err() {
             return Err(Status::invalid_argument("the payload is not valid JSON"));
         }
@@ -304,7 +341,11 @@ impl Events for EventsService {
     }
 
     async fn call(&self, request: tonic::Request<CallRequest>) -> Result<tonic::Response<CallReply>, Status> {
-        call(&self.state, request.into_inner())
+        // A unary call is one request: the id the listener gave it (and
+        // answers in the response headers) is its own.
+        let (metadata, extensions, request) = request.into_parts();
+        let opener = Opener::of(&metadata.into_headers(), &extensions, &self.state.pool.routes());
+        call(&self.state, request, &opener.front(&opener.client))
             .await
             .map(tonic::Response::new)
             .map_err(|e| e.grpc)
@@ -316,8 +357,13 @@ impl Events for EventsService {
         &self,
         request: tonic::Request<SubscribeRequest>,
     ) -> Result<tonic::Response<Self::SubscribeStream>, Status> {
+        let identity = request.extensions().get::<Identity>().cloned();
         let req = request.into_inner();
         let filter_json = check(&req).map_err(Status::invalid_argument)?;
+        self.state
+            .middleware
+            .authorize_event(identity.as_ref(), &req.pattern, true)
+            .map_err(|r| r.grpc())?;
         let (guard, tx, rx, killed) = open(&self.state);
         // The pool holds the queue's sender: the stream ends with the session.
         drop(tx);
@@ -349,9 +395,14 @@ impl Events for EventsService {
         &self,
         request: tonic::Request<Streaming<ClientMessage>>,
     ) -> Result<tonic::Response<Self::SessionStream>, Status> {
-        let inbound = request.into_inner();
+        let (metadata, extensions, inbound) = request.into_parts();
+        let opener = Arc::new(Opener::of(
+            &metadata.into_headers(),
+            &extensions,
+            &self.state.pool.routes(),
+        ));
         let (guard, tx, rx, killed) = open(&self.state);
-        tokio::spawn(read_session(self.state.clone(), guard, tx, inbound));
+        tokio::spawn(read_session(self.state.clone(), guard, tx, inbound, opener));
         Ok(tonic::Response::new(Box::pin(outbound(None, rx, killed))))
     }
 }
@@ -372,14 +423,15 @@ fn error(id: String, status: u16, grpc: &Status) -> Result<ServerMessage, Status
     )
 }
 
-/// Reads a `Session`'s client messages until the client half-closes or
-/// goes away; then, once its calls are answered, ends the session (which
-/// ends the outbound stream).
+/// Reads a `Session`'s client messages (sent by `opener`'s identity) until the
+/// client half-closes or goes away; then, once its calls are answered,
+/// ends the session (which ends the outbound stream).
 async fn read_session(
     state: Arc<State>,
     guard: SessionGuard,
     tx: GrpcTx,
     mut inbound: Streaming<ClientMessage>,
+    opener: Arc<Opener>,
 ) {
     let session = guard.session;
     let max_in_flight = state.config.ws.max_in_flight;
@@ -403,9 +455,11 @@ async fn read_session(
                 let Ok(permit) = in_flight.clone().acquire_owned().await else {
                     break;
                 };
-                let (state, tx) = (state.clone(), tx.clone());
+                let (state, tx, opener) = (state.clone(), tx.clone(), opener.clone());
                 tokio::spawn(async move {
-                    let reply = match call(&state, req).await {
+                    // Each call of a stream has its own request id.
+                    let client = opener.client.next_request();
+                    let reply = match call(&state, req, &opener.front(&client)).await {
                         Ok(reply) => answer(id, server_message::Kind::Reply(reply)),
                         Err(e) => error(id, e.status, &e.grpc),
                     };
@@ -414,8 +468,16 @@ async fn read_session(
                 });
                 continue;
             }
-            Some(client_message::Kind::Subscribe(req)) => match check(&req) {
-                Err(reason) => error(id, 400, &Status::invalid_argument(reason)),
+            Some(client_message::Kind::Subscribe(req)) => match check(&req)
+                .map_err(|reason| (400, Status::invalid_argument(reason)))
+                .and_then(|filter| {
+                    state
+                        .middleware
+                        .authorize_event(opener.identity.as_ref(), &req.pattern, true)
+                        .map(|()| filter)
+                        .map_err(|refusal| (refusal.status(), refusal.grpc()))
+                }) {
+                Err((status, grpc)) => error(id, status, &grpc),
                 Ok(_) if state.pool.subscriptions(session) >= state.config.ws.max_subscriptions => {
                     let max = state.config.ws.max_subscriptions;
                     let status =

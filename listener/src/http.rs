@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
+use crate::RequestBody;
 use bytes::{Bytes, BytesMut};
 use http::{HeaderValue, Request, StatusCode, header};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 use switchyard_proto::{Deadline, Envelope};
 
 use crate::exchange::{exchange, request_meta};
@@ -15,7 +15,7 @@ use crate::routes::Matched;
 use crate::state::State;
 
 /// Serves `req`, which matched a route whose handler takes the body whole.
-pub(crate) async fn forward(state: &State, req: Request<Incoming>, matched: Matched) -> Reply {
+pub(crate) async fn forward(state: &State, req: Request<RequestBody>, matched: Matched) -> Reply {
     let limit = state.config.max_body_bytes;
     let declared = req
         .headers()
@@ -63,7 +63,7 @@ pub(crate) async fn forward(state: &State, req: Request<Incoming>, matched: Matc
         }
     };
     env.deadline = Deadline::after(state.config.request_timeout);
-    request_meta(&mut env, &parts, matched.params);
+    request_meta(&mut env, &parts, matched.params, matched.needs.as_deref());
     exchange(state, env, range.as_deref()).await
 }
 
@@ -79,7 +79,7 @@ enum BodyError {
 
 /// Reads `body` whole, up to `limit` bytes, giving the client at most
 /// `idle` between two pieces. A body in one piece is not copied.
-async fn read_body(mut body: Incoming, limit: usize, idle: Duration) -> Result<Bytes, BodyError> {
+async fn read_body(mut body: RequestBody, limit: usize, idle: Duration) -> Result<Bytes, BodyError> {
     let mut first: Option<Bytes> = None;
     let mut more = BytesMut::new();
     while !http_body::Body::is_end_stream(&body) {

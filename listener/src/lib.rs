@@ -8,8 +8,10 @@
 //! the manager produced it. The listener enforces the limits a client can
 //! abuse (connections, idle and stalled connections, header size and read
 //! time, body size and read time, bytes held for a client, request
-//! deadline) and answers `/health` and `/ready` itself. It owns no business
-//! logic and no state that outlives a request.
+//! deadline) and answers `/health` and `/ready` itself. Its built-in
+//! middleware (authentication, CORS, rate limits, compression, security
+//! headers) runs here too, with no hop. It owns no business logic and no
+//! state that outlives a request.
 //!
 //! # Layout
 //! Modules follow a request's path. Front ends are leaves over a shared
@@ -17,12 +19,18 @@
 //! imports no leaf.
 //!
 //! - [`run`] (here, with [`Config`]): the accept loop, one task per
-//!   connection, and graceful drain.
+//!   connection, live reconfiguration ([`Update`]) and graceful drain.
 //! - `conn`: admission (`max_connections`), the socket wrapper and body
 //!   tracker that stamp progress, and the sweeper that closes idle and
 //!   stalled connections.
+//! - `middleware`: CORS, compression and request decoding around the
+//!   whole service; rate limits, authentication and its rules per
+//!   request; security headers.
+//! - [`tls`]: certificates from PEM files, ALPN, client certificates; the
+//!   handshake runs in the connection's task.
 //! - `dispatch`: which front end serves a request (gRPC by content type,
-//!   `/health`, `/ready`, WebSocket upgrades, else the route table).
+//!   `/health`, `/ready`, WebSocket upgrades, else the route table), once
+//!   the middleware has admitted it.
 //! - Leaves:
 //!   - `http`: a route whose body is taken whole → event → response.
 //!   - `upload`: a route whose body is streamed into a pipe as it arrives.
@@ -48,20 +56,33 @@
 
 mod body;
 mod conn;
+mod context;
 mod dispatch;
 mod exchange;
 mod grpc;
 mod http;
-#[allow(dead_code)] // filled by the authentication middleware (issue 13)
 mod identity;
+mod middleware;
 mod pipes;
 mod reply;
 mod routes;
 mod state;
+pub mod tls;
 mod upload;
 mod ws;
 
+pub use context::RequestIdConfig;
+pub use middleware::check as check_middleware;
+pub use middleware::config::{
+    ApiKey, ApiKeysConfig, AuthConfig, AuthRule, BasicConfig, BasicUser, CompressionConfig, CorsConfig,
+    JwtConfig, MiddlewareConfig, RateKey, RateLimit, RateLimitConfig, Require, SecurityHeadersConfig,
+    TokenSource, WsAuthConfig,
+};
 pub use routes::percent_decode;
+
+/// A request body as the listener's code reads it: decoded by its
+/// `Content-Encoding` (the middleware's request decoding) as it is read.
+pub(crate) type RequestBody = tower_http::decompression::DecompressionBody<hyper::body::Incoming>;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -79,6 +100,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::conn::{Close, Conn, Connections, Io, Signal, Tracked};
+pub use crate::tls::TlsConfig;
 
 /// Errors that stop the listener.
 #[derive(Debug, thiserror::Error)]
@@ -87,6 +109,10 @@ pub enum Error {
     Io(#[from] std::io::Error),
     #[error("invalid listener configuration: {0}")]
     Config(String),
+    /// A certificate, key or CA bundle that cannot be used; the message
+    /// names the file.
+    #[error("TLS: {0}")]
+    Tls(String),
 }
 
 /// The listener's settings.
@@ -133,6 +159,16 @@ pub struct Config {
     pub max_connection_bytes: u64,
     /// WebSocket limits.
     pub ws: WsConfig,
+    /// Proxies whose `Forwarded` / `X-Forwarded-For` name the client
+    /// (`listener.trusted_proxies`); from any other peer those headers
+    /// are the client's own word, and ignored.
+    pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// Request ids (`[request_id]`).
+    pub request_id: RequestIdConfig,
+    /// The built-in middleware (docs/middleware.md).
+    pub middleware: MiddlewareConfig,
+    /// Serve TLS on every port with these certificates (none: plaintext).
+    pub tls: Option<TlsConfig>,
 }
 
 /// WebSocket limits (`[listener.ws]` in switchyard.toml).
@@ -198,7 +234,80 @@ impl Config {
                 self.shm_threshold, self.max_frame
             )));
         }
+        middleware::check(&self.middleware).map_err(Error::Config)?;
         Ok(())
+    }
+}
+
+/// A new configuration for a running listener (`switchyard reload`).
+///
+/// This is the listener's live-configuration channel: everything a
+/// connection is served with — limits, timeouts, TLS certificates (re-read
+/// from their files on every update) and whatever later settings build
+/// into the per-generation [`State`](state::State) — is rebuilt from
+/// `config` and used for the connections accepted from then on, while open
+/// connections finish with the generation they started with. Connection
+/// admission and the sweeper's timeouts switch at once for every
+/// connection. What the return pipes were built with (`broker_socket`,
+/// `pipes`, `max_frame`, `queue_capacity`, `shm_threshold`) cannot change
+/// in a running process: those values are kept, and the supervisor reports
+/// them as needing a restart.
+pub struct Update {
+    /// The whole new configuration.
+    pub config: Config,
+    /// Told `Ok` once new connections get the new settings, or why the
+    /// update was refused (the running settings are then unchanged).
+    pub applied: oneshot::Sender<Result<(), Error>>,
+}
+
+/// What a connection is served with: one per configuration the listener
+/// has had, shared by the connections accepted under it.
+struct Generation {
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    state: Arc<state::State>,
+    grpc: Arc<grpc::Grpc>,
+    /// The middleware's tower-http layers, wrapped around each connection's
+    /// service.
+    layers: Arc<middleware::Layers>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+}
+
+impl Generation {
+    fn new(state: Arc<state::State>) -> Result<Generation, Error> {
+        let config = &state.config;
+        let tls = config
+            .tls
+            .as_ref()
+            .map(tls::load)
+            .transpose()?
+            .map(tokio_rustls::TlsAcceptor::from);
+        let mut builder = auto::Builder::new(TokioExecutor::new());
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(config.header_read_timeout)
+            .max_buf_size(config.max_header_bytes);
+        builder
+            .http2()
+            .timer(TokioTimer::new())
+            .max_header_list_size(config.max_header_bytes as u32);
+        let layers = Arc::new(middleware::layers(&config.middleware).map_err(Error::Config)?);
+        Ok(Generation {
+            builder: Arc::new(builder),
+            layers,
+            grpc: Arc::new(grpc::Grpc::new(state.clone())),
+            state,
+            tls,
+        })
+    }
+}
+
+fn limits(config: &Config) -> conn::Limits {
+    conn::Limits {
+        max_connections: connection_limit(config.max_connections),
+        idle: config.idle_timeout,
+        first_request: config.idle_timeout + config.header_read_timeout,
+        write_stall: config.write_stall_timeout,
     }
 }
 
@@ -206,42 +315,30 @@ impl Config {
 /// `drain` resolves with a grace period; then stops accepting and gives
 /// in-flight requests that long to finish. `ready` fires
 /// once every return pipe is registered and the route table is known.
+/// Each [`Update`] received on `updates` reconfigures the listener live.
 pub async fn run(
     tcp: TcpListener,
     grpc_tcp: Option<TcpListener>,
     config: Config,
     ready: oneshot::Sender<()>,
     drain: impl Future<Output = Duration>,
+    mut updates: mpsc::Receiver<Update>,
 ) -> Result<(), Error> {
     config.validate()?;
     let config = Arc::new(config);
     let pool = pipes::Pool::start(config.clone());
+    let connections = Connections::start(limits(&config));
+    // Before the pipes are ready: a certificate that cannot be used stops
+    // the listener at start, not at its first handshake.
+    let middleware = middleware::Middleware::new(&config.middleware).map_err(Error::Config)?;
+    let mut current = Generation::new(state::State::start(pool.clone(), config.clone(), middleware))?;
     pool.wait_ready().await;
     let _ = ready.send(());
-    tracing::info!(addr = %tcp.local_addr()?, "accepting connections");
+    let scheme = if config.tls.is_some() { "https" } else { "http" };
+    tracing::info!(addr = %tcp.local_addr()?, scheme, "accepting connections");
     if let Some(grpc_tcp) = &grpc_tcp {
-        tracing::info!(addr = %grpc_tcp.local_addr()?, "accepting gRPC connections");
+        tracing::info!(addr = %grpc_tcp.local_addr()?, scheme, "accepting gRPC connections");
     }
-
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(config.header_read_timeout)
-        .max_buf_size(config.max_header_bytes);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .max_header_list_size(config.max_header_bytes as u32);
-    let builder = Arc::new(builder);
-    let connections = Connections::start(conn::Limits {
-        max_connections: connection_limit(config.max_connections),
-        idle: config.idle_timeout,
-        first_request: config.idle_timeout + config.header_read_timeout,
-        write_stall: config.write_stall_timeout,
-    });
-    let state = state::State::start(pool, config.clone());
-    let grpc = Arc::new(grpc::Grpc::new(state.clone()));
     // "Drain" is told to every connection; "done" is the drop of the last
     // connection task's sender.
     let (done_tx, mut done) = mpsc::channel::<()>(1);
@@ -254,23 +351,42 @@ pub async fn run(
         // type), or on the gRPC-only port when there is one.
         let (stream, grpc_only) = tokio::select! {
             grace = &mut drain => break grace,
+            Some(update) = updates.recv() => {
+                let applied = reconfigure(&current, update.config).map(|next| {
+                    connections.set_limits(limits(&next.state.config));
+                    current = next;
+                });
+                match &applied {
+                    Ok(()) => tracing::info!(tls = current.tls.is_some(), "configuration reloaded; new connections use it"),
+                    Err(err) => tracing::error!(%err, "configuration not reloaded; keeping the running one"),
+                }
+                let _ = update.applied.send(applied);
+                continue;
+            }
             stream = main_port.accept() => (stream, false),
             stream = accept_optional(grpc_port.as_mut()) => (stream, true),
         };
         let Some((conn, admission)) = connections.admit() else {
-            refuse(stream);
+            // A TLS client cannot read a plaintext 503 (and a handshake is
+            // what the limit spares us): it is closed instead.
+            if current.tls.is_none() {
+                refuse(stream);
+            }
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let io = TokioIo::new(Io::new(stream, conn.clone(), admission));
+        let peer = stream.peer_addr().ok();
+        let io = Io::new(stream, conn.clone(), admission);
         let serve = Serve {
-            builder: builder.clone(),
-            state: state.clone(),
-            grpc: grpc.clone(),
+            builder: current.builder.clone(),
+            state: current.state.clone(),
+            grpc: current.grpc.clone(),
+            layers: current.layers.clone(),
             grpc_only,
             conn,
+            peer,
         };
-        tokio::spawn(serve.run(io, done_tx.clone()));
+        tokio::spawn(serve.run(io, current.tls.clone(), done_tx.clone()));
     };
     drop(main_port);
     drop(grpc_port);
@@ -281,6 +397,21 @@ pub async fn run(
         tracing::warn!("grace period over; closing remaining connections");
     }
     Ok(())
+}
+
+/// The generation `config` makes, sharing the running one's return pipes
+/// and request-body memory; the settings those were built with are kept.
+fn reconfigure(current: &Generation, mut config: Config) -> Result<Generation, Error> {
+    let running = &current.state.config;
+    config.broker_socket = running.broker_socket.clone();
+    config.pipes = running.pipes;
+    config.max_frame = running.max_frame;
+    config.queue_capacity = running.queue_capacity;
+    config.shm_threshold = running.shm_threshold;
+    config.validate()?;
+    // Rate-limit buckets start afresh with a reloaded configuration.
+    let middleware = middleware::Middleware::new(&config.middleware).map_err(Error::Config)?;
+    Generation::new(current.state.reconfigured(Arc::new(config), middleware))
 }
 
 /// `configured`, or less when the descriptor limit would not allow it: a
@@ -328,46 +459,117 @@ fn refuse(stream: TcpStream) {
     let _ = stream.try_write(answer);
 }
 
+/// How long a connection accepted just before a drain, with no request
+/// yet, is given to send its first (answered with `connection: close`).
+/// Its client is usually mid-handshake or mid-write: microseconds to a few
+/// milliseconds.
+const DRAIN_FIRST_REQUEST: Duration = Duration::from_secs(1);
+
 /// What a connection task needs to serve one connection.
 struct Serve {
     builder: Arc<auto::Builder<TokioExecutor>>,
     state: Arc<state::State>,
     grpc: Arc<grpc::Grpc>,
+    /// The middleware's tower-http layers, wrapped around each connection's
+    /// service.
+    layers: Arc<middleware::Layers>,
     grpc_only: bool,
     conn: Arc<Conn>,
+    /// The TCP peer (the client, or a proxy in front of it).
+    peer: Option<std::net::SocketAddr>,
 }
 
 type Response = ::http::Response<Tracked<Either<body::Body, tonic::body::Body>>>;
 
 impl Serve {
+    /// Serves the connection, after its TLS handshake when `tls` is given.
+    /// The handshake is abandoned when the sweeper flags the connection
+    /// (a client that stalls it is treated as one that sends no request).
+    async fn run(self, io: Io, tls: Option<tokio_rustls::TlsAcceptor>, _done: mpsc::Sender<()>) {
+        let Some(acceptor) = tls else {
+            return self.serve(TokioIo::new(io)).await;
+        };
+        let conn = self.conn.clone();
+        let handshake = tokio::select! {
+            stream = acceptor.accept(io) => stream,
+            reason = conn.closing() => {
+                return tracing::debug!(reason = reason.describe(), "closing a connection during its TLS handshake");
+            }
+        };
+        match handshake {
+            Ok(stream) => self.serve(TokioIo::new(stream)).await,
+            // A client's fault (wrong certificate, no common protocol) or a
+            // dropped connection: nothing the server can act on.
+            Err(err) => tracing::debug!(%err, "TLS handshake failed"),
+        }
+    }
+
     /// Serves the connection until it ends or the sweeper closes it; when
     /// the listener drains, hyper finishes what is in flight and stops.
-    async fn run(self, io: TokioIo<Io>, _done: mpsc::Sender<()>) {
+    async fn serve<I>(self, io: TokioIo<I>)
+    where
+        I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
         let conn = self.conn.clone();
         let builder = self.builder.clone();
+        let layers = self.layers.clone();
         let this = Arc::new(self);
-        let service = hyper::service::service_fn(move |req| {
+        let respond = tower::service_fn(move |req| {
             let this = this.clone();
             async move { Ok::<_, Infallible>(this.respond(req).await) }
         });
+        // Outermost first: CORS answers preflights and marks every answer,
+        // compressed ones too; request bodies are decoded before anything
+        // reads them (decision 0046).
+        let service = hyper_util::service::TowerToHyperService::new(
+            tower::ServiceBuilder::new()
+                .option_layer(layers.cors.clone())
+                .layer(layers.compression.clone())
+                .layer(layers.decompression.clone())
+                .service(respond),
+        );
         let connection = builder.serve_connection_with_upgrades(io, service);
         tokio::pin!(connection);
-        let mut draining = false;
+        let (mut draining, mut shut) = (false, false);
+        // How long a draining connection that has had no request yet waits
+        // for its first.
+        let mut first_request: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
         let closed = std::future::poll_fn(|cx| {
-            match conn.poll_signal(cx) {
-                Signal::Close(reason) => return Poll::Ready(Some(reason)),
-                Signal::Drain if !draining => {
-                    draining = true;
+            loop {
+                match conn.poll_signal(cx) {
+                    Signal::Close(reason) => return Poll::Ready(Some(reason)),
+                    Signal::Drain if !draining => {
+                        draining = true;
+                        first_request = Some(Box::pin(tokio::time::sleep(DRAIN_FIRST_REQUEST)));
+                    }
+                    Signal::Drain | Signal::None => {}
+                }
+                // Told to drain, a connection is let go once it has had a
+                // request: one accepted just before, whose request is not
+                // read yet, gets it answered (with `connection: close`)
+                // instead of a close its client would see as a reset (an
+                // upgrade's old group drains while its clients connect).
+                // One that sends nothing is let go after a moment.
+                let waited = first_request
+                    .as_mut()
+                    .is_some_and(|late| late.as_mut().poll(cx).is_ready());
+                if draining && !shut && (conn.has_served() || waited) {
+                    shut = true;
+                    first_request = None;
                     connection.as_mut().graceful_shutdown();
                 }
-                _ => {}
-            }
-            connection.as_mut().poll(cx).map(|ended| {
-                if let Err(err) = ended {
-                    tracing::debug!(%err, "connection ended with an error");
+                match connection.as_mut().poll(cx) {
+                    Poll::Ready(ended) => {
+                        if let Err(err) = ended {
+                            tracing::debug!(%err, "connection ended with an error");
+                        }
+                        return Poll::Ready(None);
+                    }
+                    // Its first request arrived during this poll.
+                    Poll::Pending if draining && !shut && conn.has_served() => continue,
+                    Poll::Pending => return Poll::Pending,
                 }
-                None
-            })
+            }
         })
         .await;
         if let Some(reason) = closed {
@@ -381,11 +583,11 @@ impl Serve {
     }
 
     /// One request of the connection: served, then its body tracked.
-    async fn respond(&self, req: ::http::Request<hyper::body::Incoming>) -> Response {
+    async fn respond(&self, req: ::http::Request<RequestBody>) -> Response {
         let conn = &self.conn;
         conn.request_started();
         let piece = (req.version() == ::http::Version::HTTP_2).then_some(conn::H2_PIECE);
-        let reply = dispatch::serve(&self.state, &self.grpc, self.grpc_only, conn, req).await;
+        let reply = dispatch::serve(&self.state, &self.grpc, self.grpc_only, conn, self.peer, req).await;
         // Only a whole body is held in memory; a streamed one holds a ring.
         let held = match reply.body() {
             Either::Left(Either::Left(whole)) => http_body::Body::size_hint(whole).exact().unwrap_or(0),

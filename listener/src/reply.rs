@@ -124,7 +124,11 @@ fn download(status: StatusCode, meta: &Meta, handle: StreamHandle, range: Option
 /// The response event's meta as HTTP headers (invalid ones are skipped).
 fn copy_headers(meta: &Meta, reply: &mut Reply) {
     let headers = reply.headers_mut();
-    for (name, value) in meta.iter() {
+    // The request's context (`:request-id`) never becomes a header.
+    for (name, value) in meta
+        .iter()
+        .filter(|(k, _)| !switchyard_proto::event::is_context_key(k))
+    {
         match (
             HeaderName::from_bytes(name.as_bytes()),
             HeaderValue::from_str(value),

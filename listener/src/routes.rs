@@ -1,18 +1,24 @@
 //! The route table: method + path pattern → event type.
 //!
-//! Routes are merged, never forgotten: when a manager goes down its routes
+//! Routes are merged, not forgotten: when a manager goes down its routes
 //! stay, so requests to them get 503 from the router rather than 404 here.
+//! Only a manager a reload removed from the group (`RouteTable::retired`)
+//! takes its routes with it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use switchyard_proto::control::{RouteEntry, RouteTable};
+use switchyard_proto::EventType;
+use switchyard_proto::control::{RequestNeeds, RouteEntry, RouteTable};
 
 /// A snapshot of the routes, swapped whole on every change.
 #[derive(Default)]
 pub(crate) struct Routes {
     known: BTreeMap<(String, String), Arc<RouteEntry>>,
     by_method: HashMap<String, matchit::Router<Arc<RouteEntry>>>,
+    /// What each request type reads of its request; merged, never
+    /// forgotten, like the routes.
+    needs: HashMap<EventType, Arc<RequestNeeds>>,
     /// The router's last view of manager health.
     pub(crate) table: RouteTable,
 }
@@ -21,6 +27,8 @@ pub(crate) struct Routes {
 pub(crate) struct Matched {
     pub(crate) entry: Arc<RouteEntry>,
     pub(crate) params: Vec<(String, String)>,
+    /// What its type reads of the request (`None`: nothing).
+    pub(crate) needs: Option<Arc<RequestNeeds>>,
 }
 
 pub(crate) enum Lookup {
@@ -42,6 +50,11 @@ impl Routes {
             let key = (entry.route.method.clone(), entry.route.path.clone());
             known.insert(key, Arc::new(entry.clone()));
         }
+        let mut needs = self.needs.clone();
+        for declared in &table.needs {
+            needs.insert(declared.event_type, Arc::new(declared.needs.clone()));
+        }
+        known.retain(|_, entry| !table.retired.contains(&entry.manager));
         let mut by_method: HashMap<String, matchit::Router<Arc<RouteEntry>>> = HashMap::new();
         for ((method, path), entry) in &known {
             let router = by_method.entry(method.clone()).or_default();
@@ -52,8 +65,29 @@ impl Routes {
         Routes {
             known,
             by_method,
+            needs,
             table,
         }
+    }
+
+    /// The request headers some type declares, and whether some type
+    /// declares a cookie.
+    pub(crate) fn declared_headers(&self) -> (std::collections::HashSet<&str>, bool) {
+        let mut names = std::collections::HashSet::new();
+        let mut cookies = false;
+        for needs in self.needs.values() {
+            names.extend(needs.headers.iter().map(String::as_str));
+            cookies |= !needs.cookies.is_empty();
+        }
+        (names, cookies)
+    }
+
+    /// What requests of `event_type` read of their request.
+    pub(crate) fn needs(&self, event_type: EventType) -> Option<Arc<RequestNeeds>> {
+        if self.needs.is_empty() {
+            return None;
+        }
+        self.needs.get(&event_type).cloned()
     }
 
     pub(crate) fn lookup(&self, method: &str, path: &str) -> Lookup {
@@ -71,6 +105,7 @@ impl Routes {
             return Lookup::Found(Matched {
                 entry: m.value.clone(),
                 params,
+                needs: self.needs(m.value.event_type),
             });
         }
         let allowed: Vec<String> = self
@@ -99,7 +134,6 @@ pub fn percent_decode(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use switchyard_proto::EventType;
     use switchyard_proto::control::HttpRoute;
 
     fn entry(method: &str, path: &str) -> RouteEntry {
@@ -141,6 +175,12 @@ mod tests {
         });
         assert!(matches!(routes.lookup("POST", "/echo"), Lookup::Found(_)));
         assert!(matches!(routes.lookup("GET", "/noop"), Lookup::Found(_)));
+        // A manager removed from the group takes its routes with it.
+        let routes = routes.merged(RouteTable {
+            retired: vec!["m".into()],
+            ..Default::default()
+        });
+        assert!(matches!(routes.lookup("GET", "/noop"), Lookup::NotFound));
     }
 
     #[test]

@@ -9,14 +9,19 @@ use switchyard_proto::Payload;
 use switchyard_proto::pool::SegmentPool;
 
 use crate::Config;
+use crate::middleware::Middleware;
 use crate::pipes::Pool;
 
 pub(crate) struct State {
     /// The return pipes: every request and session goes through them.
     pub(crate) pool: Arc<Pool>,
     pub(crate) config: Arc<Config>,
-    /// Reusable shared memory for large request bodies (decision 0011).
-    pub(crate) segments: Mutex<SegmentPool>,
+    /// Rate limits, authentication and security headers (built once per
+    /// generation of the configuration).
+    pub(crate) middleware: Middleware,
+    /// Reusable shared memory for large request bodies (decision 0011);
+    /// shared by every generation of the configuration.
+    pub(crate) segments: Arc<Mutex<SegmentPool>>,
 }
 
 /// Shared memory a listener process keeps for reuse by request bodies.
@@ -31,24 +36,38 @@ impl State {
     /// The state of a listener process whose pipes are `pool`; idle request
     /// segments go back to the kernel after a while, for as long as the
     /// state lives.
-    pub(crate) fn start(pool: Arc<Pool>, config: Arc<Config>) -> Arc<State> {
-        let state = Arc::new(State {
-            pool,
-            config,
-            segments: Mutex::new(SegmentPool::new(SEGMENT_POOL_BYTES, SEGMENT_LEASE)),
-        });
-        // A weak reference: the task must not keep the listener's state alive.
-        let trimmed = Arc::downgrade(&state);
+    pub(crate) fn start(pool: Arc<Pool>, config: Arc<Config>, middleware: Middleware) -> Arc<State> {
+        let segments = Arc::new(Mutex::new(SegmentPool::new(SEGMENT_POOL_BYTES, SEGMENT_LEASE)));
+        // A weak reference: the task must not keep the segments alive.
+        let trimmed = Arc::downgrade(&segments);
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(2));
             loop {
                 tick.tick().await;
-                let Some(state) = trimmed.upgrade() else { return };
-                let mut segments = state.segments.lock().unwrap_or_else(|p| p.into_inner());
-                segments.trim(SEGMENT_IDLE);
+                let Some(segments) = trimmed.upgrade() else { return };
+                segments
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .trim(SEGMENT_IDLE);
             }
         });
-        state
+        Arc::new(State {
+            pool,
+            config,
+            middleware,
+            segments,
+        })
+    }
+
+    /// The state of a reloaded configuration: the same pipes and request
+    /// body memory, the new settings (see [`crate::Update`]).
+    pub(crate) fn reconfigured(&self, config: Arc<Config>, middleware: Middleware) -> Arc<State> {
+        Arc::new(State {
+            pool: self.pool.clone(),
+            config,
+            middleware,
+            segments: self.segments.clone(),
+        })
     }
 
     /// A request body as the event carries it: inline below the threshold,

@@ -7,10 +7,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use crate::RequestBody;
 use bytes::Bytes;
 use http::{Request, StatusCode, header};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 use switchyard_proto::pipe::{self, AsyncPipe};
 use switchyard_proto::{Deadline, Envelope, Error, Payload};
 
@@ -25,7 +25,7 @@ use crate::state::State;
 /// The request timeout counts from the end of the body (an upload may take
 /// as long as it keeps moving), and a body that sends nothing for a whole
 /// body read timeout is cut with 408.
-pub(crate) async fn upload(state: &State, req: Request<Incoming>, matched: Matched) -> Reply {
+pub(crate) async fn upload(state: &State, req: Request<RequestBody>, matched: Matched) -> Reply {
     let limit = state.config.max_upload_bytes;
     let too_large = || {
         error(
@@ -56,7 +56,7 @@ pub(crate) async fn upload(state: &State, req: Request<Incoming>, matched: Match
     // No deadline for the hops: the listener times the answer from the end
     // of the body.
     env.deadline = Deadline::NONE;
-    request_meta(&mut env, &parts, matched.params);
+    request_meta(&mut env, &parts, matched.params, matched.needs.as_deref());
 
     // A body idle for a whole body read timeout is cut; a handler that
     // takes nothing for a whole request timeout is given up on.
@@ -101,7 +101,7 @@ struct Stop {
 /// Copies the request body into the pipe; a client that breaks off, a body
 /// over `limit`, or either side idle for its `idle` bound aborts the pipe so the
 /// handler sees an error.
-async fn pump(mut body: Incoming, mut pipe: AsyncPipe, limit: u64, idle: Idle, stop: Arc<Stop>) {
+async fn pump(mut body: RequestBody, mut pipe: AsyncPipe, limit: u64, idle: Idle, stop: Arc<Stop>) {
     let mut sent = 0u64;
     loop {
         let Ok(frame) = tokio::time::timeout(idle.client, body.frame()).await else {

@@ -21,11 +21,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::RequestBody;
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use http::{HeaderValue, Request, Response, StatusCode, header};
 use http_body_util::Full;
-use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use serde_json::Value;
 use switchyard_proto::control::{WsBinaryReply, WsBinaryRequest};
@@ -38,6 +38,7 @@ use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, WebSocketConfig
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 
 use crate::conn::Conn;
+use crate::context::Opener;
 use crate::exchange::{call, emit_notification, round_trip};
 use crate::pipes::{CloseReason, Outbox, Subscription, check_subscription};
 use crate::reply::{Reply, error};
@@ -80,7 +81,12 @@ pub(crate) fn is_upgrade<B>(req: &Request<B>) -> bool {
 
 /// Answers the upgrade (101) and serves the session once hyper hands the
 /// connection over.
-pub(crate) fn upgrade(state: Arc<State>, conn: &Arc<Conn>, mut req: Request<Incoming>, echo: bool) -> Reply {
+pub(crate) fn upgrade(
+    state: Arc<State>,
+    conn: &Arc<Conn>,
+    mut req: Request<RequestBody>,
+    echo: bool,
+) -> Reply {
     if req.method() != http::Method::GET {
         return error(StatusCode::METHOD_NOT_ALLOWED, "a WebSocket upgrade is a GET");
     }
@@ -100,6 +106,12 @@ pub(crate) fn upgrade(state: Arc<State>, conn: &Arc<Conn>, mut req: Request<Inco
         return error(StatusCode::BAD_REQUEST, "missing Sec-WebSocket-Key");
     };
     let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
+    // What every request of the session knows of its client: the upgrade's
+    // headers (cookies, say), address and identity.
+    let opener = Arc::new(Opener::of(req.headers(), req.extensions(), &state.pool.routes()));
+    // The middleware admitted the upgrade; its identity (in `opener`) is
+    // the session's, and each message's event type is checked against the rules.
+    let protocol = chosen_protocol(req.headers());
     let on_upgrade = hyper::upgrade::on(&mut req);
     let cfg = state.config.ws.clone();
     let session_conn = conn.clone();
@@ -118,9 +130,9 @@ pub(crate) fn upgrade(state: Arc<State>, conn: &Arc<Conn>, mut req: Request<Inco
         let io = FrameGuard::new(TokioIo::new(upgraded));
         let ws = WebSocketStream::from_raw_socket(io, Role::Server, Some(config)).await;
         if echo {
-            echo_session(state, conn, ws).await
+            echo_session(state, conn, ws, opener).await
         } else {
-            session(state, conn, ws).await
+            session(state, conn, ws, opener).await
         }
     });
     // From now on the session's pings say whether the client is alive.
@@ -133,7 +145,25 @@ pub(crate) fn upgrade(state: Arc<State>, conn: &Arc<Conn>, mut req: Request<Inco
     if let Ok(v) = HeaderValue::from_str(&accept) {
         headers.insert(header::SEC_WEBSOCKET_ACCEPT, v);
     }
+    if let Some(v) = protocol {
+        headers.insert(header::SEC_WEBSOCKET_PROTOCOL, v);
+    }
     reply
+}
+
+/// The subprotocol the answer names: the first one the client offered that
+/// is not a credential (`bearer.<token>`, never echoed back). Browsers fail
+/// a handshake that offered protocols and got none, so a client that puts
+/// its token there offers a protocol name beside it.
+fn chosen_protocol(headers: &http::HeaderMap) -> Option<HeaderValue> {
+    headers
+        .get_all(header::SEC_WEBSOCKET_PROTOCOL)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .find(|p| !p.is_empty() && !p.starts_with(crate::middleware::SUBPROTOCOL_PREFIX))
+        .and_then(|p| HeaderValue::from_str(p).ok())
 }
 
 fn close_message(reason: CloseReason) -> Message {
@@ -231,7 +261,7 @@ fn error_message(id: Option<&Value>, status: u16, detail: &str) -> Message {
 }
 
 /// The `/ws` session: requests, subscriptions, pushes.
-async fn session(state: Arc<State>, conn: Arc<Conn>, ws: Ws) {
+async fn session(state: Arc<State>, conn: Arc<Conn>, ws: Ws, opener: Arc<Opener>) {
     let cfg = state.config.ws.clone();
     let (sink, mut stream) = ws.split();
     let (tx, rx) = mpsc::channel::<Message>(cfg.queue);
@@ -279,12 +309,23 @@ async fn session(state: Arc<State>, conn: Arc<Conn>, ws: Ws) {
                 // A bincode request: answered with a bincode reply.
                 match switchyard_proto::codec::decode::<WsBinaryRequest>(&bytes) {
                     Ok(request) => {
+                        if let Err(refusal) = state.middleware.authorize_event(
+                            opener.identity.as_ref(),
+                            &request.event_type,
+                            false,
+                        ) {
+                            let e = error_message(None, refusal.status(), &refusal.detail());
+                            if tx.send(e).await.is_err() {
+                                break;
+                            }
+                            continue;
+                        }
                         let Ok(permit) = in_flight.clone().acquire_owned().await else {
                             break;
                         };
-                        let (state, tx) = (state.clone(), tx.clone());
+                        let (state, tx, opener) = (state.clone(), tx.clone(), opener.clone());
                         tokio::spawn(async move {
-                            let reply = binary_request(&state, request).await;
+                            let reply = binary_request(&state, request, &opener).await;
                             let _ = tx.send(reply).await;
                             drop(permit);
                         });
@@ -315,7 +356,27 @@ async fn session(state: Arc<State>, conn: Arc<Conn>, ws: Ws) {
             continue;
         };
         let msg_id = m.get("id").cloned();
-        let reply = if let Some(pattern) = m.get("subscribe") {
+        // What the message asks for, as the rules see it.
+        let asked = match (m.get("subscribe"), m.get("notify"), m.get("type")) {
+            (Some(Value::String(p)), _, _) => Some((p.as_str(), true)),
+            (None, Some(Value::String(t)), _) | (None, None, Some(Value::String(t))) => {
+                Some((t.as_str(), false))
+            }
+            _ => None,
+        };
+        let refused = asked.and_then(|(event, subscription)| {
+            state
+                .middleware
+                .authorize_event(opener.identity.as_ref(), event, subscription)
+                .err()
+        });
+        let reply = if let Some(refusal) = refused {
+            Some(error_message(
+                msg_id.as_ref(),
+                refusal.status(),
+                &refusal.detail(),
+            ))
+        } else if let Some(pattern) = m.get("subscribe") {
             Some(subscribe(
                 &state,
                 id,
@@ -336,9 +397,9 @@ async fn session(state: Arc<State>, conn: Arc<Conn>, ws: Ws) {
                 .get("data")
                 .cloned()
                 .unwrap_or(Value::Object(Default::default()));
-            let (state, tx, ty) = (state.clone(), tx.clone(), ty.clone());
+            let (state, tx, ty, opener) = (state.clone(), tx.clone(), ty.clone(), opener.clone());
             tokio::spawn(async move {
-                let reply = request(&state, &ty, msg_id.as_ref(), &data).await;
+                let reply = request(&state, &ty, msg_id.as_ref(), &data, &opener).await;
                 let _ = tx.send(reply).await;
                 drop(permit);
             });
@@ -414,14 +475,16 @@ fn unsubscribe(state: &State, session: u64, id: Option<&Value>, which: &Value) -
 }
 
 /// A binary `/ws` request → its binary reply.
-async fn binary_request(state: &State, request: WsBinaryRequest) -> Message {
+async fn binary_request(state: &State, request: WsBinaryRequest, opener: &Opener) -> Message {
     const BINCODE: &str = "application/x-bincode";
+    let client = opener.client.next_request();
     let (status, content_type, body) = call(
         state,
         &request.event_type,
         Some(BINCODE),
         Bytes::from(request.payload),
         state.config.request_timeout,
+        &opener.front(&client),
     )
     .await;
     let reply = WsBinaryReply {
@@ -460,9 +523,11 @@ fn notify(state: &State, id: Option<&Value>, ty: &Value, data: Option<&Value>) -
 }
 
 /// A `/ws` request: `{"id","type","data"}` → `{"id","status","data"|"error"}`.
-async fn request(state: &State, ty: &str, id: Option<&Value>, data: &Value) -> Message {
+async fn request(state: &State, ty: &str, id: Option<&Value>, data: &Value, opener: &Opener) -> Message {
     let body = Bytes::from(data.to_string());
-    let (status, body) = round_trip(state, ty, Some("application/json"), body).await;
+    // Each request of a session is a request of its own, with its own id.
+    let client = opener.client.next_request();
+    let (status, body) = round_trip(state, ty, Some("application/json"), body, &opener.front(&client)).await;
     let payload: Value = serde_json::from_slice(&body)
         .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into_owned()));
     let mut out = serde_json::Map::new();
@@ -476,9 +541,19 @@ async fn request(state: &State, ty: &str, id: Option<&Value>, data: &Value) -> M
 
 /// The `/ws/echo` session: each text or binary message goes to
 /// `demo.WsEcho` and its reply comes back as the same kind of message, in
-/// order. A failed round trip closes with 1011.
-async fn echo_session(state: Arc<State>, conn: Arc<Conn>, ws: Ws) {
+/// order. A failed round trip closes with 1011; a caller the rules do not
+/// let send `demo.WsEcho` is closed at once with 1008.
+async fn echo_session(state: Arc<State>, conn: Arc<Conn>, ws: Ws, opener: Arc<Opener>) {
     let (mut sink, mut stream) = ws.split();
+    if state
+        .middleware
+        .authorize_event(opener.identity.as_ref(), ECHO_EVENT, false)
+        .is_err()
+    {
+        let policy = close_message(Some((1008, "not allowed to send demo.WsEcho")));
+        let _ = tokio::time::timeout(Duration::from_secs(1), sink.send(policy)).await;
+        return;
+    }
     loop {
         let msg = tokio::select! {
             msg = stream.next() => match msg {
@@ -504,7 +579,10 @@ async fn echo_session(state: Arc<State>, conn: Arc<Conn>, ws: Ws) {
                 return;
             }
         };
-        let (status, reply) = round_trip(&state, ECHO_EVENT, Some("application/octet-stream"), body).await;
+        let client = opener.client.next_request();
+        let front = opener.front(&client);
+        let (status, reply) =
+            round_trip(&state, ECHO_EVENT, Some("application/octet-stream"), body, &front).await;
         let out = if status != 200 {
             tracing::warn!(status, "websocket echo round trip failed");
             close_message(Some((1011, "server error")))

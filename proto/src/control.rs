@@ -9,6 +9,7 @@
 //! broker ──RouterLost──▶ every pipe (fail in-flight requests at once)
 //! listener pipe ──Subscribe/Unsubscribe/SessionClosed──▶ broker (WebSocket sessions)
 //! broker ──Notification frame, meta `to`──▶ the pipe holding the sessions
+//! manager ──Draining──▶ router ──Draining──▶ manager (no request follows it)
 //! ```
 
 use serde::{Deserialize, Serialize};
@@ -45,6 +46,13 @@ pub enum Control {
     Unsubscribe { session: u64, sub: u64 },
     /// The session is gone: drop all its subscriptions.
     SessionClosed { session: u64 },
+    /// Manager → router: this instance is being replaced (`switchyard
+    /// reload`); route no new request or notification to it. The router
+    /// answers with the same message once it has taken the instance out:
+    /// every request routed to it before comes ahead of that answer on the
+    /// connection, so the manager can tell when what it must finish is all
+    /// there.
+    Draining,
 }
 
 /// The meta key that names an event's type (`order.created`): set by the
@@ -266,6 +274,69 @@ pub struct HandledType {
     pub name: String,
     pub event_type: EventType,
     pub route: Option<HttpRoute>,
+    /// What its handler (and the manager's middleware) reads of the
+    /// request besides the body; the listener copies exactly this.
+    pub needs: RequestNeeds,
+}
+
+/// What a request type needs to know about its request besides its body,
+/// path parameters and query: the listener copies exactly this into the
+/// event's meta ([`crate::event::META_METHOD`] and the other `:` keys),
+/// so a type that declares nothing travels as small as before
+/// (docs/http.md, decision 0041).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct RequestNeeds {
+    /// The request method (`GET`, `HEAD`, ...).
+    pub method: bool,
+    /// The request path, as received (not decoded).
+    pub path: bool,
+    /// The client's address (through trusted proxies).
+    pub client: bool,
+    /// The whole authenticated identity: subject, method and claims.
+    pub identity: bool,
+    /// Request headers, by lowercase name; several lines are joined with `, `.
+    pub headers: Vec<String>,
+    /// Cookies, by name.
+    pub cookies: Vec<String>,
+    /// Claims of the authenticated identity ("scope"), by name.
+    pub scope: Vec<String>,
+}
+
+impl RequestNeeds {
+    /// Whether nothing is declared.
+    pub fn is_empty(&self) -> bool {
+        !(self.method || self.path || self.client || self.identity)
+            && self.headers.is_empty()
+            && self.cookies.is_empty()
+            && self.scope.is_empty()
+    }
+
+    /// Adds what `other` declares.
+    pub fn merge(&mut self, other: &RequestNeeds) {
+        self.method |= other.method;
+        self.path |= other.path;
+        self.client |= other.client;
+        self.identity |= other.identity;
+        for (mine, theirs) in [
+            (&mut self.headers, &other.headers),
+            (&mut self.cookies, &other.cookies),
+            (&mut self.scope, &other.scope),
+        ] {
+            for name in theirs {
+                if !mine.contains(name) {
+                    mine.push(name.clone());
+                }
+            }
+        }
+    }
+}
+
+/// A request type's [`RequestNeeds`], in the route table: for requests
+/// that name their type (WebSocket, gRPC) as well as HTTP routes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TypeNeeds {
+    pub event_type: EventType,
+    pub needs: RequestNeeds,
 }
 
 /// `GET /hello/{name}`.
@@ -285,6 +356,14 @@ pub struct RouteTable {
     pub version: u64,
     pub routes: Vec<RouteEntry>,
     pub managers: Vec<ManagerHealth>,
+    /// The request types that declare [`RequestNeeds`] (the others need
+    /// nothing).
+    pub needs: Vec<TypeNeeds>,
+    /// Managers a reload removed from the group, and now gone: listeners
+    /// forget their routes (404), which they otherwise keep while a
+    /// manager is down (503).
+    #[serde(default)]
+    pub retired: Vec<String>,
 }
 
 impl RouteTable {

@@ -116,6 +116,32 @@ pub fn now_micros() -> u64 {
         .unwrap_or(0)
 }
 
+/// Meta keys of the request context: what the listener copies from the
+/// request into the event when its type declares it
+/// ([`RequestNeeds`](crate::control::RequestNeeds)). They all begin with
+/// `:`, which no HTTP header name can, so a response's meta never turns
+/// one into a header and no client can send one.
+pub const META_REQUEST_ID: &str = ":request-id";
+/// The request method.
+pub const META_METHOD: &str = ":method";
+/// The request path, as received.
+pub const META_PATH: &str = ":path";
+/// The client's IP address (through trusted proxies).
+pub const META_CLIENT: &str = ":client";
+/// The authenticated identity, JSON `{"sub","method","claims"}`.
+pub const META_IDENTITY: &str = ":identity";
+/// `:h:NAME`: a request header (lowercase name).
+pub const META_HEADER_PREFIX: &str = ":h:";
+/// `:c:NAME`: a cookie.
+pub const META_COOKIE_PREFIX: &str = ":c:";
+/// `:s:NAME`: a claim of the identity's scope, as JSON.
+pub const META_SCOPE_PREFIX: &str = ":s:";
+
+/// Whether a meta key is request context (never a response header).
+pub fn is_context_key(key: &str) -> bool {
+    key.starts_with(':')
+}
+
 /// A small ordered header map carried with an event (`content-type`, path
 /// parameters, the query string). Few entries, so a vector beats a map.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -130,6 +156,11 @@ impl Meta {
     /// Appends an entry.
     pub fn push(&mut self, key: impl Into<String>, value: impl Into<String>) {
         self.0.push((key.into(), value.into()));
+    }
+
+    /// The request id the listener gave the request, if any.
+    pub fn request_id(&self) -> Option<&str> {
+        self.get(META_REQUEST_ID)
     }
 
     /// Iterates over the entries.

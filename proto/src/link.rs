@@ -156,11 +156,27 @@ pub async fn open_with(
     capacity: usize,
     max_frame: usize,
 ) -> Result<(FrameReader<OwnedReadHalf>, FrameSink)> {
+    let (reader, sink, _writer) = open_flushed(stream, transport, capacity, max_frame).await?;
+    Ok((reader, sink))
+}
+
+/// The task that writes a link's frames: it ends once every frame sent
+/// before the last sender was dropped is written (`Ok`), or the link broke.
+pub type Writer = tokio::task::JoinHandle<Result<()>>;
+
+/// [`open_with`], also returning the writer task, for a process that must
+/// know its last frames are out before it exits (a draining manager).
+pub async fn open_flushed(
+    stream: UnixStream,
+    transport: Transport,
+    capacity: usize,
+    max_frame: usize,
+) -> Result<(FrameReader<OwnedReadHalf>, FrameSink, Writer)> {
     let (read, write) = stream.into_split();
     match transport {
         Transport::Socket => {
-            let (sink, _writer) = spawn_writer(write, capacity, max_frame);
-            Ok((FrameReader::new(read, max_frame), sink))
+            let (sink, writer) = spawn_writer(write, capacity, max_frame);
+            Ok((FrameReader::new(read, max_frame), sink, writer))
         }
         Transport::Ring => {
             let (outgoing, incoming) = tokio::time::timeout(HANDSHAKE_TIMEOUT, hand_over(&read, &write))
@@ -172,8 +188,8 @@ pub async fn open_with(
                     ))
                 })??;
             let reader = FrameReader::with_ring(read, incoming, max_frame);
-            let sink = RingWriter::start(write, outgoing, capacity, max_frame);
-            Ok((reader, sink))
+            let (sink, writer) = RingWriter::start(write, outgoing, capacity, max_frame);
+            Ok((reader, sink, writer))
         }
     }
 }
@@ -354,7 +370,12 @@ impl Drop for RingSender {
 }
 
 impl RingWriter {
-    fn start(socket: OwnedWriteHalf, pipe: AsyncPipe, capacity: usize, max_frame: usize) -> FrameSink {
+    fn start(
+        socket: OwnedWriteHalf,
+        pipe: AsyncPipe,
+        capacity: usize,
+        max_frame: usize,
+    ) -> (FrameSink, Writer) {
         let writer = Arc::new(RingWriter {
             state: Mutex::new(TxState {
                 pipe,
@@ -370,8 +391,8 @@ impl RingWriter {
             capacity,
             max_frame,
         });
-        tokio::spawn(write_task(writer.clone()));
-        FrameSink::ring(RingSender(writer))
+        let task = tokio::spawn(write_task(writer.clone()));
+        (FrameSink::ring(RingSender(writer)), task)
     }
 
     fn lock(&self) -> MutexGuard<'_, TxState> {
@@ -527,7 +548,7 @@ impl RingWriter {
 /// Moves frames that did not fit at `send` into the ring as the reader
 /// frees room; at the last sender's drop, flushes, ends the ring and
 /// closes the socket half.
-async fn write_task(writer: Arc<RingWriter>) {
+async fn write_task(writer: Arc<RingWriter>) -> Result<()> {
     loop {
         let blocked = {
             let mut st = writer.lock();
@@ -551,7 +572,7 @@ async fn write_task(writer: Arc<RingWriter>) {
         };
         if let Err(err) = waited {
             writer.close(&err);
-            return;
+            return Err(err);
         }
     }
     // Every frame is in the ring: the reader takes them, then sees the end.
@@ -561,6 +582,7 @@ async fn write_task(writer: Arc<RingWriter>) {
         nix::sys::socket::Shutdown::Write,
     );
     writer.close(&Error::Closed);
+    Ok(())
 }
 
 #[cfg(test)]

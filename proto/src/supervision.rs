@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncWriteExt};
 use tokio::net::UnixStream;
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::sync::{Mutex, watch};
+use tokio::sync::{Mutex, mpsc, watch};
 use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
 
 use crate::Result;
@@ -41,6 +41,11 @@ pub enum ToSupervisor {
     },
     /// The child's load, sent when it changes (at most once a second).
     Load(Load),
+    /// The answer to [`ToChild::Reconfigure`]: applied, or why not (the
+    /// child then runs on with its previous configuration).
+    Reconfigured {
+        error: Option<String>,
+    },
 }
 
 /// What `switchyard status` shows of a child's load.
@@ -80,13 +85,18 @@ impl Gauges {
 }
 
 /// Supervisor → child.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "cmd", rename_all = "snake_case")]
 pub enum ToChild {
     /// Stop taking new work, finish what is in flight within `grace_ms`, exit.
     Drain { grace_ms: u64 },
     /// Exit now.
     Stop,
+    /// Apply a new configuration while running (`switchyard reload`):
+    /// `spec` is the child's spec as its spec descriptor carried it at
+    /// start. Answered with [`ToSupervisor::Reconfigured`]. The whole line
+    /// must stay under [`MAX_LINE`]; the supervisor checks before sending.
+    Reconfigure { spec: String },
 }
 
 /// What the child should do, as the supervisor last said.
@@ -138,6 +148,9 @@ pub fn line_error(err: &LinesCodecError) -> String {
 pub struct ChildChannel {
     writer: Mutex<OwnedWriteHalf>,
     commands: watch::Receiver<Command>,
+    /// New specs to apply ([`ToChild::Reconfigure`]), taken once by the
+    /// role that can apply them.
+    reconfigure: std::sync::Mutex<Option<mpsc::UnboundedReceiver<String>>>,
 }
 
 impl ChildChannel {
@@ -161,11 +174,27 @@ impl ChildChannel {
         std.set_nonblocking(true)?;
         let (reader, writer) = UnixStream::from_std(std)?.into_split();
         let (tx, commands) = watch::channel(Command::Run);
-        tokio::spawn(read_commands(reader, tx));
+        let (specs, reconfigure) = mpsc::unbounded_channel();
+        tokio::spawn(read_commands(reader, tx, specs));
         Ok(ChildChannel {
             writer: Mutex::new(writer),
             commands,
+            reconfigure: std::sync::Mutex::new(Some(reconfigure)),
         })
+    }
+
+    /// The specs the supervisor sends to reconfigure this process, for the
+    /// role that can apply them; `None` after the first call. The
+    /// supervisor sends them only to the roles that take them.
+    pub fn reconfigurations(&self) -> Option<mpsc::UnboundedReceiver<String>> {
+        self.reconfigure.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+
+    /// Answers a [`ToChild::Reconfigure`].
+    pub async fn report_reconfigured(&self, error: Option<String>) {
+        let mut line = serde_json::to_vec(&ToSupervisor::Reconfigured { error }).unwrap_or_default();
+        line.push(b'\n');
+        let _ = self.writer.lock().await.write_all(&line).await;
     }
 
     /// Reports a phase (best effort: a gone supervisor means we stop anyway).
@@ -188,7 +217,11 @@ impl ChildChannel {
     }
 }
 
-async fn read_commands(reader: OwnedReadHalf, tx: watch::Sender<Command>) {
+async fn read_commands(
+    reader: OwnedReadHalf,
+    tx: watch::Sender<Command>,
+    specs: mpsc::UnboundedSender<String>,
+) {
     let mut lines = lines(reader);
     while let Some(line) = lines.next().await {
         let line = match line {
@@ -204,6 +237,11 @@ async fn read_commands(reader: OwnedReadHalf, tx: watch::Sender<Command>) {
             }
             Ok(ToChild::Stop) => {
                 let _ = tx.send(Command::Stop);
+            }
+            Ok(ToChild::Reconfigure { spec }) => {
+                if specs.send(spec).is_err() {
+                    tracing::warn!("this process cannot be reconfigured while it runs");
+                }
             }
             Err(err) => tracing::warn!(%err, "ignoring bad control line"),
         }
@@ -238,7 +276,8 @@ mod tests {
         let (read, write) = UnixStream::from_std(theirs).unwrap().into_split();
         drop(write);
         let (tx, mut commands) = watch::channel(Command::Run);
-        let reader = tokio::spawn(read_commands(read, tx));
+        let (specs, _) = mpsc::unbounded_channel();
+        let reader = tokio::spawn(read_commands(read, tx, specs));
         // A drain, then 8 MiB without a newline from a broken supervisor.
         let writer = std::thread::spawn(move || {
             use std::io::Write;
@@ -260,7 +299,8 @@ mod tests {
         let (read, _write) = theirs.into_split();
         let (tx, mut commands) = watch::channel(Command::Run);
         drop(ours);
-        read_commands(read, tx).await;
+        let (specs, _) = mpsc::unbounded_channel();
+        read_commands(read, tx, specs).await;
         assert_eq!(wait_stop(&mut commands).await, Command::SupervisorGone);
     }
 

@@ -14,7 +14,8 @@ use bytes::Bytes;
 use proptest::prelude::*;
 use serde_json::Value;
 use switchyard_proto::control::{
-    Control, Filter, HandledType, HttpRoute, ManagerDescription, ManagerHealth, RouteEntry, RouteTable,
+    Control, Filter, HandledType, HttpRoute, ManagerDescription, ManagerHealth, RequestNeeds, RouteEntry,
+    RouteTable, TypeNeeds,
 };
 use switchyard_proto::control::{WsBinaryRequest, pattern_prefix};
 use switchyard_proto::frame::{self, DEFAULT_MAX_FRAME};
@@ -97,6 +98,15 @@ fn description() -> impl Strategy<Value = ManagerDescription> {
                         path: format!("/{name}/{{id}}"),
                         stream_body: t % 2 == 0,
                     }),
+                    needs: RequestNeeds {
+                        method: t % 3 == 0,
+                        headers: if t % 5 == 0 {
+                            vec!["x-api-key".into()]
+                        } else {
+                            Vec::new()
+                        },
+                        ..RequestNeeds::default()
+                    },
                 })
                 .collect(),
             subscribes: types.into_iter().map(EventType).collect(),
@@ -129,6 +139,12 @@ fn control() -> impl Strategy<Value = Control> {
             };
             for m in managers {
                 for h in m.handles {
+                    if !h.needs.is_empty() {
+                        table.needs.push(TypeNeeds {
+                            event_type: h.event_type,
+                            needs: h.needs.clone(),
+                        });
+                    }
                     if let Some(route) = h.route {
                         table.routes.push(RouteEntry {
                             route,

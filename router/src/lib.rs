@@ -31,7 +31,7 @@ use switchyard_proto::transport::{FrameReader, FrameSink, PeerPolicy};
 use switchyard_proto::{Envelope, Kind, Origin};
 use tokio::net::unix::OwnedReadHalf;
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 
 use table::Table;
 
@@ -79,6 +79,21 @@ pub async fn run(
     ready: oneshot::Sender<()>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), Error> {
+    let (_keep, declared) = watch::channel(config.declared_managers.clone());
+    run_declaring(listener, config, ready, shutdown, declared).await
+}
+
+/// [`run`], with the group's declared managers changing while it runs
+/// (`switchyard reload`): a manager no longer declared leaves `/ready`,
+/// and once its last instance is gone its routes and types are forgotten
+/// (404, not 503).
+pub async fn run_declaring(
+    listener: UnixListener,
+    config: Config,
+    ready: oneshot::Sender<()>,
+    shutdown: impl Future<Output = ()>,
+    mut declared: watch::Receiver<Vec<String>>,
+) -> Result<(), Error> {
     let shared = Shared {
         table: Arc::new(Mutex::new(Table::new(
             config.declared_managers.clone(),
@@ -88,6 +103,13 @@ pub async fn run(
     };
     tokio::spawn(broker_link(shared.clone(), ready));
     tokio::spawn(deadline_sweeper(shared.clone()));
+    let redeclare = shared.clone();
+    tokio::spawn(async move {
+        while declared.changed().await.is_ok() {
+            let list = declared.borrow_and_update().clone();
+            redeclare.lock().set_declared(list);
+        }
+    });
     let policy = PeerPolicy::for_group();
     let mut acceptor = Acceptor::new(listener);
     tokio::pin!(shutdown);
@@ -202,6 +224,15 @@ async fn manager_connection(shared: Shared, stream: UnixStream) {
                     table.route_request(env);
                 }
                 Kind::Notification => table.route_notification(env, Some(id)),
+                Kind::Control if matches!(env.decode_control(), Ok(Control::Draining)) => {
+                    // Taken out under the table lock, then acknowledged on
+                    // the same queue as the requests routed to it before.
+                    table.drain_instance(id);
+                    if let Ok(ack) = Envelope::control(&Control::Draining) {
+                        let _ = sink.send(ack);
+                    }
+                    tracing::info!(manager = %name, pid, router_id = id, "manager draining; no new requests go to it");
+                }
                 other => tracing::debug!(?other, "ignoring frame from manager"),
             }
         }

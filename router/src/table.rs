@@ -3,7 +3,8 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use switchyard_proto::control::{
-    Control, HandledType, META_EVENT, ManagerDescription, ManagerHealth, RouteEntry, RouteTable,
+    Control, HandledType, META_EVENT, ManagerDescription, ManagerHealth, RequestNeeds, RouteEntry,
+    RouteTable, TypeNeeds,
 };
 use switchyard_proto::transport::FrameSink;
 use switchyard_proto::{Deadline, Envelope, EventType, Origin};
@@ -13,6 +14,8 @@ struct Instance {
     sink: FrameSink,
     /// Requests sent to this instance and not answered yet.
     outstanding: u32,
+    /// Being replaced: gets no new work, finishes what it has.
+    draining: bool,
 }
 
 struct Known {
@@ -41,11 +44,17 @@ pub(crate) struct Table {
     /// Every route ever declared; routes of a manager that is down stay, so
     /// the listener answers 503 for them, not 404.
     routes: BTreeMap<(String, String), RouteEntry>,
+    /// What each request type declares it reads of its request; kept,
+    /// like the routes, while its manager is down.
+    needs: BTreeMap<EventType, RequestNeeds>,
     declared: Vec<String>,
     /// Managers that have registered an instance since the router started:
     /// once every declared one has, `known` holds every type the group
     /// serves.
     registered: HashSet<String>,
+    /// Managers removed by a reload whose last instance has gone: their
+    /// routes are forgotten, by the listeners too.
+    retired: std::collections::BTreeSet<String>,
     broker: Option<FrameSink>,
     version: u64,
     next_id: u64,
@@ -62,8 +71,10 @@ impl Table {
             known: HashMap::new(),
             in_flight: HashMap::new(),
             routes: BTreeMap::new(),
+            needs: BTreeMap::new(),
             declared,
             registered: HashSet::new(),
+            retired: Default::default(),
             broker: None,
             version: 0,
             next_id: 0,
@@ -110,6 +121,11 @@ impl Table {
                     manager: description.name.clone(),
                 },
             );
+            if handled.needs.is_empty() {
+                self.needs.remove(&handled.event_type);
+            } else {
+                self.needs.insert(handled.event_type, handled.needs.clone());
+            }
             if let Some(route) = &handled.route {
                 self.routes.insert(
                     (route.method.clone(), route.path.clone()),
@@ -126,12 +142,14 @@ impl Table {
             self.subscribers.entry(*sub).or_default().push(id);
         }
         self.registered.insert(description.name.clone());
+        self.retired.remove(&description.name);
         self.instances.insert(
             id,
             Instance {
                 name: description.name.clone(),
                 sink,
                 outstanding: 0,
+                draining: false,
             },
         );
         self.publish();
@@ -153,6 +171,9 @@ impl Table {
             .filter(|(_, f)| f.instance == id)
             .map(|(k, _)| *k)
             .collect();
+        if !self.declared.contains(&inst.name) && !self.instances.values().any(|i| i.name == inst.name) {
+            self.forget(&inst.name);
+        }
         let detail = format!("manager `{}` went down while handling the request", inst.name);
         for key in &lost {
             if self.in_flight.remove(key).is_some() {
@@ -164,11 +185,52 @@ impl Table {
         lost.len()
     }
 
+    /// The managers the group now declares. One no longer declared, with
+    /// no instance left, takes its routes and types with it.
+    pub(crate) fn set_declared(&mut self, declared: Vec<String>) {
+        self.declared = declared;
+        let live: HashSet<&String> = self.instances.values().map(|i| &i.name).collect();
+        let gone: Vec<String> = self
+            .registered
+            .iter()
+            .filter(|m| !live.contains(m) && !self.declared.contains(m))
+            .cloned()
+            .collect();
+        for manager in gone {
+            self.forget(&manager);
+        }
+        self.publish();
+    }
+
+    /// A manager removed from the group and gone: its routes answer 404,
+    /// its types are unknown.
+    fn forget(&mut self, manager: &str) {
+        self.routes.retain(|_, entry| entry.manager != manager);
+        self.known.retain(|_, known| known.manager != manager);
+        self.registered.remove(manager);
+        self.retired.insert(manager.to_owned());
+    }
+
+    /// Takes a draining instance out of routing: no new request or
+    /// notification goes to it; responses from it and to its own calls
+    /// still flow until it disconnects.
+    pub(crate) fn drain_instance(&mut self, id: u64) {
+        let Some(inst) = self.instances.get_mut(&id) else {
+            return;
+        };
+        inst.draining = true;
+        for list in self.handlers.values_mut().chain(self.subscribers.values_mut()) {
+            list.retain(|&i| i != id);
+        }
+        self.publish();
+    }
+
     /// Sends a request to one instance, or answers it at once.
     pub(crate) fn route_request(&mut self, env: Envelope) {
         let key = (env.origin, env.correlation);
         let Some(id) = self.pick(env.event_type) else {
             let (status, detail) = self.unroutable(&env);
+            tracing::debug!(request_id = env.meta.request_id(), status, %detail, "request not routed");
             let mut err = Envelope::error_to(&env, status, &detail);
             if status == 503 {
                 // Its manager is restarting (or crash-looping): come back.
@@ -177,7 +239,14 @@ impl Table {
             return self.deliver(err);
         };
         let inst = self.instances.get_mut(&id).expect("picked instances exist");
+        tracing::debug!(
+            request_id = env.meta.request_id(),
+            manager = %inst.name,
+            instance = id,
+            "request routed"
+        );
         if inst.outstanding >= self.max_outstanding {
+            tracing::debug!(request_id = env.meta.request_id(), manager = %inst.name, "manager at capacity");
             let mut err = Envelope::error_to(&env, 503, &format!("manager `{}` is at capacity", inst.name));
             err.meta.push("retry-after", "1");
             return self.deliver(err);
@@ -195,6 +264,11 @@ impl Table {
                 );
             }
             Err(refused) => {
+                tracing::debug!(
+                    request_id = refused.envelope.meta.request_id(),
+                    manager = %inst.name,
+                    "manager not keeping up; request refused"
+                );
                 let mut err = Envelope::error_to(
                     &refused.envelope,
                     503,
@@ -266,7 +340,11 @@ impl Table {
     /// A response with no entry was already answered (503/504) and is dropped.
     pub(crate) fn complete(&mut self, env: Envelope) {
         let Some(flight) = self.in_flight.remove(&(env.origin, env.correlation)) else {
-            return tracing::debug!(origin = ?env.origin, "late response dropped");
+            return tracing::debug!(
+                origin = ?env.origin,
+                request_id = env.meta.request_id(),
+                "late response dropped"
+            );
         };
         if let Some(inst) = self.instances.get_mut(&flight.instance) {
             inst.outstanding = inst.outstanding.saturating_sub(1);
@@ -335,10 +413,15 @@ impl Table {
         match sink {
             Some(sink) => {
                 if let Err(refused) = sink.send(env) {
-                    tracing::warn!(%refused, "response dropped");
+                    let request_id = refused.envelope.meta.request_id();
+                    tracing::warn!(%refused, request_id, "response dropped");
                 }
             }
-            None => tracing::debug!(origin = ?env.origin, "response to a gone origin dropped"),
+            None => tracing::debug!(
+                origin = ?env.origin,
+                request_id = env.meta.request_id(),
+                "response to a gone origin dropped"
+            ),
         }
     }
 
@@ -347,15 +430,24 @@ impl Table {
         self.version += 1;
         let Some(broker) = &self.broker else { return };
         let mut managers: BTreeMap<String, u32> = self.declared.iter().map(|n| (n.clone(), 0)).collect();
-        for inst in self.instances.values() {
+        for inst in self.instances.values().filter(|i| !i.draining) {
             *managers.entry(inst.name.clone()).or_default() += 1;
         }
         let table = RouteTable {
             version: self.version,
+            retired: self.retired.iter().cloned().collect(),
             routes: self.routes.values().cloned().collect(),
             managers: managers
                 .into_iter()
                 .map(|(name, instances_up)| ManagerHealth { name, instances_up })
+                .collect(),
+            needs: self
+                .needs
+                .iter()
+                .map(|(event_type, needs)| TypeNeeds {
+                    event_type: *event_type,
+                    needs: needs.clone(),
+                })
                 .collect(),
         };
         match Envelope::control(&Control::RouteTable(table)) {

@@ -131,6 +131,7 @@ async fn manager(rig: &Rig, name: &str, handles: &[&str], subscribes: &[&str]) -
                 name: h.to_string(),
                 event_type: EventType::of(h),
                 route: None,
+                needs: Default::default(),
             })
             .collect(),
         subscribes: subscribes.iter().map(|s| EventType::of(s)).collect(),

@@ -106,6 +106,11 @@ pub(crate) fn spawn(
         .arg("--instance")
         .arg(launch.instance.to_string())
         .env(ENV_SUPERVISOR_PID, supervisor.to_string())
+        // systemd talks to the supervisor alone: a child (a plugin) must
+        // not be able to say READY or STOPPING for the service.
+        .env_remove("NOTIFY_SOCKET")
+        .env_remove("WATCHDOG_USEC")
+        .env_remove("WATCHDOG_PID")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -236,6 +241,13 @@ async fn read_reports(
                     child,
                     generation,
                     load,
+                });
+            }
+            Ok(ToSupervisor::Reconfigured { error }) => {
+                let _ = events.send(Event::Reconfigured {
+                    child,
+                    generation,
+                    error,
                 });
             }
             Err(err) => tracing::warn!(pid, %err, "bad line on a child's control channel"),

@@ -13,31 +13,119 @@
 //! while its routes answer 503 and the rest of the group serves on
 //! (docs/decisions/0025-crash-loops.md).
 //!
+//! A reload (`switchyard reload`, SIGHUP) re-reads the configuration and
+//! applies it while the group serves (`reload` says what changes how):
+//! replacement manager instances start and become ready before the old
+//! ones drain. An upgrade (`switchyard upgrade`) hands the listening
+//! sockets to a new supervisor started from the binary on disk, then
+//! drains this group (`upgrade`).
+//!
 //! # Layout
 //! - `runtime_dir`: the private directory and where `status` finds it.
 //! - `child`: spawning one child and watching its pipes and exit.
 //! - `signals`: every signal that would otherwise end the group silently.
-//! - this module: the event loop, restart policy and shutdown.
+//! - `reload`: what a new configuration changes.
+//! - `upgrade`: handing the listening sockets to a new supervisor.
+//! - `systemd`: `sd_notify` readiness, reload, stop and watchdog.
+//! - this module: the event loop, restart policy, reload and shutdown.
 
 mod child;
+pub(crate) mod reload;
 pub(crate) mod runtime_dir;
 mod signals;
+mod systemd;
+pub(crate) mod upgrade;
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use switchyard_proto::supervision::{Load, Phase, ToChild};
+use switchyard_proto::supervision::{Load, MAX_LINE, Phase, ToChild};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::config::{Config, RestartConfig, WorkerKind};
+use crate::config::{Config, ManagerConfig, RestartConfig, WorkerKind};
 use crate::roles::{Role, Spec};
 use child::ChildHandle;
+use reload::{Fingerprint, ReloadReport};
 use runtime_dir::RuntimeDir;
-use signals::{Meaning, Signals};
+use signals::{Caught, Meaning, Signals};
+use systemd::Systemd;
+
+/// Where the configuration comes from, so that a reload reads it again the
+/// same way: the file, and the command-line flags that override it.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Source {
+    /// `-c FILE`; none: the built-in demo configuration.
+    pub(crate) path: Option<PathBuf>,
+    /// `--bind`.
+    pub(crate) bind: Option<SocketAddr>,
+    /// `--data-dir`.
+    pub(crate) data_dir: Option<PathBuf>,
+}
+
+impl Source {
+    /// Reads and validates the configuration (plugins included, in the
+    /// validation child), applies the flags and prepares the data
+    /// directory. The error is what `switchyard check` prints.
+    pub(crate) fn load(&self) -> Result<Config, SourceError> {
+        let mut config = match &self.path {
+            Some(path) => Config::load(path).map_err(SourceError::Config)?,
+            None => Config::default(),
+        };
+        if let Some(bind) = self.bind {
+            config.listener.bind = bind;
+        }
+        config
+            .prepare_data_dir(self.data_dir.clone())
+            .map_err(SourceError::DataDir)?;
+        Ok(config)
+    }
+}
+
+/// Why a configuration could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SourceError {
+    /// Invalid: exit code 64, and a reload refused.
+    #[error("configuration error:\n{0}")]
+    Config(crate::config::ConfigError),
+    #[error("{0}")]
+    DataDir(String),
+}
+
+/// A request on the control socket that the supervisor's loop answers.
+pub(crate) enum Request {
+    /// `switchyard reload`.
+    Reload(oneshot::Sender<Result<ReloadReport, ReloadError>>),
+    /// `switchyard upgrade`: answered with the new supervisor's pid.
+    Upgrade(oneshot::Sender<Result<u32, String>>),
+}
+
+/// Why a reload did not happen; the group runs on as it was.
+#[derive(Clone, Debug, thiserror::Error, Serialize, serde::Deserialize)]
+pub(crate) enum ReloadError {
+    /// The new configuration does not validate (the messages of `check`).
+    #[error("{0}")]
+    Invalid(String),
+    /// It validates but could not be applied (a replacement manager did
+    /// not start); nothing was changed.
+    #[error("{0}")]
+    Failed(String),
+    /// Another reload or an upgrade is in progress.
+    #[error("{0}")]
+    Busy(String),
+}
+
+/// Why a reload or an upgrade was cut short: the group stops.
+enum Interrupted {
+    /// A signal that stops the group (SIGTERM, SIGINT, SIGQUIT).
+    Signal(Caught),
+    /// A core process went past its restart intensity meanwhile.
+    Failure(String),
+}
 
 /// What the supervisor loop reacts to.
 pub(crate) enum Event {
@@ -60,6 +148,13 @@ pub(crate) enum Event {
         load: Load,
     },
     Status(oneshot::Sender<Vec<ProcessInfo>>),
+    /// A child's answer to [`ToChild::Reconfigure`].
+    Reconfigured {
+        child: usize,
+        generation: u64,
+        error: Option<String>,
+    },
+    Control(Request),
 }
 
 /// One line of `switchyard status`.
@@ -129,18 +224,43 @@ struct Child {
     pool: Option<PoolInfo>,
     /// The load it last reported.
     load: Load,
+    /// A manager's or worker's epoch: reloads that replaced the manager
+    /// before it (`Spec::epoch`).
+    epoch: u64,
+    /// Replaced or removed by a reload: draining, and not restarted when
+    /// it exits.
+    retiring: bool,
+    /// Gone for good after a reload; its slot may be reused.
+    retired: bool,
 }
 
 struct Supervisor {
+    /// What the group runs with (a reload replaces it).
     config: Config,
+    source: Source,
+    /// The plugin files' contents the running managers were started from.
+    fingerprints: HashMap<String, Fingerprint>,
+    /// Reloads that replaced managers, for the epochs of their successors.
+    epochs: u64,
     dir: RuntimeDir,
     children: Vec<Child>,
     events: mpsc::UnboundedSender<Event>,
     started: Instant,
+    systemd: Systemd,
+    /// The TCP sockets, for an upgrade to hand over; dropped when the
+    /// group stops, so that the listeners' close really closes them.
+    sockets: Option<upgrade::Sockets>,
 }
 
-/// Runs `switchyard up`.
-pub(crate) fn main(config: Config, runtime_dir: Option<PathBuf>) -> ExitCode {
+/// Runs `switchyard up`. `handover`: the socket of an upgrading
+/// supervisor that hands this one its listening sockets
+/// (`switchyard upgrade`).
+pub(crate) fn main(
+    config: Config,
+    source: Source,
+    runtime_dir: Option<PathBuf>,
+    handover: Option<OwnedFd>,
+) -> ExitCode {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env(switchyard_proto::process::ENV_LOG)
@@ -159,19 +279,53 @@ pub(crate) fn main(config: Config, runtime_dir: Option<PathBuf>) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(up(config, runtime_dir)) {
+    match runtime.block_on(up(config, source, runtime_dir, handover)) {
         Ok(code) => code,
         Err(err) => {
             tracing::error!("{err:#}");
+            tracing::info!(cause = "start-up failed", "stopped");
             ExitCode::FAILURE
         }
     }
 }
 
-async fn up(config: Config, runtime_dir: Option<PathBuf>) -> anyhow::Result<ExitCode> {
+/// Binds the TCP ports, or takes them from the supervisor that upgrades.
+fn tcp_sockets(
+    config: &Config,
+    handover: Option<&mut upgrade::Receiving>,
+) -> anyhow::Result<(std::net::TcpListener, Option<std::net::TcpListener>)> {
+    if let Some(handover) = handover {
+        return Ok(handover.take_sockets());
+    }
+    let tcp = std::net::TcpListener::bind(config.listener.bind)
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listener.bind))?;
+    let grpc = config
+        .listener
+        .grpc_bind
+        .map(|at| {
+            std::net::TcpListener::bind(at)
+                .map_err(|e| anyhow::anyhow!("cannot listen for gRPC on {at}: {e}"))
+        })
+        .transpose()?;
+    Ok((tcp, grpc))
+}
+
+async fn up(
+    config: Config,
+    source: Source,
+    runtime_dir: Option<PathBuf>,
+    handover: Option<OwnedFd>,
+) -> anyhow::Result<ExitCode> {
     // First of all: from here on no signal ends the group unlogged.
     let mut signals = Signals::install()?;
+    let mut handover = handover.map(upgrade::Receiving::start).transpose()?;
     let mut dir = RuntimeDir::prepare(runtime_dir)?;
+    if let Some(handover) = &handover
+        && handover.runtime_dir_created()
+    {
+        // The old group made it; this one removes it when it stops.
+        dir.adopt();
+    }
     let paths = dir.paths();
     // The managers bind their worker sockets; the group removes them.
     for m in config
@@ -180,36 +334,17 @@ async fn up(config: Config, runtime_dir: Option<PathBuf>) -> anyhow::Result<Exit
         .filter(|m| m.workers.kind == WorkerKind::Process)
     {
         for instance in 0..m.instances {
-            dir.own(m.workers_socket(dir.path(), instance));
+            dir.own(m.workers_socket(dir.path(), instance, 0));
         }
     }
-    let tcp = std::net::TcpListener::bind(config.listener.bind)
-        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listener.bind));
-    let tcp = match tcp {
-        Ok(t) => t,
+    let (tcp, grpc_tcp) = match tcp_sockets(&config, handover.as_mut()) {
+        Ok(sockets) => sockets,
         Err(err) => {
             dir.remove();
             return Err(err);
         }
     };
     let addr = tcp.local_addr()?;
-    let grpc_tcp = match config
-        .listener
-        .grpc_bind
-        .map(std::net::TcpListener::bind)
-        .transpose()
-    {
-        Ok(t) => t,
-        Err(err) => {
-            dir.remove();
-            let at = config
-                .listener
-                .grpc_bind
-                .map(|a| a.to_string())
-                .unwrap_or_default();
-            return Err(anyhow::anyhow!("cannot listen for gRPC on {at}: {err}"));
-        }
-    };
     let grpc_addr = grpc_tcp.as_ref().map(|t| t.local_addr()).transpose()?;
     let broker_sock = runtime_dir::bind_unix(&paths.broker_socket())?;
     let router_sock = runtime_dir::bind_unix(&paths.router_socket())?;
@@ -221,51 +356,49 @@ async fn up(config: Config, runtime_dir: Option<PathBuf>) -> anyhow::Result<Exit
         Child::new(Role::Router, "router", Some(OwnedFd::from(router_sock))),
     ];
     for m in &config.managers {
-        for instance in 0..m.instances {
-            let mut child = Child::new(Role::Manager, &m.name, None);
-            child.instance = instance;
-            child.pool = Some(PoolInfo {
-                kind: m.workers.kind.as_str().to_owned(),
-                size: m.workers.size(),
-                queue: m.workers.queue,
-            });
-            children.push(child);
-        }
+        children.extend(Child::manager(m, 0));
     }
     // Worker processes start once their manager listens for them.
     for m in &config.managers {
-        for instance in 0..m.instances {
-            for _ in 0..m.workers.processes() {
-                let mut child = Child::new(Role::Worker, &m.name, None);
-                child.instance = instance;
-                children.push(child);
-            }
-        }
+        children.extend(Child::workers(m, 0));
     }
     // Every listener process accepts on the same supervisor-owned socket:
     // the kernel hands each connection to one of them.
-    let tcp = OwnedFd::from(tcp);
-    let grpc_tcp = grpc_tcp.map(OwnedFd::from);
+    let sockets = upgrade::Sockets {
+        tcp: OwnedFd::from(tcp),
+        grpc: grpc_tcp.map(OwnedFd::from),
+    };
     for instance in 0..config.listener.workers {
-        let mut child = Child::new(Role::Listener, "listener", Some(tcp.try_clone()?));
+        let mut child = Child::new(Role::Listener, "listener", Some(sockets.tcp.try_clone()?));
         child.instance = instance;
-        child.grpc_socket = grpc_tcp.as_ref().map(|s| s.try_clone()).transpose()?;
+        child.grpc_socket = sockets.grpc.as_ref().map(|s| s.try_clone()).transpose()?;
         children.push(child);
     }
-    drop(tcp);
-    drop(grpc_tcp);
     let mut sup = Supervisor {
+        fingerprints: reload::fingerprints(&config),
         config,
+        source,
+        epochs: 0,
         dir,
         children,
         events,
         started: Instant::now(),
+        systemd: Systemd::from_env(),
+        sockets: Some(sockets),
     };
 
     let control = tokio::spawn(crate::status::serve(control_sock, sup.events.clone()));
 
-    // Start in dependency order, each only once the previous is ready.
-    for idx in 0..sup.children.len() {
+    // Start in dependency order, each only once the previous is ready. An
+    // upgrade's new group leaves the managers that hold the data
+    // directory's lock until the old group has let go of them.
+    let deferred: Vec<usize> = match &handover {
+        Some(_) => (0..sup.children.len())
+            .filter(|&i| sup.holds_data_lock(i))
+            .collect(),
+        None => Vec::new(),
+    };
+    for idx in (0..sup.children.len()).filter(|i| !deferred.contains(i)) {
         let started = {
             let start = sup.start_one(idx, &mut rx);
             tokio::pin!(start);
@@ -276,6 +409,7 @@ async fn up(config: Config, runtime_dir: Option<PathBuf>) -> anyhow::Result<Exit
                         Meaning::Drain | Meaning::Quit => {
                             break Err(anyhow::anyhow!("{} during start-up", caught.name()));
                         }
+                        Meaning::Reload => tracing::warn!(signal = caught.name(), "the group is starting; reload ignored"),
                         Meaning::Ignore(why) => tracing::warn!(signal = caught.name(), "{why}; ignored"),
                     },
                 }
@@ -283,11 +417,40 @@ async fn up(config: Config, runtime_dir: Option<PathBuf>) -> anyhow::Result<Exit
         };
         if let Err(err) = started {
             tracing::error!("start-up failed: {err:#}");
+            if let Some(handover) = &mut handover {
+                handover.failed(&format!("{err:#}"));
+            }
             sup.shutdown(&mut rx, &mut signals, false).await;
             control.abort();
-            sup.dir.remove();
+            if handover.is_none() {
+                sup.dir.remove();
+            }
             tracing::info!(cause = "start-up failed", "stopped");
             return Ok(ExitCode::FAILURE);
+        }
+    }
+    if let Some(mut receiving) = handover.take() {
+        // The old group drains now; the deferred managers start once it is
+        // gone.
+        receiving.ready();
+        sup.systemd.main_pid(std::process::id());
+        if !deferred.is_empty() {
+            tracing::info!("waiting for the old group to release the data directory");
+            let patience =
+                Duration::from_millis(sup.config.group.shutdown_grace_ms) + Duration::from_secs(30);
+            if let Err(err) = receiving.wait_old_gone(patience).await {
+                tracing::warn!("{err}; starting the built-in managers anyway");
+            }
+            for idx in deferred {
+                if let Err(err) = sup.start_one(idx, &mut rx).await {
+                    tracing::error!("start-up failed: {err:#}");
+                    sup.shutdown(&mut rx, &mut signals, false).await;
+                    control.abort();
+                    sup.dir.remove();
+                    tracing::info!(cause = "start-up failed", "stopped");
+                    return Ok(ExitCode::FAILURE);
+                }
+            }
         }
     }
     tracing::info!(
@@ -295,15 +458,23 @@ async fn up(config: Config, runtime_dir: Option<PathBuf>) -> anyhow::Result<Exit
         ms = sup.started.elapsed().as_millis() as u64,
         "group ready"
     );
+    let scheme = if sup.config.listener.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
     println!(
-        "switchyard listening on http://{addr} (runtime dir {})",
+        "switchyard listening on {scheme}://{addr} (runtime dir {})",
         sup.dir.path().display()
     );
     // After the main line, which scripts wait for.
     if let Some(grpc_addr) = grpc_addr {
-        println!("switchyard gRPC (only) listening on http://{grpc_addr}");
+        println!("switchyard gRPC (only) listening on {scheme}://{grpc_addr}");
     }
+    sup.systemd.ready(&format!("serving on {addr}"));
 
+    let mut watchdog = sup.systemd.watchdog_period().map(tokio::time::interval);
+    let mut upgraded = false;
     let (code, cause, hurry) = loop {
         tokio::select! {
             caught = signals.recv() => match caught.meaning() {
@@ -315,21 +486,83 @@ async fn up(config: Config, runtime_dir: Option<PathBuf>) -> anyhow::Result<Exit
                     tracing::warn!(signal = caught.name(), "stopping at once, without draining");
                     break (ExitCode::SUCCESS, caught.name().to_owned(), true);
                 }
+                Meaning::Reload => {
+                    tracing::info!(signal = caught.name(), "reloading the configuration");
+                    match sup.reload(&mut rx, &mut signals).await {
+                        Ok(Ok(report)) => tracing::info!("{}", report.describe()),
+                        Ok(Err(err)) => tracing::error!("reload refused; the group runs on unchanged: {err}"),
+                        Err(stop) => break sup.interrupted(stop),
+                    }
+                }
                 Meaning::Ignore(why) => tracing::warn!(signal = caught.name(), "{why}; ignored"),
             },
-            Some(ev) = rx.recv() => {
-                if let Err(err) = sup.handle(ev) {
-                    tracing::error!("{err:#}; stopping the group");
-                    break (ExitCode::FAILURE, format!("{err:#}"), false);
+            _ = tick(watchdog.as_mut()) => sup.systemd.watchdog(),
+            Some(ev) = rx.recv() => match ev {
+                Event::Control(Request::Reload(reply)) => {
+                    tracing::info!("reloading the configuration (switchyard reload)");
+                    match sup.reload(&mut rx, &mut signals).await {
+                        Ok(result) => {
+                            match &result {
+                                Ok(report) => tracing::info!("{}", report.describe()),
+                                Err(err) => tracing::error!("reload refused; the group runs on unchanged: {err}"),
+                            }
+                            let _ = reply.send(result);
+                        }
+                        Err(stop) => {
+                            let _ = reply.send(Err(ReloadError::Failed("interrupted: the group stops".to_owned())));
+                            break sup.interrupted(stop);
+                        }
+                    }
+                }
+                Event::Control(Request::Upgrade(reply)) => {
+                    match sup.upgrade(&mut rx, &mut signals).await {
+                        Ok(Ok(pid)) => {
+                            let _ = reply.send(Ok(pid));
+                            upgraded = true;
+                            break (ExitCode::SUCCESS, format!("upgraded (the new supervisor is pid {pid})"), false);
+                        }
+                        Ok(Err(err)) => {
+                            tracing::error!("upgrade failed; this group serves on: {err}");
+                            let _ = reply.send(Err(err));
+                        }
+                        Err(stop) => {
+                            let _ = reply.send(Err("interrupted: the group stops".to_owned()));
+                            break sup.interrupted(stop);
+                        }
+                    }
+                }
+                ev => {
+                    if let Err(err) = sup.handle(ev) {
+                        tracing::error!("{err:#}; stopping the group");
+                        break (ExitCode::FAILURE, format!("{err:#}"), false);
+                    }
                 }
             }
         }
     };
+    if !upgraded {
+        // After an upgrade systemd follows the new supervisor: this one
+        // leaves without a word to it.
+        sup.systemd.stopping(&cause);
+    }
     sup.shutdown(&mut rx, &mut signals, hurry).await;
     control.abort();
-    sup.dir.remove();
+    if !upgraded {
+        // Its sockets now belong to the new group.
+        sup.dir.remove();
+    }
     tracing::info!(%cause, "stopped");
     Ok(code)
+}
+
+/// The next watchdog tick, or never when systemd does not watch.
+async fn tick(interval: Option<&mut tokio::time::Interval>) {
+    match interval {
+        Some(interval) => {
+            interval.tick().await;
+        }
+        None => std::future::pending().await,
+    }
 }
 
 impl Child {
@@ -350,7 +583,41 @@ impl Child {
             crash_loop: false,
             pool: None,
             load: Load::default(),
+            epoch: 0,
+            retiring: false,
+            retired: false,
         }
+    }
+
+    /// The instances of manager `m`, of `epoch`.
+    fn manager(m: &ManagerConfig, epoch: u64) -> Vec<Child> {
+        (0..m.instances)
+            .map(|instance| {
+                let mut child = Child::new(Role::Manager, &m.name, None);
+                child.instance = instance;
+                child.epoch = epoch;
+                child.pool = Some(PoolInfo {
+                    kind: m.workers.kind.as_str().to_owned(),
+                    size: m.workers.size(),
+                    queue: m.workers.queue,
+                });
+                child
+            })
+            .collect()
+    }
+
+    /// The worker processes of manager `m`'s instances, of `epoch`.
+    fn workers(m: &ManagerConfig, epoch: u64) -> Vec<Child> {
+        let mut out = Vec::new();
+        for instance in 0..m.instances {
+            for _ in 0..m.workers.processes() {
+                let mut child = Child::new(Role::Worker, &m.name, None);
+                child.instance = instance;
+                child.epoch = epoch;
+                out.push(child);
+            }
+        }
+        out
     }
 
     /// Still crash-looping: it has not stayed up for the window since.
@@ -411,6 +678,7 @@ impl Supervisor {
             self.dir.path(),
             child.role,
             &child.name,
+            child.epoch,
         ))?;
         child.generation += 1;
         let handle = child::spawn(
@@ -464,6 +732,10 @@ impl Supervisor {
                 Event::Status(reply) => {
                     let _ = reply.send(self.snapshot());
                 }
+                // Busy: answered at once.
+                ev @ Event::Control(_) => {
+                    let _ = self.handle(ev);
+                }
                 _ => {}
             }
         }
@@ -482,7 +754,12 @@ impl Supervisor {
             workers: None,
             load: Load::default(),
         }];
-        out.extend(self.children.iter().map(|c| c.info(&self.config.restart)));
+        let mut children: Vec<&Child> = self.children.iter().filter(|c| !c.retired).collect();
+        // Start order (managers in the configuration's order); a
+        // replacement is listed beside what it replaces.
+        let place = |name: &str| self.config.managers.iter().position(|m| m.name == name);
+        children.sort_by_key(|c| (c.role.rank(), place(&c.name), c.instance, c.epoch));
+        out.extend(children.into_iter().map(|c| c.info(&self.config.restart)));
         out
     }
 
@@ -506,6 +783,14 @@ impl Supervisor {
                 status,
             } => {
                 if generation != self.children[child].generation {
+                    return Ok(());
+                }
+                if self.children[child].retiring {
+                    let c = &mut self.children[child];
+                    tracing::info!(role = c.role.as_str(), name = %c.name, instance = c.instance, %status, "stopped (replaced)");
+                    c.handle = None;
+                    c.state = State::Stopped;
+                    c.retired = true;
                     return Ok(());
                 }
                 let policy = self.config.restart.clone();
@@ -601,6 +886,18 @@ impl Supervisor {
             Event::Status(reply) => {
                 let _ = reply.send(self.snapshot());
             }
+            // Outside a reload: a late answer, already given up on.
+            Event::Reconfigured { .. } => {}
+            Event::Control(Request::Reload(reply)) => {
+                let _ = reply.send(Err(ReloadError::Busy(
+                    "a reload or an upgrade is in progress; try again when it is over".to_owned(),
+                )));
+            }
+            Event::Control(Request::Upgrade(reply)) => {
+                let _ = reply.send(Err(
+                    "a reload or an upgrade is in progress; try again when it is over".to_owned(),
+                ));
+            }
         }
         Ok(())
     }
@@ -615,8 +912,10 @@ impl Supervisor {
         mut hurry: bool,
     ) {
         let grace = self.config.shutdown_grace();
-        // Our copy of the TCP socket goes first: the listener's close then
-        // really stops new connections.
+        // Our copies of the TCP socket go first: the listener's close then
+        // really stops new connections (after an upgrade, the new group
+        // holds it open).
+        self.sockets = None;
         for listener in self.children.iter_mut().filter(|c| c.role == Role::Listener) {
             listener.socket = None;
         }
@@ -652,7 +951,7 @@ impl Supervisor {
                         tracing::warn!("fast stop: killing {}", c.describe());
                         h.kill();
                     } else {
-                        h.command(command).await;
+                        h.command(command.clone()).await;
                     }
                 }
             }
@@ -680,12 +979,13 @@ impl Supervisor {
                             }
                             self.kill(&members);
                         }
+                        Meaning::Reload => tracing::warn!(signal = caught.name(), "the group is stopping; reload ignored"),
                         Meaning::Ignore(why) => tracing::warn!(signal = caught.name(), "{why}; ignored"),
                     },
                     _ = tokio::time::sleep_until(deadline) => {
                         let told = match command {
                             ToChild::Drain { .. } => "drain",
-                            ToChild::Stop => "stop",
+                            ToChild::Stop | ToChild::Reconfigure { .. } => "stop",
                         };
                         for &i in &members {
                             if self.children[i].handle.is_some() {
@@ -725,6 +1025,517 @@ impl Supervisor {
         for &i in members {
             if let Some(h) = &self.children[i].handle {
                 h.kill();
+            }
+        }
+    }
+}
+
+/// Reload and upgrade: the supervisor's loop runs these to the end, while
+/// it keeps restarting children and answering `status`. A signal that
+/// stops the group cuts them short ([`Interrupted`]).
+impl Supervisor {
+    /// How the group stops after a reload or upgrade was cut short:
+    /// exit code, cause, and whether without draining.
+    fn interrupted(&self, why: Interrupted) -> (ExitCode, String, bool) {
+        match why {
+            Interrupted::Signal(caught) => {
+                let hurry = caught.meaning() == Meaning::Quit;
+                tracing::info!(signal = caught.name(), "stopping");
+                (ExitCode::SUCCESS, caught.name().to_owned(), hurry)
+            }
+            Interrupted::Failure(err) => {
+                tracing::error!("{err}; stopping the group");
+                (ExitCode::FAILURE, err, false)
+            }
+        }
+    }
+
+    /// Whether child `idx` runs a manager that holds the data directory's
+    /// lock (a built-in), or is one of its workers.
+    fn holds_data_lock(&self, idx: usize) -> bool {
+        let c = &self.children[idx];
+        matches!(c.role, Role::Manager | Role::Worker)
+            && self
+                .config
+                .managers
+                .iter()
+                .any(|m| m.name == c.name && reload::exclusive(m))
+    }
+
+    /// Adds a child in a free slot (one retired by an earlier reload) or
+    /// at the end; its generation goes on from the slot's, so that events
+    /// of the slot's former tenant are never taken for its own.
+    fn add_child(&mut self, mut child: Child) -> usize {
+        match self.children.iter().position(|c| c.retired && c.handle.is_none()) {
+            Some(slot) => {
+                child.generation = self.children[slot].generation;
+                self.children[slot] = child;
+                slot
+            }
+            None => {
+                self.children.push(child);
+                self.children.len() - 1
+            }
+        }
+    }
+
+    /// Handles one event while a reload waits; a signal that stops the
+    /// group interrupts it.
+    async fn next_event(
+        &mut self,
+        rx: &mut mpsc::UnboundedReceiver<Event>,
+        signals: &mut Signals,
+        deadline: tokio::time::Instant,
+    ) -> Result<Option<Event>, Interrupted> {
+        loop {
+            tokio::select! {
+                ev = rx.recv() => return Ok(ev),
+                caught = signals.recv() => match caught.meaning() {
+                    Meaning::Drain | Meaning::Quit => return Err(Interrupted::Signal(caught)),
+                    Meaning::Reload => tracing::warn!(signal = caught.name(), "a reload is in progress; ignored"),
+                    Meaning::Ignore(why) => tracing::warn!(signal = caught.name(), "{why}; ignored"),
+                },
+                _ = tokio::time::sleep_until(deadline) => return Ok(None),
+            }
+        }
+    }
+
+    /// Starts child `idx` and waits for it to be ready, serving the other
+    /// children's events meanwhile.
+    async fn start_during_reload(
+        &mut self,
+        idx: usize,
+        rx: &mut mpsc::UnboundedReceiver<Event>,
+        signals: &mut Signals,
+    ) -> Result<Result<(), String>, Interrupted> {
+        if let Err(err) = self.spawn(idx) {
+            return Ok(Err(format!(
+                "cannot start {}: {err:#}",
+                self.children[idx].describe()
+            )));
+        }
+        let deadline =
+            tokio::time::Instant::now() + Duration::from_millis(self.config.group.start_timeout_ms);
+        loop {
+            let Some(ev) = self.next_event(rx, signals, deadline).await? else {
+                return Ok(Err(format!(
+                    "{} did not become ready within {} ms (group.start_timeout_ms)",
+                    self.children[idx].describe(),
+                    self.config.group.start_timeout_ms
+                )));
+            };
+            match ev {
+                Event::Phase {
+                    child,
+                    generation,
+                    phase: Phase::Ready,
+                } if child == idx && generation == self.children[idx].generation => {
+                    self.children[idx].state = State::Running;
+                    return Ok(Ok(()));
+                }
+                Event::Exited {
+                    child,
+                    generation,
+                    status,
+                } if child == idx && generation == self.children[idx].generation => {
+                    let c = &mut self.children[idx];
+                    c.handle = None;
+                    c.state = State::Stopped;
+                    return Ok(Err(format!("{} exited during start-up ({status})", c.describe())));
+                }
+                ev => self
+                    .handle(ev)
+                    .map_err(|err| Interrupted::Failure(format!("{err:#}")))?,
+            }
+        }
+    }
+
+    /// Tells `members` to stop (`command`) and waits until they have
+    /// exited, killing what is left after `patience`.
+    async fn retire(
+        &mut self,
+        members: &[usize],
+        command: ToChild,
+        patience: Duration,
+        rx: &mut mpsc::UnboundedReceiver<Event>,
+        signals: &mut Signals,
+    ) -> Result<(), Interrupted> {
+        for &i in members {
+            let c = &mut self.children[i];
+            c.retiring = true;
+            match &c.handle {
+                Some(h) => {
+                    c.state = State::Stopping;
+                    h.command(command.clone()).await;
+                }
+                // Waiting out a restart delay: nothing to stop.
+                None => {
+                    c.state = State::Stopped;
+                    c.retired = true;
+                }
+            }
+        }
+        let deadline = tokio::time::Instant::now() + patience;
+        while members.iter().any(|&i| !self.children[i].retired) {
+            match self.next_event(rx, signals, deadline).await? {
+                Some(ev) => self
+                    .handle(ev)
+                    .map_err(|err| Interrupted::Failure(format!("{err:#}")))?,
+                None => {
+                    for &i in members {
+                        if let Some(h) = &self.children[i].handle {
+                            tracing::warn!(
+                                "{} did not stop within {} ms; killing it",
+                                self.children[i].describe(),
+                                patience.as_millis()
+                            );
+                            h.kill();
+                        }
+                    }
+                    // Killed processes are reaped promptly.
+                    return self.retire_reaped(members, rx, signals).await;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits (briefly) for killed members to be reaped.
+    async fn retire_reaped(
+        &mut self,
+        members: &[usize],
+        rx: &mut mpsc::UnboundedReceiver<Event>,
+        signals: &mut Signals,
+    ) -> Result<(), Interrupted> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+        while members.iter().any(|&i| !self.children[i].retired) {
+            match self.next_event(rx, signals, deadline).await? {
+                Some(ev) => {
+                    let _ = self.handle(ev);
+                }
+                None => {
+                    for &i in members {
+                        if !self.children[i].retired {
+                            tracing::error!("{} was killed but has not exited", self.children[i].describe());
+                        }
+                    }
+                    break;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The running children of manager `name` (instances and workers),
+    /// not already retiring.
+    fn members_of(&self, name: &str) -> (Vec<usize>, Vec<usize>) {
+        let of = |role: Role| {
+            (0..self.children.len())
+                .filter(|&i| {
+                    let c = &self.children[i];
+                    c.role == role && c.name == name && !c.retiring && !c.retired
+                })
+                .collect::<Vec<_>>()
+        };
+        (of(Role::Manager), of(Role::Worker))
+    }
+
+    /// Sends `role`'s processes their new spec and waits for their answers.
+    /// Returns how many applied it, and the errors of the others.
+    async fn reconfigure(
+        &mut self,
+        role: Role,
+        rx: &mut mpsc::UnboundedReceiver<Event>,
+        signals: &mut Signals,
+    ) -> Result<(usize, Vec<String>), Interrupted> {
+        let mut waiting = Vec::new();
+        let mut errors = Vec::new();
+        for i in 0..self.children.len() {
+            let c = &self.children[i];
+            if c.role != role || c.state != State::Running || c.retired {
+                continue;
+            }
+            let spec = Spec::for_child(&self.config, self.dir.path(), role, &c.name, c.epoch);
+            let command = ToChild::Reconfigure {
+                spec: serde_json::to_string(&spec).unwrap_or_default(),
+            };
+            // A line the child's reader would refuse would cost it its
+            // control channel: refuse it here instead.
+            if serde_json::to_vec(&command).map_or(0, |l| l.len()) + 1 > MAX_LINE {
+                errors.push(format!(
+                    "{}: the configuration is larger than a control line ({MAX_LINE} bytes); restart to apply it",
+                    c.describe()
+                ));
+                continue;
+            }
+            if let Some(h) = &c.handle {
+                h.command(command).await;
+                waiting.push((i, c.generation));
+            }
+        }
+        let mut applied = 0;
+        let deadline =
+            tokio::time::Instant::now() + Duration::from_millis(self.config.group.start_timeout_ms);
+        while !waiting.is_empty() {
+            match self.next_event(rx, signals, deadline).await? {
+                Some(Event::Reconfigured {
+                    child,
+                    generation,
+                    error,
+                }) => {
+                    if let Some(at) = waiting.iter().position(|&w| w == (child, generation)) {
+                        waiting.swap_remove(at);
+                        match error {
+                            None => applied += 1,
+                            Some(err) => errors.push(format!("{}: {err}", self.children[child].describe())),
+                        }
+                    }
+                }
+                Some(ev) => self
+                    .handle(ev)
+                    .map_err(|err| Interrupted::Failure(format!("{err:#}")))?,
+                None => {
+                    for (i, _) in waiting.drain(..) {
+                        errors.push(format!(
+                            "{}: no answer to the new configuration",
+                            self.children[i].describe()
+                        ));
+                    }
+                }
+            }
+        }
+        Ok((applied, errors))
+    }
+
+    /// `switchyard reload` and SIGHUP: re-reads the configuration and
+    /// applies it (module `reload`; docs/operations.md, "Reload").
+    async fn reload(
+        &mut self,
+        rx: &mut mpsc::UnboundedReceiver<Event>,
+        signals: &mut Signals,
+    ) -> Result<Result<ReloadReport, ReloadError>, Interrupted> {
+        self.systemd.reloading();
+        let result = self.reload_inner(rx, signals).await;
+        self.systemd.ready("serving (reloaded)");
+        result
+    }
+
+    async fn reload_inner(
+        &mut self,
+        rx: &mut mpsc::UnboundedReceiver<Event>,
+        signals: &mut Signals,
+    ) -> Result<Result<ReloadReport, ReloadError>, Interrupted> {
+        // Validation runs a child process and waits for it: off the loop's
+        // thread, which keeps serving events meanwhile.
+        let source = self.source.clone();
+        let loading = tokio::task::spawn_blocking(move || source.load());
+        tokio::pin!(loading);
+        let far = tokio::time::Instant::now() + Duration::from_secs(24 * 3600);
+        let loaded = loop {
+            tokio::select! {
+                done = &mut loading => break done,
+                ev = self.next_event(rx, signals, far) => if let Some(ev) = ev? {
+                    self.handle(ev).map_err(|err| Interrupted::Failure(format!("{err:#}")))?;
+                },
+            }
+        };
+        let new = match loaded {
+            Ok(Ok(config)) => config,
+            Ok(Err(SourceError::Config(err))) => {
+                return Ok(Err(ReloadError::Invalid(format!("configuration error:\n{err}"))));
+            }
+            Ok(Err(err)) => return Ok(Err(ReloadError::Invalid(err.to_string()))),
+            Err(err) => {
+                return Ok(Err(ReloadError::Failed(format!(
+                    "cannot read the configuration: {err}"
+                ))));
+            }
+        };
+        let plan = reload::plan(&self.config, &self.fingerprints, new);
+        let mut report = plan.report;
+        let old_config = std::mem::replace(&mut self.config, plan.effective);
+        let old_prints = std::mem::replace(&mut self.fingerprints, plan.fingerprints);
+
+        // Managers: the replacements and additions start first (all of
+        // them, before anything drains), except those that hold the data
+        // directory's lock, which stop first.
+        let changing: Vec<String> = report.replaced.iter().chain(&report.added).cloned().collect();
+        let grace = self.config.shutdown_grace();
+        let mut retire_first = Vec::new();
+        let mut started = Vec::new();
+        self.epochs += 1;
+        let epoch = self.epochs;
+        for name in &changing {
+            let Some(m) = self.config.managers.iter().find(|m| &m.name == name).cloned() else {
+                continue;
+            };
+            if reload::exclusive(&m) && report.replaced.contains(name) {
+                retire_first.push(name.clone());
+            }
+        }
+        for name in &retire_first {
+            let (instances, workers) = self.members_of(name);
+            self.retire(
+                &instances,
+                ToChild::Drain {
+                    grace_ms: grace.as_millis() as u64,
+                },
+                grace + Duration::from_secs(2),
+                rx,
+                signals,
+            )
+            .await?;
+            self.retire(&workers, ToChild::Stop, Duration::from_secs(3), rx, signals)
+                .await?;
+        }
+        let mut failure = None;
+        'start: for name in &changing {
+            let Some(m) = self.config.managers.iter().find(|m| &m.name == name).cloned() else {
+                continue;
+            };
+            let mut new_children: Vec<usize> = Child::manager(&m, epoch)
+                .into_iter()
+                .map(|c| self.add_child(c))
+                .collect();
+            new_children.extend(Child::workers(&m, epoch).into_iter().map(|c| self.add_child(c)));
+            if m.workers.kind == WorkerKind::Process {
+                for instance in 0..m.instances {
+                    self.dir.own(m.workers_socket(self.dir.path(), instance, epoch));
+                }
+            }
+            for idx in new_children {
+                started.push(idx);
+                if let Err(err) = self.start_during_reload(idx, rx, signals).await? {
+                    failure = Some(err);
+                    break 'start;
+                }
+            }
+        }
+        if let Some(err) = failure {
+            // Back to how it was: the new instances go, the old ones stay
+            // (a data-lock holder stopped first is started again).
+            self.retire(&started, ToChild::Stop, Duration::from_secs(3), rx, signals)
+                .await?;
+            self.config = old_config;
+            self.fingerprints = old_prints;
+            for name in &retire_first {
+                if let Some(m) = self.config.managers.iter().find(|m| &m.name == name).cloned() {
+                    let again: Vec<usize> = Child::manager(&m, epoch)
+                        .into_iter()
+                        .chain(Child::workers(&m, epoch))
+                        .map(|c| self.add_child(c))
+                        .collect();
+                    for idx in again {
+                        if let Err(err) = self.start_during_reload(idx, rx, signals).await? {
+                            tracing::error!("{err}; it is restarted like any child that exits");
+                            let _ = self.events.send(Event::Exited {
+                                child: idx,
+                                generation: self.children[idx].generation,
+                                status: "start-up failed after a refused reload".to_owned(),
+                            });
+                        }
+                    }
+                }
+            }
+            return Ok(Err(ReloadError::Failed(format!(
+                "{err}; the reload was undone and the group runs on as before"
+            ))));
+        }
+
+        // The router learns the managers the group now declares; then the
+        // old instances drain (the router sends them nothing new).
+        let (_, router_errors) = self.reconfigure(Role::Router, rx, signals).await?;
+        for err in router_errors {
+            tracing::warn!("{err}");
+        }
+        let mut old_instances = Vec::new();
+        let mut old_workers = Vec::new();
+        for name in report.replaced.iter().chain(&report.removed) {
+            if retire_first.contains(name) {
+                continue;
+            }
+            let (instances, workers) = self.members_of(name);
+            let (instances, workers): (Vec<usize>, Vec<usize>) = (
+                instances.into_iter().filter(|i| !started.contains(i)).collect(),
+                workers.into_iter().filter(|i| !started.contains(i)).collect(),
+            );
+            old_instances.extend(instances);
+            old_workers.extend(workers);
+        }
+        self.retire(
+            &old_instances,
+            ToChild::Drain {
+                grace_ms: grace.as_millis() as u64,
+            },
+            grace + Duration::from_secs(2),
+            rx,
+            signals,
+        )
+        .await?;
+        self.retire(&old_workers, ToChild::Stop, Duration::from_secs(3), rx, signals)
+            .await?;
+
+        // The listeners: limits, timeouts and certificates, live.
+        let (applied, errors) = self.reconfigure(Role::Listener, rx, signals).await?;
+        report.listeners = applied;
+        if !errors.is_empty() {
+            return Ok(Err(ReloadError::Failed(format!(
+                "managers reloaded, but the listener kept its previous settings: {}",
+                errors.join("; ")
+            ))));
+        }
+        Ok(Ok(report))
+    }
+
+    /// `switchyard upgrade`: starts a new supervisor from the binary on
+    /// disk and hands it the listening sockets; once it serves, this group
+    /// drains and exits (module `upgrade`). On failure this group serves on.
+    async fn upgrade(
+        &mut self,
+        rx: &mut mpsc::UnboundedReceiver<Event>,
+        signals: &mut Signals,
+    ) -> Result<Result<u32, String>, Interrupted> {
+        let Some(sockets) = &self.sockets else {
+            return Ok(Err("the group is stopping".to_owned()));
+        };
+        let control = self.dir.paths().control_socket();
+        let mut sending = match upgrade::Sending::start(
+            &self.source,
+            self.dir.path(),
+            self.dir.created(),
+            sockets,
+            &control,
+        ) {
+            Ok(s) => s,
+            Err(err) => return Ok(Err(format!("{err:#}"))),
+        };
+        let pid = sending.pid();
+        tracing::info!(pid, "upgrade: the new supervisor starts");
+        let waiting = sending.wait_ready();
+        tokio::pin!(waiting);
+        let far = tokio::time::Instant::now() + Duration::from_secs(24 * 3600);
+        let outcome = loop {
+            tokio::select! {
+                done = &mut waiting => break done,
+                ev = self.next_event(rx, signals, far) => if let Some(ev) = ev? {
+                    self.handle(ev).map_err(|err| Interrupted::Failure(format!("{err:#}")))?;
+                },
+            }
+        };
+        match outcome {
+            Ok(()) => {
+                tracing::info!(pid, "upgrade: the new group serves; this one drains");
+                Ok(Ok(pid))
+            }
+            Err(err) => {
+                // Its control socket back where `status` looks.
+                match runtime_dir::bind_unix(&control) {
+                    Ok(socket) => {
+                        tokio::spawn(crate::status::serve(socket, self.events.clone()));
+                    }
+                    Err(bind) => tracing::error!("{bind:#}; `switchyard status` cannot reach this group"),
+                }
+                Ok(Err(format!("upgrade failed: {err}")))
             }
         }
     }

@@ -94,6 +94,17 @@ impl RuntimeDir {
         })
     }
 
+    /// Whether the group made the directory (and removes it whole).
+    pub(crate) fn created(&self) -> bool {
+        self.created
+    }
+
+    /// Takes over the removal of the whole directory: an upgrade's new
+    /// group, in the directory its predecessor made.
+    pub(crate) fn adopt(&mut self) {
+        self.created = true;
+    }
+
     pub(crate) fn path(&self) -> &Path {
         &self.path
     }

@@ -13,6 +13,8 @@ pub(super) enum Meaning {
     Drain,
     /// Stop at once, without draining (killing every child), then clean up.
     Quit,
+    /// Re-read the configuration and apply it (`switchyard reload`).
+    Reload,
     /// Logged with this reason and otherwise ignored.
     Ignore(&'static str),
 }
@@ -33,7 +35,7 @@ impl Caught {
         match self.signal {
             SIGTERM | SIGINT => Meaning::Drain,
             SIGQUIT => Meaning::Quit,
-            SIGHUP => Meaning::Ignore("configuration reload is not supported yet"),
+            SIGHUP => Meaning::Reload,
             _ => Meaning::Ignore("Switchyard gives this signal no meaning"),
         }
     }
@@ -93,12 +95,12 @@ mod tests {
     use nix::sys::signal::Signal;
 
     #[test]
-    fn hang_up_is_ignored_until_reload_exists_and_quit_is_a_fast_stop() {
+    fn hang_up_reloads_and_quit_is_a_fast_stop() {
         let meaning = |signal| Caught { signal }.meaning();
         assert_eq!(meaning(Signal::SIGTERM), Meaning::Drain);
         assert_eq!(meaning(Signal::SIGINT), Meaning::Drain);
         assert_eq!(meaning(Signal::SIGQUIT), Meaning::Quit);
-        assert!(matches!(meaning(Signal::SIGHUP), Meaning::Ignore(why) if why.contains("reload")));
+        assert_eq!(meaning(Signal::SIGHUP), Meaning::Reload);
         assert!(matches!(meaning(Signal::SIGUSR1), Meaning::Ignore(_)));
     }
 }

@@ -178,9 +178,10 @@ impl GroupBuilder {
         if let Some(path) = &self.config_file {
             cmd.arg("-c").arg(path);
         }
+        // A test may choose its own log filter (`env("SWITCHYARD_LOG", ..)`).
+        cmd.env("SWITCHYARD_LOG", "info");
         cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
         let mut child = cmd
-            .env("SWITCHYARD_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -222,9 +223,10 @@ impl GroupBuilder {
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match group.line_events.recv_timeout(left) {
-                Ok(line) if line.contains("listening on http://") => {
+                // `http://ADDR`, or `https://ADDR` with `[listener.tls]`.
+                Ok(line) if line.contains("listening on http") => {
                     let addr = line
-                        .split("http://")
+                        .split("://")
                         .nth(1)
                         .unwrap()
                         .split_whitespace()
@@ -360,6 +362,13 @@ impl Group {
         let pid = self.pid_of(name);
         kill(pid, Signal::SIGKILL);
         pid
+    }
+
+    /// Waits for the supervisor to exit on its own (after `switchyard
+    /// upgrade`, say), within [`PATIENCE`].
+    pub fn wait_exit(&mut self) -> std::process::ExitStatus {
+        let mut child = self.child.take().unwrap();
+        wait_with_patience(&mut child)
     }
 
     /// Sends SIGTERM to the supervisor and waits for it to exit.
@@ -534,6 +543,59 @@ pub fn request(addr: SocketAddr, method: &str, path: &str, body: &[u8]) -> std::
     let mut bytes = req.into_bytes();
     bytes.extend_from_slice(body);
     raw(addr, &bytes)
+}
+
+/// `method path` with extra header lines and a body (JSON when not empty).
+pub fn request_with(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> std::io::Result<HttpResponse> {
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nhost: test\r\nconnection: close\r\ncontent-length: {}\r\n",
+        body.len()
+    );
+    if !body.is_empty() {
+        req.push_str("content-type: application/json\r\n");
+    }
+    for (name, value) in headers {
+        req.push_str(&format!("{name}: {value}\r\n"));
+    }
+    req.push_str("\r\n");
+    let mut bytes = req.into_bytes();
+    bytes.extend_from_slice(body);
+    raw(addr, &bytes)
+}
+
+impl HttpResponse {
+    /// Every value of a header, in order.
+    pub fn header_all(&self, name: &str) -> Vec<&str> {
+        self.headers
+            .iter()
+            .filter(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+            .collect()
+    }
+
+    /// The body as JSON.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
+    }
+}
+
+/// Every stdout line of the group so far that contains `needle`.
+impl Group {
+    pub fn lines_with(&self, needle: &str) -> Vec<String> {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.contains(needle))
+            .cloned()
+            .collect()
+    }
 }
 
 pub fn get(addr: SocketAddr, path: &str) -> std::io::Result<HttpResponse> {

@@ -18,6 +18,12 @@ struct Cli {
     /// Runtime worker threads (default: one per core).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     threads: Option<u16>,
+    /// Serve HTTPS with this PEM certificate chain (with --tls-key).
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<std::path::PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<std::path::PathBuf>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -33,6 +39,11 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("cannot build the tokio runtime")?;
+    let tls = match (&cli.tls_cert, &cli.tls_key) {
+        (Some(cert), Some(key)) => Some(switchyard_bench::tls::server_config(cert, key)?),
+        _ => None,
+    };
+    let scheme = if tls.is_some() { "https" } else { "http" };
     runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind(cli.bind)
             .await
@@ -42,7 +53,7 @@ fn main() -> anyhow::Result<()> {
         let mut sigterm = signal(SignalKind::terminate())?;
         let mut sigint = signal(SignalKind::interrupt())?;
         let mut stdout = std::io::stdout().lock();
-        writeln!(stdout, "listening on http://{}", listener.local_addr()?)?;
+        writeln!(stdout, "listening on {scheme}://{}", listener.local_addr()?)?;
         stdout.flush()?;
         drop(stdout);
         let shutdown = async move {
@@ -51,7 +62,7 @@ fn main() -> anyhow::Result<()> {
                 _ = sigint.recv() => {}
             }
         };
-        switchyard_bench::baseline::serve(listener, shutdown).await;
+        switchyard_bench::baseline::serve_with(listener, tls, shutdown).await;
         Ok(())
     })
 }

@@ -1,5 +1,7 @@
-//! The simulated clients: one connection each, HTTP/1.1 or h2, sending the
-//! prepared requests round-robin, closed loop or on the open-loop schedule.
+//! The simulated clients: one connection each (or one per request, with
+//! `--new-connection`), HTTP/1.1 or h2, over TLS for an https URL, sending
+//! the prepared requests round-robin, closed loop or on the open-loop
+//! schedule.
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -46,6 +48,10 @@ pub(super) struct Server {
     origin: Uri,
     token: Option<HeaderValue>,
     headers: Vec<(http::HeaderName, HeaderValue)>,
+    /// https: the client side of TLS and the name the certificate must have.
+    tls: Option<(tokio_rustls::TlsConnector, rustls::pki_types::ServerName<'static>)>,
+    /// A new connection for every request (`--new-connection`).
+    pub(super) new_connection: bool,
 }
 
 impl Server {
@@ -55,7 +61,21 @@ impl Server {
     pub(super) async fn connect(opts: &Options) -> anyhow::Result<Server> {
         let authority = opts.url.authority().context("the URL has no host")?;
         let host = authority.host().trim_start_matches('[').trim_end_matches(']');
-        let port = authority.port_u16().unwrap_or(80);
+        let https = opts.url.scheme() == Some(&Scheme::HTTPS);
+        anyhow::ensure!(
+            !(https && (opts.ws || opts.grpc || opts.grpc_bidi)),
+            "--ws, --grpc and --grpc-bidi do not take an https URL yet"
+        );
+        let tls = if https {
+            let alpn: &[&[u8]] = if opts.http2 { &[b"h2"] } else { &[b"http/1.1"] };
+            let config = crate::tls::client_config(opts.cacert.as_deref(), opts.insecure, alpn)?;
+            let name = rustls::pki_types::ServerName::try_from(host.to_owned())
+                .with_context(|| format!("{host} is not a name a certificate can have"))?;
+            Some((tokio_rustls::TlsConnector::from(config), name))
+        } else {
+            None
+        };
+        let port = authority.port_u16().unwrap_or(if https { 443 } else { 80 });
         let addrs: Vec<SocketAddr> = timeout(PROBE_TIMEOUT, tokio::net::lookup_host((host, port)))
             .await
             .with_context(|| format!("resolving {host} timed out"))?
@@ -73,7 +93,7 @@ impl Server {
                         None => None,
                     };
                     let origin = Uri::builder()
-                        .scheme(Scheme::HTTP)
+                        .scheme(if https { Scheme::HTTPS } else { Scheme::HTTP })
                         .authority(authority.clone())
                         .path_and_query("/")
                         .build()?;
@@ -84,6 +104,8 @@ impl Server {
                         origin,
                         token,
                         headers: opts.headers.clone(),
+                        tls,
+                        new_connection: opts.new_connection,
                     });
                 }
                 Ok(Err(err)) => last_error = anyhow!(err).context(format!("cannot connect to {addr}")),
@@ -157,7 +179,7 @@ impl Server {
     pub(super) async fn fetch(&self, path: &str) -> anyhow::Result<(StatusCode, Bytes)> {
         let request = self.prepare(&Route::get(path), None)?.request();
         let exchange = async {
-            let mut conn = Conn::open_http(self.addr, self.http2).await?;
+            let mut conn = Conn::open_http(self).await?;
             conn.ready().await?;
             let response = conn.send(request).await?;
             let status = response.status();
@@ -255,6 +277,7 @@ pub(super) async fn client(
 ) -> Tally {
     let mut tally = Tally::default();
     let mut conn = None;
+    let fresh = workload.server.new_connection;
     for k in 0.. {
         let due = match &schedule {
             None => Some(Instant::now()).filter(|now| *now < deadline),
@@ -263,10 +286,20 @@ pub(super) async fn client(
         let Some(due) = due else { break };
         // Round-robin, each client starting one route further, so that every step mixes them evenly.
         let prepared = &workload.requests[(id + k) % workload.requests.len()];
-        match timeout_at(deadline, attempt(&mut conn, &workload.server, prepared)).await {
+        let started = Instant::now();
+        let attempted = timeout_at(deadline, attempt(&mut conn, &workload.server, prepared)).await;
+        if fresh {
+            conn = None;
+        }
+        match attempted {
             Ok(Ok((status, sent))) => {
-                // Closed loop, from the send: a connect is not the server's response time.
-                let from = if schedule.is_some() { due } else { sent };
+                // Closed loop, from the send: a connect is not the server's
+                // response time, unless every request makes one.
+                let from = match (&schedule, fresh) {
+                    (Some(_), _) => due,
+                    (None, true) => started,
+                    (None, false) => sent,
+                };
                 latencies.record(from.elapsed());
                 tally.counts.add_status(status.as_u16());
             }
@@ -415,7 +448,7 @@ enum Sender {
 
 impl Conn {
     async fn open(server: &Server) -> anyhow::Result<Conn> {
-        let (addr, http2) = (server.addr, server.http2);
+        let addr = server.addr;
         match server.event.as_ref().map(|e| e.transport) {
             Some(transport @ (EventTransport::Grpc | EventTransport::GrpcBidi)) => {
                 let client = switchyard_client::GrpcClient::connect(&format!("http://{addr}"))
@@ -439,14 +472,26 @@ impl Conn {
             }
             None => {}
         }
-        Conn::open_http(addr, http2).await
+        Conn::open_http(server).await
     }
 
-    async fn open_http(addr: SocketAddr, http2: bool) -> anyhow::Result<Conn> {
-        let stream = TcpStream::connect(addr).await?;
+    async fn open_http(server: &Server) -> anyhow::Result<Conn> {
+        let stream = TcpStream::connect(server.addr).await?;
         // Small requests must not wait for Nagle's algorithm.
         stream.set_nodelay(true)?;
-        let io = TokioIo::new(stream);
+        match &server.tls {
+            Some((connector, name)) => {
+                let stream = connector.connect(name.clone(), stream).await?;
+                Conn::handshake(TokioIo::new(stream), server.http2).await
+            }
+            None => Conn::handshake(TokioIo::new(stream), server.http2).await,
+        }
+    }
+
+    async fn handshake<I>(io: TokioIo<I>, http2: bool) -> anyhow::Result<Conn>
+    where
+        I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
         let (sender, driver) = if http2 {
             let (sender, connection) = http2::handshake(TokioExecutor::new(), io).await?;
             (Sender::H2(sender), tokio::spawn(connection).abort_handle())

@@ -14,7 +14,8 @@ use http::{HeaderName, HeaderValue, Method, Uri};
 /// the server breaks and where it saturates.
 #[derive(Args, Clone)]
 pub struct Options {
-    /// Base URL of the server: `http://HOST:PORT`, without a path.
+    /// Base URL of the server: `http://HOST:PORT` or `https://HOST:PORT`,
+    /// without a path.
     #[arg(value_name = "URL", value_parser = parse_base_url)]
     pub url: Uri,
 
@@ -78,6 +79,21 @@ pub struct Options {
     /// channel and one session stream, calling `--event` on it.
     #[arg(long)]
     pub grpc_bidi: bool,
+
+    /// HTTPS: trust the CA certificates in this PEM file (the CA that
+    /// signed the server's certificate; there is no system trust store).
+    #[arg(long, value_name = "FILE", conflicts_with = "insecure")]
+    pub cacert: Option<std::path::PathBuf>,
+
+    /// HTTPS: accept any server certificate, unverified (benches only).
+    #[arg(long)]
+    pub insecure: bool,
+
+    /// Every request on a new connection (TCP, and TLS for https): the
+    /// req/s is then the connection (handshake) rate, and latency counts
+    /// from the connect. HTTP/1.1 and h2 only.
+    #[arg(long, conflicts_with_all = ["ws", "grpc", "grpc_bidi"])]
+    pub new_connection: bool,
 
     /// The event type `--ws`, `--grpc` and `--grpc-bidi` call.
     #[arg(long, default_value = "demo.Noop")]
@@ -159,12 +175,11 @@ impl fmt::Display for Route {
 fn parse_base_url(s: &str) -> Result<Uri, String> {
     let uri: Uri = s.parse().map_err(|err| format!("not a URL: {err}"))?;
     match uri.scheme_str() {
-        Some("http") => {}
-        Some("https") => return Err("https is not supported (no TLS); use http://".to_owned()),
-        _ => return Err("expected http://HOST:PORT".to_owned()),
+        Some("http" | "https") => {}
+        _ => return Err("expected http://HOST:PORT or https://HOST:PORT".to_owned()),
     }
     if uri.authority().is_none() {
-        return Err("expected http://HOST:PORT".to_owned());
+        return Err("expected http://HOST:PORT or https://HOST:PORT".to_owned());
     }
     // A path would leave unclear whether routes go under it; routes carry the paths.
     if uri.path_and_query().is_some_and(|pq| pq.as_str() != "/") {
@@ -338,6 +353,15 @@ mod tests {
     }
 
     #[test]
+    fn https_with_a_ca_or_unverified() {
+        let o = parse(&["https://h:1", "--cacert", "ca.pem", "--new-connection"]).unwrap();
+        assert_eq!(o.url.scheme_str(), Some("https"));
+        assert_eq!(o.cacert.as_deref(), Some(std::path::Path::new("ca.pem")));
+        assert!(o.new_connection && !o.insecure);
+        assert!(parse(&["https://h:1", "--insecure"]).unwrap().insecure);
+    }
+
+    #[test]
     fn body_from_a_file() {
         let file = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(file.path(), b"[1,2]").unwrap();
@@ -349,7 +373,9 @@ mod tests {
     #[test]
     fn rejects_nonsense() {
         for args in [
-            &["https://h:1"][..],
+            &["ftp://h:1"][..],
+            &["https://h:1", "--cacert", "ca.pem", "--insecure"],
+            &["https://h:1", "--ws", "--new-connection"],
             &["h:1"],
             &["/noop"],
             &["http://h:1/noop"],

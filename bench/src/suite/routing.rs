@@ -193,6 +193,7 @@ impl Link {
                 name: handles.to_owned(),
                 event_type: EventType::of(handles),
                 route: None,
+                needs: Default::default(),
             }],
             subscribes: Vec::new(),
         });

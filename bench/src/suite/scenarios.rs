@@ -19,7 +19,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
 use super::routing::{self, RoutingRun, TARGET_ROUND_TRIPS};
-use super::server::{Group, ManagerEntry, Pool, Server, check_config, config_toml};
+use super::server::{Group, ManagerEntry, Pool, Server, check_config, config_toml, token};
 use super::stats::{median, ratio};
 use super::table::{Comparison, Row, Sample, render_comparison, render_routing};
 use crate::load;
@@ -51,13 +51,13 @@ pub(crate) enum Outcome {
 
 /// Whether scenario `name` starts Switchyard groups or the baseline.
 pub(crate) fn needs_servers(name: &str) -> bool {
-    comparison(name).is_some()
+    comparison(name).is_some() || name == "middleware"
 }
 
 pub(crate) fn run(name: &str, ctx: &Ctx) -> anyhow::Result<Outcome> {
     match name {
         "routing" => routing(ctx),
-        "middleware" => Ok(Outcome::Skipped("middleware has not landed".to_owned())),
+        "middleware" => middleware(ctx),
         other => match comparison(other) {
             Some(scenario) => scenario.run(ctx),
             None => bail!("no scenario {other}"),
@@ -85,6 +85,33 @@ const TICKING: &str = "[[managers]]\nname = \"basics\"\n\n[[managers]]\nname = \
 /// The scenarios that compare two contenders, in no particular order
 /// ([`SCENARIOS`](super::SCENARIOS) orders a run).
 const COMPARISONS: &[Scenario] = &[
+    Scenario {
+        name: "tls",
+        title: "tls: HTTPS, GET /noop",
+        about: &[
+            "- HTTPS on both sides: rustls on ring, TLS 1.3, an ECDSA P-256 certificate made for the \
+             run (rcgen), the client verifying it against the run's CA",
+            "- keep-alive rows: one connection per client, so req/s over TLS; new-connection rows: \
+             a TCP connection and a full TLS handshake before every request (`--new-connection`), \
+             so req/s is the handshake rate",
+            "- Switchyard: `switchyard up` with `[listener.tls]` and the demo's managers; baseline: \
+             `switchyard-baseline --tls-cert --tls-key`, the same route in-process",
+        ],
+        key: "connections, clients",
+        loads: &[
+            Load::http(
+                "/noop",
+                &[("keep-alive 1", 1), ("keep-alive 8", 8), ("keep-alive 32", 32)],
+            ),
+            Load {
+                route: "/noop",
+                rows: &[("new connection 8", 8), ("new connection 32", 32)],
+                transport: &["--new-connection"],
+            },
+        ],
+        contenders: Contenders::TlsDemoAndBaseline,
+        targets: &[],
+    },
     Scenario {
         name: "rest",
         title: "rest: GET /noop",
@@ -313,6 +340,8 @@ enum Contenders {
     /// The demo group (`switchyard up` with no configuration) against the
     /// baseline.
     DemoAndBaseline,
+    /// The same, both serving HTTPS with a certificate made for the run.
+    TlsDemoAndBaseline,
     /// Two groups, each with its label, its configuration, and the
     /// WebSocket subscribers opened after start that never read. With
     /// `refused`, the scenario is skipped (saying it, and `switchyard
@@ -367,11 +396,30 @@ impl Target {
 
 impl Scenario {
     fn run(&self, ctx: &Ctx) -> anyhow::Result<Outcome> {
-        let (contenders, about) = match self.prepare(ctx)? {
-            Ok(ready) => ready,
-            Err(why) => return Ok(Outcome::Skipped(why)),
+        // Certificates for a TLS scenario, kept for its whole run.
+        let certificates = match self.contenders {
+            Contenders::TlsDemoAndBaseline => {
+                let dir = super::tmp::scratch("tls")?;
+                let files = crate::tls::TestCertificates::create(dir.path())?;
+                Some((dir, files))
+            }
+            _ => None,
         };
-        let comparison = compare(ctx, self.name, self.key, contenders, self.loads)?;
+        let (contenders, about) = match certificates.as_ref() {
+            Some((_, files)) => (
+                Contender::tls_pair(files),
+                self.about.iter().map(|l| format!("{l}\n")).collect(),
+            ),
+            None => match self.prepare(ctx)? {
+                Ok(ready) => ready,
+                Err(why) => return Ok(Outcome::Skipped(why)),
+            },
+        };
+        let trust: Vec<String> = match certificates.as_ref() {
+            Some((_, files)) => vec!["--cacert".to_owned(), files.ca.display().to_string()],
+            None => Vec::new(),
+        };
+        let comparison = compare(ctx, self.name, self.key, contenders, self.loads, &trust)?;
         let mut body = about;
         body.push('\n');
         body.push_str(&render_comparison(&comparison));
@@ -392,13 +440,13 @@ impl Scenario {
         };
         let verbatim = |line: &str| line.to_owned();
         match self.contenders {
-            Contenders::DemoAndBaseline => {
+            Contenders::DemoAndBaseline | Contenders::TlsDemoAndBaseline => {
                 let demo = Contender::Group {
                     label: "Switchyard",
                     config: None,
                     stalled: 0,
                 };
-                Ok(Ok(([demo, Contender::Baseline], about(&verbatim))))
+                Ok(Ok(([demo, Contender::Baseline(None)], about(&verbatim))))
             }
             Contenders::Groups { groups, refused } => {
                 let contenders = groups.map(|(label, config, stalled)| Contender::Group {
@@ -507,6 +555,81 @@ async fn stall_consumers(addr: SocketAddr, n: usize) -> anyhow::Result<Vec<Stall
 
 type StalledConsumer =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// The demo's basics, as both middleware contenders run it.
+const MIDDLEWARE_BASE: &str = "[[managers]]\nname = \"basics\"\n";
+
+/// The middleware the `middleware` scenario turns on: a bearer JWT
+/// verified on every request (HS256), CORS for one origin, and a rate
+/// limit per address high enough never to refuse (its bucket is still
+/// taken from on every request).
+const MIDDLEWARE_ON: &str = "[[managers]]\nname = \"basics\"\n\n\
+     [auth.jwt]\nalgorithms = [\"HS256\"]\nsecret = \"suite-middleware-scenario-secret-0123456789\"\n\n\
+     [[auth.rules]]\nprefix = \"/noop\"\n\n\
+     [cors]\nallow_origins = [\"https://app.example\"]\n\n\
+     [[rate_limit.limits]]\nrequests = 1000000\n";
+
+/// `/noop` with the middleware of [`MIDDLEWARE_ON`] against the same group
+/// without it, both sent the same token and `Origin`.
+fn middleware(ctx: &Ctx) -> anyhow::Result<Outcome> {
+    let contenders = [
+        Contender::Group {
+            label: "JWT + CORS + rate limit",
+            config: Some(MIDDLEWARE_ON.to_owned()),
+            stalled: 0,
+        },
+        Contender::Group {
+            label: "none",
+            config: Some(MIDDLEWARE_BASE.to_owned()),
+            stalled: 0,
+        },
+    ];
+    if let Err(why) = accepted(ctx, &contenders, "middleware has not landed")? {
+        return Ok(Outcome::Skipped(why));
+    }
+    let token = match token(&ctx.switchyard, MIDDLEWARE_ON, "bench")? {
+        Ok(token) => token,
+        Err(why) => return Ok(Outcome::Skipped(format!("this build makes no token: {why}"))),
+    };
+    // The load's flags are static, as every other scenario's: this one's
+    // token is made at run time, once per run.
+    let transport: &'static [&'static str] = Box::leak(Box::new([
+        "--token",
+        Box::leak(token.into_boxed_str()),
+        "-H",
+        "origin: https://app.example",
+    ]));
+    let loads = [Load {
+        route: "/noop",
+        rows: CLIENTS,
+        transport,
+    }];
+    let comparison = compare(ctx, "middleware", "clients", contenders, &loads, &[])?;
+    let mut body = String::new();
+    let _ = writeln!(
+        body,
+        "- GET /noop with `Authorization: Bearer <HS256 JWT>` and `Origin: https://app.example` on \
+         every request, to two groups of the demo's basics: one verifying the token (`[auth.jwt]`, a \
+         rule on `/noop`), answering CORS for that origin and taking from a per-address token bucket \
+         (`[[rate_limit.limits]]`, never exhausted); the other with none of it (compression and \
+         security headers are on in both, as by default)"
+    );
+    let _ = writeln!(
+        body,
+        "- the request id of issue 13 is not in this build's chain yet (it lands with the request \
+         context)\n"
+    );
+    body.push_str(&render_comparison(&comparison));
+    body.push_str(&targets(
+        &comparison,
+        "issue #13, the middleware chain",
+        &[("1", 0.85), ("8", 0.85), ("32", 0.85)],
+    ));
+    Ok(Outcome::Done {
+        title: "middleware: GET /noop with and without the built-in middleware".to_owned(),
+        body,
+    })
+}
 
 fn routing(ctx: &Ctx) -> anyhow::Result<Outcome> {
     let mut rows: Vec<(usize, Vec<RoutingRun>)> = ROUTING_WINDOWS.iter().map(|&w| (w, Vec::new())).collect();
@@ -673,15 +796,33 @@ enum Contender {
         /// WebSocket subscribers opened after start that never read.
         stalled: usize,
     },
-    Baseline,
+    /// `switchyard-baseline`, over TLS with this certificate and key.
+    Baseline(Option<(PathBuf, PathBuf)>),
 }
 
 impl Contender {
     fn label(&self) -> &'static str {
         match self {
             Contender::Group { label, .. } => label,
-            Contender::Baseline => "baseline",
+            Contender::Baseline(_) => "baseline",
         }
+    }
+
+    /// The demo group and the baseline, both on HTTPS with `files`.
+    fn tls_pair(files: &crate::tls::TestCertificates) -> [Contender; 2] {
+        let config = format!(
+            "[listener.tls]\ncert = \"{}\"\nkey = \"{}\"\n",
+            files.cert.display(),
+            files.key.display()
+        );
+        [
+            Contender::Group {
+                label: "Switchyard",
+                config: Some(config),
+                stalled: 0,
+            },
+            Contender::Baseline(Some((files.cert.clone(), files.key.clone()))),
+        ]
     }
 
     fn start(&self, ctx: &Ctx) -> anyhow::Result<Running> {
@@ -689,9 +830,12 @@ impl Contender {
             Contender::Group { config, .. } => {
                 Running::Group(Group::start(&ctx.switchyard, config.as_deref())?)
             }
-            Contender::Baseline => {
+            Contender::Baseline(tls) => {
                 let mut command = std::process::Command::new(&ctx.baseline);
                 command.args(["--bind", "127.0.0.1:0"]);
+                if let Some((cert, key)) = tls {
+                    command.arg("--tls-cert").arg(cert).arg("--tls-key").arg(key);
+                }
                 Running::Baseline(Server::start("switchyard-baseline", command)?)
             }
         })
@@ -720,6 +864,7 @@ fn compare(
     key_header: &str,
     contenders: [Contender; 2],
     loads: &[Load],
+    extra: &[String],
 ) -> anyhow::Result<Comparison> {
     let mut rows: Vec<Row> = loads
         .iter()
@@ -759,6 +904,7 @@ fn compare(
                         &concurrency,
                         ctx.duration,
                         load.transport,
+                        extra,
                     )?))
                     .with_context(|| format!("{} against {}", load.route, contender.label()))?;
                 anyhow::ensure!(
@@ -789,6 +935,7 @@ fn load_options(
     concurrency: &[u32],
     duration: Duration,
     transport: &[&str],
+    extra: &[String],
 ) -> anyhow::Result<load::Options> {
     #[derive(Parser)]
     struct Cli {
@@ -820,6 +967,7 @@ fn load_options(
         "1",
     ];
     argv.extend_from_slice(transport);
+    argv.extend(extra.iter().map(String::as_str));
     Ok(Cli::try_parse_from(argv)
         .map_err(|err| anyhow::anyhow!("bad load options: {err}"))?
         .options)
@@ -958,6 +1106,7 @@ mod tests {
             &[1, 8],
             Duration::from_millis(2500),
             &["--ws"],
+            &[],
         )
         .unwrap();
         assert_eq!(o.routes, [load::Route::get("/noop")]);

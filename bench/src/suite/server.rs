@@ -28,10 +28,12 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(15);
 /// Lines of a server's stdout and stderr kept for error messages.
 const TAIL_LINES: usize = 30;
 
-const READY_MARK: &str = "listening on http://";
+/// Followed by `://ADDR` or `s://ADDR` (HTTPS).
+const READY_MARK: &str = "listening on http";
 
 enum Event {
-    Ready(SocketAddr),
+    /// The address, and whether it serves HTTPS.
+    Ready(SocketAddr, bool),
     Exited(std::io::Result<ExitStatus>),
 }
 
@@ -59,6 +61,8 @@ pub(crate) struct Server {
     label: String,
     pid: i32,
     addr: SocketAddr,
+    /// It serves HTTPS.
+    https: bool,
     events: mpsc::Receiver<Event>,
     stdout: Tail,
     stderr: Tail,
@@ -99,7 +103,8 @@ impl Server {
             let mut sent = false;
             for line in lines(out) {
                 if !sent && let Some(addr) = ready_addr(&line) {
-                    sent = ready.send(Event::Ready(addr)).is_ok();
+                    let https = line.contains("listening on https://");
+                    sent = ready.send(Event::Ready(addr, https)).is_ok();
                 }
                 tail.push(line);
             }
@@ -117,14 +122,16 @@ impl Server {
             label: label.to_owned(),
             pid,
             addr: SocketAddr::from(([0, 0, 0, 0], 0)),
+            https: false,
             events,
             stdout,
             stderr,
             exited: false,
         };
         match server.events.recv_timeout(READY_TIMEOUT) {
-            Ok(Event::Ready(addr)) => {
+            Ok(Event::Ready(addr, https)) => {
                 server.addr = addr;
+                server.https = https;
                 Ok(server)
             }
             Ok(Event::Exited(status)) => {
@@ -151,7 +158,8 @@ impl Server {
     }
 
     pub(crate) fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.https { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
     }
 
     /// SIGTERM, then up to [`STOP_TIMEOUT`] for the server to exit, then
@@ -203,7 +211,7 @@ impl Server {
                     self.exited = true;
                     return Some(status);
                 }
-                Ok(Event::Ready(_)) => continue,
+                Ok(Event::Ready(..)) => continue,
                 Err(mpsc::RecvTimeoutError::Timeout) => return None,
                 Err(mpsc::RecvTimeoutError::Disconnected) => {
                     self.exited = true;
@@ -243,9 +251,10 @@ fn lines(stream: impl Read) -> impl Iterator<Item = String> {
         .map(|line| String::from_utf8_lossy(&line).trim_end().to_owned())
 }
 
-/// The address of a `... listening on http://ADDR ...` line.
+/// The address of a `... listening on http://ADDR ...` (or `https://`) line.
 fn ready_addr(line: &str) -> Option<SocketAddr> {
     let rest = &line[line.find(READY_MARK)? + READY_MARK.len()..];
+    let rest = rest.strip_prefix("s").unwrap_or(rest).strip_prefix("://")?;
     let end = rest
         .find(|c: char| c.is_whitespace() || c == '/')
         .unwrap_or(rest.len());
@@ -361,6 +370,24 @@ pub(crate) fn check_config(exe: &Path, config: &str) -> anyhow::Result<Result<()
     })
 }
 
+/// A bearer token from `switchyard token` for a group of `config`;
+/// `Err` with its message when this build cannot make one.
+pub(crate) fn token(exe: &Path, config: &str, sub: &str) -> anyhow::Result<Result<String, String>> {
+    let dir = scratch("token")?;
+    let file = dir.path().join("switchyard.toml");
+    std::fs::write(&file, config).with_context(|| format!("cannot write {}", file.display()))?;
+    let output = Command::new(exe)
+        .args(["token", "--sub", sub, "--ttl-s", "86400", "-c"])
+        .arg(&file)
+        .output()
+        .context("cannot run switchyard token")?;
+    Ok(if output.status.success() {
+        Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
+    } else {
+        Err(String::from_utf8_lossy(&output.stderr).trim().to_owned())
+    })
+}
+
 /// `switchyard status --json`.
 #[derive(Clone, Debug, Deserialize)]
 pub(crate) struct Status {
@@ -448,6 +475,10 @@ mod tests {
             None
         );
         assert_eq!(ready_addr("listening on http://nowhere"), None);
+        assert_eq!(
+            ready_addr("switchyard listening on https://127.0.0.1:9 (runtime dir /x)"),
+            Some(SocketAddr::from(([127, 0, 0, 1], 9)))
+        );
     }
 
     fn status() -> Status {

@@ -52,6 +52,39 @@ pub struct Hello {
     pub name: String,
 }
 
+/// `GET /whoami` → what the handler knows of its request: the caller's
+/// `sub` (from authentication's scope, when `[auth]` is on), client
+/// address, request id, `User-Agent`, and a `visits` cookie it counts up
+/// (answered with `Set-Cookie`).
+#[derive(Deserialize, Serialize, Event)]
+#[event(
+    name = "demo.Whoami",
+    http = "GET /whoami",
+    request(client, headers = ["user-agent"], cookies = ["visits"])
+)]
+pub struct Whoami {
+    /// Only ever from the scope: `?sub=` or a body cannot set it.
+    #[from(scope = "sub")]
+    pub sub: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Reply)]
+pub struct Known {
+    pub sub: Option<String>,
+    pub client: Option<String>,
+    pub request_id: Option<String>,
+    pub user_agent: Option<String>,
+    pub visits: u64,
+}
+
+/// `GET /hi/{name}` → 308 to `/hello/{name}`.
+#[derive(Deserialize, Serialize, Event)]
+#[event(name = "demo.Hi", http = "GET /hi/{name}")]
+pub struct Hi {
+    #[validate(length(min = 1, max = 100))]
+    pub name: String,
+}
+
 /// What the `/ws/echo` WebSocket route sends for each message: its raw
 /// bytes (text or binary); the reply is the same bytes.
 #[derive(Deserialize, Serialize)]
@@ -62,6 +95,24 @@ impl Event for WsEcho {
     fn from_request(request: &Request<'_>) -> Result<Self, Error> {
         Result::Ok(WsEcho(bytes::Bytes::copy_from_slice(request.body)))
     }
+}
+
+/// `GET /me` → `{"sub": SUBJECT}`: who called. The demo group's `[auth]`
+/// requires a bearer token here (`switchyard token --sub NAME` makes one),
+/// so only an authenticated call reaches the handler.
+#[derive(Deserialize, Serialize, Event)]
+#[event(name = "demo.Me", http = "GET /me")]
+pub struct Me {
+    /// The verified token's subject; never from the query or a body.
+    #[from(scope = "sub")]
+    pub sub: Option<String>,
+}
+
+/// The answer of `GET /me`.
+#[derive(Serialize, Deserialize, Reply)]
+pub struct Subject {
+    /// The caller's subject, from the request's scope.
+    pub sub: Option<String>,
 }
 
 /// `GET /panic` → the handler panics; the client gets 500.
@@ -92,6 +143,9 @@ impl Manager for Basics {
             .request(Self::echo)
             .request(Self::hello)
             .request(Self::panic)
+            .request(Self::whoami)
+            .request(Self::hi)
+            .request(Self::me)
             .request(Self::ws_echo)
             // Over the built-in Store and Scheduler (`state`).
             .request_async(Self::kv_put)
@@ -116,6 +170,50 @@ impl Basics {
         Result::Ok(Greeting {
             message: format!("Hello, {}!", ev.name),
         })
+    }
+
+    fn whoami(&mut self, ev: Whoami, cx: &mut Context) -> Result<impl Reply + use<>, Error> {
+        let visits = cx
+            .cookie("visits")
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+            + 1;
+        let cookie = switchyard_manager::cookie::Cookie::build(("visits", visits.to_string()))
+            .path("/")
+            .http_only(true)
+            .build();
+        Result::Ok(
+            Known {
+                sub: ev.sub,
+                client: cx.client_ip().map(|ip| ip.to_string()),
+                request_id: cx.request_id().map(str::to_owned),
+                user_agent: cx.header("user-agent").map(str::to_owned),
+                visits,
+            }
+            .with_cookie(cookie),
+        )
+    }
+
+    fn hi(&mut self, ev: Hi, _: &mut Context) -> Result<switchyard_manager::Response, Error> {
+        // Path parameters arrive decoded: encode the name again.
+        let name: String = ev
+            .name
+            .bytes()
+            .map(|b| match b {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                    (b as char).to_string()
+                }
+                other => format!("%{other:02X}"),
+            })
+            .collect();
+        switchyard_manager::Response::redirect(
+            switchyard_manager::Redirect::Permanent,
+            &format!("/hello/{name}"),
+        )
+    }
+
+    fn me(&mut self, ev: Me, _: &mut Context) -> Result<Subject, Error> {
+        Result::Ok(Subject { sub: ev.sub })
     }
 
     fn ws_echo(&mut self, ev: WsEcho, _: &mut Context) -> Result<Binary, Error> {
@@ -527,6 +625,23 @@ mod tests {
         );
         assert_eq!(m.http::<Echo>(&[], "", b"{nope").status, 400);
         assert_eq!(m.http::<Panic>(&[], "", b"").status, 500);
+        let r = m
+            .build::<Whoami>()
+            .query("sub=forged")
+            .cookie("visits", "4")
+            .header("user-agent", "curl/8")
+            .send();
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(
+            r.text(),
+            r#"{"sub":null,"client":null,"request_id":null,"user_agent":"curl/8","visits":5}"#
+        );
+        assert_eq!(r.meta.get("set-cookie"), Some("visits=5; HttpOnly; Path=/"));
+        let r = m.build::<Hi>().param("name", "Ada Lovelace").send();
+        assert_eq!(
+            (r.status, r.meta.get("location")),
+            (308, Some("/hello/Ada%20Lovelace"))
+        );
         assert_eq!(
             m.http::<Noop>(&[], "", b"").status,
             200,

@@ -35,7 +35,9 @@ use std::ffi::c_void;
 /// v4: the ABI crate of its own; `VTable::panic_strategy`,
 /// `ToPlugin::Timers`, `Description::timers`, `CreateArgs::validation`,
 /// an optional `HostApi::wake`.
-pub const ABI_VERSION: u32 = 4;
+/// v5: the request context: `ToPlugin::Request::caller`,
+/// `HandledType::needs` in the description (decision 0041).
+pub const ABI_VERSION: u32 = 5;
 
 /// Symbol of `extern "C" fn() -> u32`.
 pub const ABI_SYMBOL: &[u8] = b"switchyard_plugin_abi_version\0";

@@ -86,6 +86,10 @@ pub enum ToPlugin {
         meta: Meta,
         body: Bytes,
         stream: Option<RawStream>,
+        /// Who sent it, as the hops that stamped its return address know:
+        /// a client's request never sets an event field bound to a
+        /// header, a cookie or the scope from its body (docs/http.md).
+        caller: Caller,
     },
     /// A notification the manager subscribed to.
     Notification {
@@ -110,6 +114,17 @@ pub enum ToPlugin {
     /// Run the timers due by now plus `ahead_ms` (the host sends 0 every
     /// [`TICK_PERIOD`](crate::TICK_PERIOD); tests move time forward).
     Timers { ahead_ms: u64 },
+}
+
+/// Who sent a request, as the host knows it from the envelope's return
+/// address (stamped by the broker and the router, never by a client).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Caller {
+    /// A client, through a listener (HTTP, WebSocket, gRPC): untrusted.
+    Client,
+    /// Another manager of the group (`cx.call`): trusted code, whose event
+    /// fields stand as it set them.
+    Manager,
 }
 
 /// Plugin → host.

@@ -8,7 +8,7 @@
 use bytes::Bytes;
 use proptest::prelude::*;
 use switchyard_manager_abi::messages::{
-    CreateArgs, Description, FromPlugin, JobOutput, LogLevel, RawBody, RawStream, ToPlugin,
+    Caller, CreateArgs, Description, FromPlugin, JobOutput, LogLevel, RawBody, RawStream, ToPlugin,
 };
 use switchyard_proto::control::HandledType;
 use switchyard_proto::{EventType, Meta, codec};
@@ -53,15 +53,19 @@ fn to_plugin() -> impl Strategy<Value = ToPlugin> {
             any::<u64>(),
             meta(),
             body(),
-            prop::option::of(raw_stream())
+            prop::option::of(raw_stream()),
+            any::<bool>(),
         )
-            .prop_map(|(correlation, ty, meta, body, stream)| ToPlugin::Request {
-                correlation,
-                event_type: EventType(ty),
-                meta,
-                body,
-                stream,
-            }),
+            .prop_map(
+                |(correlation, ty, meta, body, stream, client)| ToPlugin::Request {
+                    correlation,
+                    event_type: EventType(ty),
+                    meta,
+                    body,
+                    stream,
+                    caller: if client { Caller::Client } else { Caller::Manager },
+                }
+            ),
         (any::<u64>(), meta(), body()).prop_map(|(ty, meta, body)| ToPlugin::Notification {
             event_type: EventType(ty),
             meta,
@@ -208,7 +212,7 @@ proptest! {
                         subscribes: handles.iter().map(|h| EventType(h.1)).collect(),
                         handles: handles
                             .into_iter()
-                            .map(|(name, ty)| HandledType { name, event_type: EventType(ty), route: None })
+                            .map(|(name, ty)| HandledType { name, event_type: EventType(ty), route: None, needs: Default::default() })
                             .collect(),
                         timers,
                     }).unwrap()

@@ -16,7 +16,7 @@ use std::mem::{align_of, offset_of, size_of};
 
 use serde_reflection::{Tracer, TracerConfig};
 use switchyard_manager_abi::messages::{
-    CreateArgs, Description, FromPlugin, JobOutput, LogLevel, RawBody, RawStream, ToPlugin,
+    Caller, CreateArgs, Description, FromPlugin, JobOutput, LogLevel, RawBody, RawStream, ToPlugin,
 };
 use switchyard_manager_abi::{ABI_VERSION, Buffer, HostApi, ManagerEntry, VTable};
 
@@ -77,6 +77,7 @@ fn describe() -> String {
     tracer.trace_simple_type::<LogLevel>().unwrap();
     tracer.trace_simple_type::<RawBody>().unwrap();
     tracer.trace_simple_type::<RawStream>().unwrap();
+    tracer.trace_simple_type::<Caller>().unwrap();
     let registry = tracer.registry().unwrap();
     for (name, format) in &registry {
         writeln!(out, "{name}: {format:#?}").unwrap();

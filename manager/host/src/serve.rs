@@ -27,7 +27,7 @@ use tokio::net::unix::OwnedReadHalf;
 use tokio::sync::{mpsc, oneshot};
 
 use switchyard_manager_abi::handover;
-use switchyard_manager_abi::messages::{Description, FromPlugin, LogLevel, ToPlugin};
+use switchyard_manager_abi::messages::{Caller, Description, FromPlugin, LogLevel, ToPlugin};
 
 use crate::loader::{LoadError, Plugin};
 use crate::watchdog::Watchdog;
@@ -91,15 +91,35 @@ impl Workers {
     }
 }
 
-/// Serves `plugin` until `shutdown` resolves. `ready` fires once the router
-/// has accepted the manager's declaration. Returns an error only when the
-/// plugin itself breaks (the supervisor then restarts the process).
+/// How the host is told to end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shutdown {
+    /// Stop at once (the group stops: the router fails what is in flight).
+    Now,
+    /// The instance is being replaced (`switchyard reload`): the router is
+    /// told to send it nothing new, and the host stops once every request
+    /// it holds is answered, or when the grace period is over.
+    Drain(Duration),
+}
+
+/// How [`Host::serve`] ended.
+enum Served {
+    /// The router connection closed: reconnect.
+    RouterLost,
+    /// Told to stop, or drained.
+    Stopped,
+}
+
+/// Serves `plugin` until `shutdown` resolves (and, for a drain, until what
+/// it holds is answered). `ready` fires once the router has accepted the
+/// manager's declaration. Returns an error only when the plugin itself
+/// breaks (the supervisor then restarts the process).
 pub async fn run(
     mut plugin: Plugin,
     description: Description,
     config: Config,
     ready: oneshot::Sender<()>,
-    shutdown: impl Future<Output = ()>,
+    shutdown: impl Future<Output = Shutdown>,
 ) -> Result<(), LoadError> {
     let mut ready = Some(ready);
     tokio::pin!(shutdown);
@@ -122,7 +142,7 @@ pub async fn run(
             link = connect(&description, &config) => link,
         };
         match link {
-            Ok((reader, sink, id)) => {
+            Ok((reader, sink, writer, id)) => {
                 backoff.reset();
                 tracing::info!(
                     instance = config.instance,
@@ -132,9 +152,20 @@ pub async fn run(
                 if let Some(ready) = ready.take() {
                     let _ = ready.send(());
                 }
-                tokio::select! {
-                    _ = &mut shutdown => return Ok(()),
-                    served = host.serve(&mut plugin, &config, reader, &sink, &mut results) => served?,
+                let link = Link { reader, sink: &sink };
+                match host
+                    .serve(&mut plugin, &config, link, &mut results, shutdown.as_mut())
+                    .await?
+                {
+                    Served::Stopped => {
+                        // The answers just given are still queued: the
+                        // writer ends once they are written, when its last
+                        // sink is gone.
+                        drop(sink);
+                        let _ = tokio::time::timeout(Duration::from_secs(2), writer).await;
+                        return Ok(());
+                    }
+                    Served::RouterLost => {}
                 }
                 tracing::warn!("router connection lost; reconnecting");
                 host.router_lost(&mut plugin)?;
@@ -150,17 +181,21 @@ pub async fn run(
     }
 }
 
-async fn connect(
-    description: &Description,
-    config: &Config,
-) -> Result<(FrameReader<OwnedReadHalf>, FrameSink, u64), switchyard_proto::Error> {
+/// The router link: its reader, its sink and the sink's writer task, and
+/// the id the router gave this instance.
+type Connected = (FrameReader<OwnedReadHalf>, FrameSink, link::Writer, u64);
+
+async fn connect(description: &Description, config: &Config) -> Result<Connected, switchyard_proto::Error> {
     let stream = UnixStream::connect(&config.router_socket).await?;
-    let (mut reader, sink) = link::open(stream, config.queue_capacity, config.max_frame).await?;
+    // The writer task is kept: a draining instance waits for it, so its
+    // last answers are out before it exits.
+    let (mut reader, sink, writer) =
+        link::open_flushed(stream, link::transport(), config.queue_capacity, config.max_frame).await?;
     let hello = Control::HelloManager(description.for_router(&config.name));
     sink.send_wait(Envelope::control(&hello)?).await?;
     match reader.next().await? {
         Some(env) if env.kind == Kind::Control => match env.decode_control()? {
-            Control::Welcome { id } => Ok((reader, sink, id)),
+            Control::Welcome { id } => Ok((reader, sink, writer, id)),
             _ => Err(switchyard_proto::Error::Malformed("expected welcome")),
         },
         _ => Err(switchyard_proto::Error::Closed),
@@ -171,6 +206,16 @@ async fn connect(
 /// its housekeeping then (releasing idle shared memory), off the request
 /// path and without needing traffic.
 pub const IDLE_STEP: Duration = Duration::from_secs(2);
+
+/// The request id of each request in the plugin's hands that has one, by
+/// the local id the plugin knows it by: the plugin's log lines name only
+/// that, and may come from any of its threads (`HostApi::log`).
+static REQUEST_IDS: std::sync::LazyLock<std::sync::Mutex<HashMap<u64, Box<str>>>> =
+    std::sync::LazyLock::new(Default::default);
+
+fn request_ids() -> std::sync::MutexGuard<'static, HashMap<u64, Box<str>>> {
+    REQUEST_IDS.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 /// Set by plugin threads (`HostApi::wake`): step the plugin soon.
 static WAKE: tokio::sync::Notify = tokio::sync::Notify::const_new();
@@ -197,15 +242,29 @@ struct Host {
     ticks: bool,
 }
 
+/// The connection to the router.
+struct Link<'a> {
+    reader: FrameReader<OwnedReadHalf>,
+    sink: &'a FrameSink,
+}
+
 impl Host {
+    /// Serves the router connection until it closes or `shutdown` says to
+    /// stop; a drain goes on serving until the router has acknowledged it
+    /// and every request and call the host holds is answered.
     async fn serve(
         &mut self,
         plugin: &mut Plugin,
         config: &Config,
-        mut reader: FrameReader<OwnedReadHalf>,
-        sink: &FrameSink,
+        link: Link<'_>,
         results: &mut mpsc::UnboundedReceiver<Done>,
-    ) -> Result<(), LoadError> {
+        mut shutdown: std::pin::Pin<&mut impl Future<Output = Shutdown>>,
+    ) -> Result<Served, LoadError> {
+        let Link { mut reader, sink } = link;
+        // Set once told to drain: when the grace ends.
+        let mut drain_until: Option<tokio::time::Instant> = None;
+        // The router's answer to our `Draining`: no request follows it.
+        let mut drain_acknowledged = false;
         let mut batch = Vec::with_capacity(64);
         let mut inputs = Vec::with_capacity(64);
         let mut tick = tokio::time::interval(switchyard_manager_abi::TICK_PERIOD);
@@ -213,14 +272,38 @@ impl Host {
         let mut idle = tokio::time::interval(IDLE_STEP);
         idle.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
+            if drain_acknowledged && self.requests.is_empty() && self.calls.is_empty() {
+                tracing::info!("drained: every request answered");
+                return Ok(Served::Stopped);
+            }
             tokio::select! {
+                how = shutdown.as_mut(), if drain_until.is_none() => match how {
+                    Shutdown::Now => return Ok(Served::Stopped),
+                    Shutdown::Drain(grace) => {
+                        tracing::info!(in_flight = self.requests.len(), "draining: the router sends nothing new");
+                        drain_until = Some(tokio::time::Instant::now() + grace);
+                        let told = Envelope::control(&Control::Draining)
+                            .map_err(|e| e.to_string())
+                            .and_then(|env| sink.send(env).map_err(|e| e.to_string()));
+                        if let Err(err) = told {
+                            tracing::warn!(%err, "cannot tell the router; stopping");
+                            return Ok(Served::Stopped);
+                        }
+                    }
+                },
+                _ = tokio::time::sleep_until(drain_until.unwrap_or_else(tokio::time::Instant::now)), if drain_until.is_some() => {
+                    tracing::warn!(unanswered = self.requests.len(), "drain grace period over; stopping");
+                    return Ok(Served::Stopped);
+                }
                 _ = tick.tick(), if self.ticks => inputs.push(ToPlugin::Timers { ahead_ms: 0 }),
                 read = reader.read_batch(&mut batch) => match read {
+                    // While draining, a lost router has failed what we held.
                     Ok(true) => {}
-                    Ok(false) => return Ok(()),
+                    Ok(false) if drain_until.is_some() => return Ok(Served::Stopped),
+                    Ok(false) => return Ok(Served::RouterLost),
                     Err(err) => {
                         tracing::warn!(%err, "closing router connection");
-                        return Ok(());
+                        return Ok(if drain_until.is_some() { Served::Stopped } else { Served::RouterLost });
                     }
                 },
                 _ = WAKE.notified() => inputs.push(ToPlugin::Wake),
@@ -233,6 +316,12 @@ impl Host {
                 }
             }
             for mut env in batch.drain(..) {
+                if env.kind == Kind::Control {
+                    if matches!(env.decode_control(), Ok(Control::Draining)) {
+                        drain_acknowledged = true;
+                    }
+                    continue;
+                }
                 // A request's pipe goes to the plugin as it is (an upload).
                 let mut stream = None;
                 if env.kind == Kind::Request
@@ -265,12 +354,23 @@ impl Host {
                         self.next_local += 1;
                         self.requests
                             .insert(local, (env.origin, env.correlation, env.event_type));
+                        if let Some(id) = env.meta.request_id() {
+                            tracing::debug!(request_id = id, correlation = local, "request to the plugin");
+                            request_ids().insert(local, id.into());
+                        }
+                        // The return address says who sent it: only the
+                        // router stamps `Manager`.
+                        let caller = match env.origin {
+                            Origin::Manager(_) => Caller::Manager,
+                            _ => Caller::Client,
+                        };
                         inputs.push(ToPlugin::Request {
                             correlation: local,
                             event_type: env.event_type,
                             meta: env.meta,
                             body,
                             stream,
+                            caller,
                         });
                     }
                     Kind::Response => {
@@ -331,12 +431,18 @@ impl Host {
     /// descriptors per upload in it.
     fn refuse(&mut self, inputs: &[ToPlugin], sink: &FrameSink) {
         for input in inputs {
-            if let ToPlugin::Request { correlation, .. } = input
-                && let Some((origin, correlation, event_type)) = self.requests.remove(correlation)
+            if let ToPlugin::Request {
+                correlation: local, ..
+            } = input
+                && let Some((origin, correlation, event_type)) = self.requests.remove(local)
             {
                 let mut env = Envelope::request(event_type, correlation, Bytes::new());
                 env.origin = origin;
-                let _ = sink.send(Envelope::error_to(&env, 500, "internal error"));
+                let mut answer = Envelope::error_to(&env, 500, "internal error");
+                if let Some(id) = request_ids().remove(local) {
+                    answer.meta.push(switchyard_proto::event::META_REQUEST_ID, &*id);
+                }
+                let _ = sink.send(answer);
             }
         }
     }
@@ -354,10 +460,17 @@ impl Host {
                     // Adopted first: an unknown request's stream is closed
                     // (its producer then stops), not leaked.
                     let handle = handle.map(handover::adopt_body);
+                    let request_id = request_ids().remove(&correlation);
                     let Some((origin, correlation, event_type)) = self.requests.remove(&correlation) else {
                         tracing::warn!(correlation, "plugin answered an unknown request");
                         continue;
                     };
+                    // The response names its request too, for the lines
+                    // the router and broker may write about it.
+                    let mut meta = meta;
+                    if let Some(id) = &request_id {
+                        meta.push(switchyard_proto::event::META_REQUEST_ID, &**id);
+                    }
                     let mut env = Envelope::request(event_type, correlation, Bytes::new());
                     env.origin = origin;
                     let payload = match handle {
@@ -461,6 +574,7 @@ impl Host {
     /// successor (it failed them), and the plugin's pending calls fail now.
     fn router_lost(&mut self, plugin: &mut Plugin) -> Result<(), LoadError> {
         self.requests.clear();
+        request_ids().clear();
         if self.calls.is_empty() {
             return Ok(());
         }
@@ -498,12 +612,18 @@ fn job_result(done: Done) -> ToPlugin {
     }
 }
 
-/// Logs a plugin's line through this process's `tracing` subscriber.
+/// Logs a plugin's line through this process's `tracing` subscriber,
+/// with the request id of the request it is about, if any.
 pub(crate) fn log(level: LogLevel, correlation: u64, message: &str) {
+    // Copied out: the lock is not held while the line is written.
+    let request_id = (correlation != 0)
+        .then(|| request_ids().get(&correlation).cloned())
+        .flatten();
+    let request_id = request_id.as_deref();
     match level {
-        LogLevel::Error => tracing::error!(correlation, "{message}"),
-        LogLevel::Warn => tracing::warn!(correlation, "{message}"),
-        LogLevel::Info => tracing::info!(correlation, "{message}"),
-        LogLevel::Debug => tracing::debug!(correlation, "{message}"),
+        LogLevel::Error => tracing::error!(correlation, request_id, "{message}"),
+        LogLevel::Warn => tracing::warn!(correlation, request_id, "{message}"),
+        LogLevel::Info => tracing::info!(correlation, request_id, "{message}"),
+        LogLevel::Debug => tracing::debug!(correlation, request_id, "{message}"),
     }
 }

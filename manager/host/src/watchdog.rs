@@ -185,6 +185,7 @@ mod tests {
                 name: "stuck.Hang".into(),
                 event_type: EventType::of("stuck.Hang"),
                 route: None,
+                needs: Default::default(),
             }],
             ..Description::default()
         };
@@ -196,6 +197,7 @@ mod tests {
             meta: Default::default(),
             body: Default::default(),
             stream: None,
+            caller: switchyard_manager_abi::messages::Caller::Client,
         };
         let mut inputs = vec![request("stuck.Hang"), ToPlugin::Timers { ahead_ms: 0 }];
         inputs.extend((0..10).map(|_| ToPlugin::Wake));

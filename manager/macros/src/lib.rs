@@ -24,7 +24,16 @@ use syn::{Data, DeriveInput, Fields, LitInt, LitStr, parse_macro_input, spanned:
 /// `#[event(body)]` takes the whole request body as the event (for newtypes
 /// over arbitrary JSON); otherwise the event's fields come from the path
 /// parameters, the query string and the JSON body's fields.
-#[proc_macro_derive(Event, attributes(event, validate))]
+///
+/// `#[event(request(method, path, client, identity, headers = ["user-agent"],
+/// cookies = ["theme"], scope = ["roles"]))]` declares what the handler
+/// reads of its request through `Context` (only that travels with the
+/// event). A field bound with `#[from(header = "x-api-key")]`,
+/// `#[from(cookie = "session")]` or `#[from(scope = "sub")]` takes its
+/// value from there and nowhere else: a client's body, query or path
+/// cannot set it. Make it an `Option` to accept its absence (otherwise 400
+/// for a header or cookie, 401 for the scope).
+#[proc_macro_derive(Event, attributes(event, validate, from))]
 pub fn derive_event(input: TokenStream) -> TokenStream {
     let input = parse_macro_input!(input as DeriveInput);
     expand_event(&input)
@@ -43,11 +52,56 @@ pub fn derive_reply(input: TokenStream) -> TokenStream {
         .into()
 }
 
+/// What `#[event(request(...))]` declares.
+#[derive(Default)]
+struct Declared {
+    method: bool,
+    path: bool,
+    client: bool,
+    identity: bool,
+    headers: Vec<String>,
+    cookies: Vec<String>,
+    scope: Vec<String>,
+}
+
+fn push_unique(list: &mut Vec<String>, name: String) {
+    if !list.contains(&name) {
+        list.push(name);
+    }
+}
+
+fn parse_names(meta: &syn::meta::ParseNestedMeta<'_>) -> syn::Result<Vec<String>> {
+    let array: syn::ExprArray = meta.value()?.parse()?;
+    array
+        .elems
+        .iter()
+        .map(|e| match e {
+            syn::Expr::Lit(syn::ExprLit {
+                lit: syn::Lit::Str(s),
+                ..
+            }) if !s.value().is_empty() => Ok(s.value()),
+            other => Err(syn::Error::new(other.span(), "expected a non-empty string")),
+        })
+        .collect()
+}
+
+/// A field bound to a source of the request with `#[from(...)]`.
+struct Bound {
+    ident: syn::Ident,
+    ty: syn::Type,
+    /// The key serde reads the field from.
+    key: String,
+    kind: &'static str,
+    name: String,
+}
+
 fn expand_event(input: &DeriveInput) -> syn::Result<Tokens> {
     let ident = &input.ident;
     let mut name = ident.to_string();
     let mut route = quote!(::core::option::Option::None);
+    let mut route_path = String::new();
     let mut whole_body = false;
+    let mut declared = Declared::default();
     for attr in input.attrs.iter().filter(|a| a.path().is_ident("event")) {
         attr.parse_nested_meta(|meta| {
             if meta.path.is_ident("name") {
@@ -61,28 +115,122 @@ fn expand_event(input: &DeriveInput) -> syn::Result<Tokens> {
                     .ok_or_else(|| syn::Error::new(lit.span(), "expected \"METHOD /path\""))?;
                 let method = method.to_ascii_uppercase();
                 let path = path.trim();
+                route_path = path.to_owned();
                 route = quote!(::core::option::Option::Some((#method, #path)));
             } else if meta.path.is_ident("body") {
                 whole_body = true;
+            } else if meta.path.is_ident("request") {
+                meta.parse_nested_meta(|item| {
+                    if item.path.is_ident("method") {
+                        declared.method = true;
+                    } else if item.path.is_ident("path") {
+                        declared.path = true;
+                    } else if item.path.is_ident("client") {
+                        declared.client = true;
+                    } else if item.path.is_ident("identity") {
+                        declared.identity = true;
+                    } else if item.path.is_ident("headers") {
+                        for h in parse_names(&item)? {
+                            push_unique(&mut declared.headers, h.to_ascii_lowercase());
+                        }
+                    } else if item.path.is_ident("cookies") {
+                        for c in parse_names(&item)? {
+                            push_unique(&mut declared.cookies, c);
+                        }
+                    } else if item.path.is_ident("scope") {
+                        for c in parse_names(&item)? {
+                            push_unique(&mut declared.scope, c);
+                        }
+                    } else {
+                        return Err(item.error(
+                            "expected `method`, `path`, `client`, `identity`, `headers = [..]`, `cookies = [..]` or `scope = [..]`",
+                        ));
+                    }
+                    Ok(())
+                })?;
             } else {
-                return Err(meta.error("expected `name`, `http` or `body`"));
+                return Err(meta.error("expected `name`, `http`, `body` or `request(..)`"));
             }
             Ok(())
         })?;
     }
     let checks = validations(input)?;
-    let from_request = whole_body.then(|| {
-        quote! {
-            fn from_request(request: &::switchyard_manager::Request<'_>) -> ::core::result::Result<Self, ::switchyard_manager::Error> {
-                request.body_as()
-            }
+    let bound = bound_fields(input, &route_path)?;
+    for b in &bound {
+        match b.kind {
+            "Header" => push_unique(&mut declared.headers, b.name.clone()),
+            "Cookie" => push_unique(&mut declared.cookies, b.name.clone()),
+            _ => push_unique(&mut declared.scope, b.name.clone()),
         }
-    });
+    }
+    let from_request = if bound.is_empty() {
+        whole_body.then(|| {
+            quote! {
+                fn from_request(request: &::switchyard_manager::Request<'_>) -> ::core::result::Result<Self, ::switchyard_manager::Error> {
+                    request.body_as()
+                }
+            }
+        })
+    } else {
+        let sources: Vec<Tokens> = bound
+            .iter()
+            .map(|b| {
+                let kind = syn::Ident::new(b.kind, proc_macro2::Span::call_site());
+                let name = &b.name;
+                quote!(::switchyard_manager::Source::#kind(#name))
+            })
+            .collect();
+        let keys = bound.iter().map(|b| &b.key);
+        let idents: Vec<_> = bound.iter().map(|b| &b.ident).collect();
+        let types = bound.iter().map(|b| &b.ty);
+        let values: Vec<_> = (0..bound.len())
+            .map(|i| syn::Ident::new(&format!("__bound_{i}"), proc_macro2::Span::call_site()))
+            .collect();
+        let sources_again = sources.clone();
+        Some(quote! {
+            fn from_request(request: &::switchyard_manager::Request<'_>) -> ::core::result::Result<Self, ::switchyard_manager::Error> {
+                if !request.from_client() {
+                    return ::switchyard_manager::bound::decode(request, &[], #whole_body);
+                }
+                // A client's request sets these from their sources alone,
+                // whatever its body, query or path say.
+                #(let #values: #types = ::switchyard_manager::bound::value(request, #sources_again)?;)*
+                let mut event: Self = ::switchyard_manager::bound::decode(
+                    request,
+                    &[#((#keys, #sources)),*],
+                    #whole_body,
+                )?;
+                #(event.#idents = #values;)*
+                ::core::result::Result::Ok(event)
+            }
+        })
+    };
+    let Declared {
+        method,
+        path,
+        client,
+        identity,
+        headers,
+        cookies,
+        scope,
+    } = declared;
+    let request_info = quote! {
+        const REQUEST: ::switchyard_manager::RequestInfo = ::switchyard_manager::RequestInfo {
+            method: #method,
+            path: #path,
+            client: #client,
+            identity: #identity,
+            headers: &[#(#headers),*],
+            cookies: &[#(#cookies),*],
+            scope: &[#(#scope),*],
+        };
+    };
     let (impl_generics, ty_generics, where_clause) = input.generics.split_for_impl();
     Ok(quote! {
         impl #impl_generics ::switchyard_manager::Event for #ident #ty_generics #where_clause {
             const NAME: &'static str = #name;
             const ROUTE: ::core::option::Option<(&'static str, &'static str)> = #route;
+            #request_info
             #from_request
             fn validate(&self) -> ::core::result::Result<(), ::switchyard_manager::Invalid> {
                 let mut invalid = ::switchyard_manager::Invalid::default();
@@ -91,6 +239,162 @@ fn expand_event(input: &DeriveInput) -> syn::Result<Tokens> {
             }
         }
     })
+}
+
+/// Serde's `rename_all` rules, applied to a snake_case field name.
+fn rename(rule: &str, field: &str) -> Option<String> {
+    let words = field.split('_').filter(|w| !w.is_empty());
+    let capital = |w: &str| {
+        let mut c = w.chars();
+        c.next()
+            .map(|f| f.to_uppercase().chain(c).collect::<String>())
+            .unwrap_or_default()
+    };
+    Some(match rule {
+        "lowercase" | "snake_case" => field.to_owned(),
+        "UPPERCASE" | "SCREAMING_SNAKE_CASE" => field.to_ascii_uppercase(),
+        "PascalCase" => words.map(capital).collect(),
+        "camelCase" => {
+            let pascal: String = words.map(capital).collect();
+            let mut c = pascal.chars();
+            c.next()
+                .map(|f| f.to_lowercase().chain(c).collect())
+                .unwrap_or_default()
+        }
+        "kebab-case" => field.replace('_', "-"),
+        "SCREAMING-KEBAB-CASE" => field.to_ascii_uppercase().replace('_', "-"),
+        _ => return None,
+    })
+}
+
+/// Skips the value of a serde attribute item this derive does not need.
+fn skip_value(meta: &syn::meta::ParseNestedMeta<'_>) -> syn::Result<()> {
+    if meta.input.peek(syn::Token![=]) {
+        let _: syn::Expr = meta.value()?.parse()?;
+    } else if meta.input.peek(syn::token::Paren) {
+        let content;
+        syn::parenthesized!(content in meta.input);
+        let _: Tokens = content.parse()?;
+    }
+    Ok(())
+}
+
+/// A serde `rename`-like item: `= "x"` or `(deserialize = "x", ..)`; the
+/// name deserialization uses.
+fn deserialize_name(meta: &syn::meta::ParseNestedMeta<'_>) -> syn::Result<Option<String>> {
+    if meta.input.peek(syn::Token![=]) {
+        return Ok(Some(meta.value()?.parse::<LitStr>()?.value()));
+    }
+    let mut name = None;
+    meta.parse_nested_meta(|inner| {
+        let value = inner.value()?.parse::<LitStr>()?.value();
+        if inner.path.is_ident("deserialize") {
+            name = Some(value);
+        }
+        Ok(())
+    })?;
+    Ok(name)
+}
+
+/// The fields bound with `#[from(...)]`, with the key serde reads each
+/// from. A bound field may not have a serde alias (a second name a client
+/// could use), be flattened, or share its name with a path parameter.
+fn bound_fields(input: &DeriveInput, route_path: &str) -> syn::Result<Vec<Bound>> {
+    let Data::Struct(data) = &input.data else {
+        return Ok(Vec::new());
+    };
+    let Fields::Named(fields) = &data.fields else {
+        return Ok(Vec::new());
+    };
+    let mut rename_all: Option<(String, proc_macro2::Span)> = None;
+    for attr in input.attrs.iter().filter(|a| a.path().is_ident("serde")) {
+        attr.parse_nested_meta(|meta| {
+            if meta.path.is_ident("rename_all") {
+                let span = meta.path.span();
+                if let Some(rule) = deserialize_name(&meta)? {
+                    rename_all = Some((rule, span));
+                }
+                Ok(())
+            } else {
+                skip_value(&meta)
+            }
+        })?;
+    }
+    let mut bound = Vec::new();
+    for field in &fields.named {
+        let Some(ident) = &field.ident else { continue };
+        let mut source: Option<(&'static str, String)> = None;
+        for attr in field.attrs.iter().filter(|a| a.path().is_ident("from")) {
+            attr.parse_nested_meta(|meta| {
+                let kind = if meta.path.is_ident("header") {
+                    "Header"
+                } else if meta.path.is_ident("cookie") {
+                    "Cookie"
+                } else if meta.path.is_ident("scope") {
+                    "Scope"
+                } else {
+                    return Err(
+                        meta.error("expected `header = \"..\"`, `cookie = \"..\"` or `scope = \"..\"`")
+                    );
+                };
+                let lit: LitStr = meta.value()?.parse()?;
+                let mut name = lit.value();
+                if name.is_empty() {
+                    return Err(syn::Error::new(lit.span(), "a name is needed"));
+                }
+                if kind == "Header" {
+                    name = name.to_ascii_lowercase();
+                }
+                if source.replace((kind, name)).is_some() {
+                    return Err(meta.error("a field takes its value from one source"));
+                }
+                Ok(())
+            })?;
+        }
+        let Some((kind, name)) = source else { continue };
+        let plain = ident.to_string().trim_start_matches("r#").to_owned();
+        let mut key = match &rename_all {
+            Some((rule, span)) => rename(rule, &plain).ok_or_else(|| {
+                syn::Error::new(
+                    *span,
+                    format!("unknown rename_all rule `{rule}` on an event with #[from] fields"),
+                )
+            })?,
+            None => plain.clone(),
+        };
+        for attr in field.attrs.iter().filter(|a| a.path().is_ident("serde")) {
+            attr.parse_nested_meta(|meta| {
+                if meta.path.is_ident("rename") {
+                    if let Some(renamed) = deserialize_name(&meta)? {
+                        key = renamed;
+                    }
+                    Ok(())
+                } else if meta.path.is_ident("alias") || meta.path.is_ident("flatten") {
+                    Err(meta.error(
+                        "a #[from] field cannot have a serde alias or be flattened: a client could set it under that name",
+                    ))
+                } else {
+                    skip_value(&meta)
+                }
+            })?;
+        }
+        if route_path.contains(&format!("{{{key}}}")) || route_path.contains(&format!("{{*{key}}}")) {
+            return Err(syn::Error::new(
+                ident.span(),
+                format!(
+                    "`{key}` is a path parameter of the route; a #[from] field takes its value from its source alone"
+                ),
+            ));
+        }
+        bound.push(Bound {
+            ident: ident.clone(),
+            ty: field.ty.clone(),
+            key,
+            kind,
+            name,
+        });
+    }
+    Ok(bound)
 }
 
 fn validations(input: &DeriveInput) -> syn::Result<Vec<Tokens>> {

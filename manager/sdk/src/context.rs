@@ -39,6 +39,12 @@ pub(crate) struct Shared {
     /// Response bodies at least this large go into `segments`.
     pub(crate) shm_threshold: usize,
     pub(crate) segments: RefCell<switchyard_proto::pool::SegmentPool>,
+    /// The manager's middleware, outermost first.
+    pub(crate) middleware: RefCell<Vec<Box<dyn crate::middleware::Erased>>>,
+    /// Requests in progress whose answer goes through `after` hooks.
+    pub(crate) after: RefCell<HashMap<u64, crate::runtime::After>>,
+    /// Whether 5xx messages may reach clients.
+    pub(crate) expose_errors: bool,
 }
 
 impl Shared {
@@ -60,12 +66,78 @@ pub struct Context {
     pub(crate) shared: Rc<Shared>,
     pub(crate) correlation: u64,
     pub(crate) format: Format,
+    /// The request's meta: its context as the listener passed it (empty
+    /// outside a request).
+    pub(crate) request: Rc<Meta>,
 }
 
 impl Context {
     /// The request's correlation id (0 outside a request).
     pub fn correlation(&self) -> u64 {
         self.correlation
+    }
+
+    /// The format the caller asked for (JSON unless bincode).
+    pub fn format(&self) -> Format {
+        self.format
+    }
+
+    /// The request id (`x-request-id`, taken from the client or made by
+    /// the listener; `None` when `[request_id]` is off or outside a
+    /// request). It is in every log line of the request, this manager's
+    /// and the other hops', and calls to other managers carry it on.
+    pub fn request_id(&self) -> Option<&str> {
+        self.request.request_id()
+    }
+
+    /// The request method, when the event declares `request(method)`.
+    /// `HEAD` on a `GET` route reaches the GET handler as `HEAD`.
+    pub fn method(&self) -> Option<&str> {
+        crate::event::method(&self.request)
+    }
+
+    /// The request path as received (not decoded), when the event
+    /// declares `request(path)`.
+    pub fn path(&self) -> Option<&str> {
+        crate::event::path(&self.request)
+    }
+
+    /// The raw query string, if the request had one (always passed on).
+    pub fn query(&self) -> Option<&str> {
+        self.request.get("query")
+    }
+
+    /// The client's IP address, when the event declares `request(client)`:
+    /// the peer's, or behind proxies listed in `listener.trusted_proxies`
+    /// the one they name in `Forwarded` / `X-Forwarded-For`.
+    pub fn client_ip(&self) -> Option<std::net::IpAddr> {
+        crate::event::client_ip(&self.request)
+    }
+
+    /// A request header the event declares (`request(headers = [..])` or
+    /// a `#[from(header)]` field); several lines joined with `, `.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        crate::event::header(&self.request, name)
+    }
+
+    /// A cookie the event declares (`request(cookies = [..])` or a
+    /// `#[from(cookie)]` field).
+    pub fn cookie(&self, name: &str) -> Option<&str> {
+        crate::event::cookie(&self.request, name)
+    }
+
+    /// A value of the request's scope: a claim of the authenticated
+    /// identity, or what a middleware added, when the event declares it
+    /// (`request(scope = [..])` or a `#[from(scope)]` field).
+    pub fn scope(&self, name: &str) -> Option<serde_json::Value> {
+        crate::event::scope(&self.request, name)
+    }
+
+    /// The authenticated caller (built-in authentication, docs/middleware.md),
+    /// when the event declares `request(identity)`; `None` for an
+    /// anonymous request.
+    pub fn identity(&self) -> Option<crate::event::Identity> {
+        crate::event::identity(&self.request)
     }
 
     /// The configured name of this manager.
@@ -133,6 +205,7 @@ impl Context {
             meta.push("accept", BINCODE);
             // The router names the type in its answer when nobody serves it.
             meta.push(switchyard_proto::control::META_EVENT, E::NAME);
+            self.carry_request_id(&mut meta);
             shared.calls.borrow_mut().insert(
                 call,
                 CallSlot {
@@ -253,13 +326,30 @@ impl Context {
         body: Vec<u8>,
         timeout: Duration,
     ) -> impl Future<Output = (u16, Bytes)> + use<> {
-        let shared = self.shared.clone();
-        let call = shared.next_call.get();
-        shared.next_call.set(call + 1);
         let mut meta = Meta::default();
         meta.push("content-type", JSON);
         meta.push("accept", JSON);
         meta.push(switchyard_proto::control::META_EVENT, event_type);
+        let call = self.call_raw(EventType::of(event_type), meta, Bytes::from(body), timeout);
+        async move {
+            let (status, _, body) = call.await;
+            (status, body)
+        }
+    }
+
+    /// Sends a request with this meta and body; the answer whole (status,
+    /// meta, body), whatever its status.
+    pub(crate) fn call_raw(
+        &self,
+        event_type: EventType,
+        mut meta: Meta,
+        body: Bytes,
+        timeout: Duration,
+    ) -> RawCallFuture {
+        let shared = self.shared.clone();
+        let call = shared.next_call.get();
+        shared.next_call.set(call + 1);
+        self.carry_request_id(&mut meta);
         shared.calls.borrow_mut().insert(
             call,
             CallSlot {
@@ -269,12 +359,20 @@ impl Context {
         );
         shared.outbox.borrow_mut().push(FromPlugin::Call {
             call,
-            event_type: EventType::of(event_type),
+            event_type,
             meta,
-            body: Bytes::from(body),
+            body,
             timeout_ms: timeout.as_millis() as u64,
         });
         RawCallFuture { shared, call }
+    }
+
+    /// A call made for a request names it: the callee's log lines carry
+    /// the same request id.
+    fn carry_request_id(&self, meta: &mut Meta) {
+        if let Some(id) = self.request.request_id() {
+            meta.push(switchyard_proto::event::META_REQUEST_ID, id);
+        }
     }
 
     /// Logs at info level, tagged with the request's correlation id.
@@ -339,28 +437,32 @@ impl<R: DeserializeOwned> Future for CallFuture<R> {
     }
 }
 
-/// The answer to [`Context::call_json`], undecoded.
-struct RawCallFuture {
+/// The answer to [`Context::call_raw`], undecoded.
+pub(crate) struct RawCallFuture {
     shared: Rc<Shared>,
     call: u64,
 }
 
 impl Future for RawCallFuture {
-    type Output = (u16, Bytes);
+    type Output = (u16, Meta, Bytes);
 
     fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Self::Output> {
         let mut calls = self.shared.calls.borrow_mut();
         let Some(slot) = calls.get_mut(&self.call) else {
-            return Poll::Ready((500, Bytes::from_static(b"call polled after completion")));
+            return Poll::Ready((
+                500,
+                Meta::default(),
+                Bytes::from_static(b"call polled after completion"),
+            ));
         };
         match slot.result.take() {
             None => {
                 slot.waker = Some(cx.waker().clone());
                 Poll::Pending
             }
-            Some((status, _, body)) => {
+            Some((status, meta, body)) => {
                 calls.remove(&self.call);
-                Poll::Ready((status, body))
+                Poll::Ready((status, meta, body))
             }
         }
     }

@@ -2,6 +2,12 @@
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use switchyard_manager_abi::messages::Caller;
+use switchyard_proto::control::RequestNeeds;
+use switchyard_proto::event::{
+    META_CLIENT, META_COOKIE_PREFIX, META_HEADER_PREFIX, META_IDENTITY, META_METHOD, META_PATH,
+    META_SCOPE_PREFIX,
+};
 use switchyard_proto::{Meta, codec};
 
 use crate::extract;
@@ -28,6 +34,11 @@ pub trait Event: DeserializeOwned + Serialize + 'static {
     const NAME: &'static str;
     /// The HTTP route that produces this event: `("GET", "/items/{id}")`.
     const ROUTE: Option<(&'static str, &'static str)> = None;
+    /// What the handler reads of its request besides the body, path
+    /// parameters and query: `#[event(request(...))]` and the fields bound
+    /// with `#[from(...)]` declare it. Only this travels with the event
+    /// (docs/http.md).
+    const REQUEST: RequestInfo = RequestInfo::NONE;
 
     /// Builds the event from a request. From another manager: the bincode
     /// body. From HTTP: the fields of a JSON-object body, the query string
@@ -56,20 +67,185 @@ pub trait Event: DeserializeOwned + Serialize + 'static {
     }
 }
 
+/// What an event (or a middleware) declares it reads of its request,
+/// besides the body, the path parameters and the query string, which
+/// always travel. Built by `#[event(request(...))]` and `#[from(...)]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RequestInfo {
+    /// The method (`Context::method`).
+    pub method: bool,
+    /// The path as received (`Context::path`).
+    pub path: bool,
+    /// The client's IP address (`Context::client_ip`).
+    pub client: bool,
+    /// The whole identity with every claim (`Context::identity`).
+    pub identity: bool,
+    /// Request headers (lowercase names) (`Context::header`).
+    pub headers: &'static [&'static str],
+    /// Cookies (`Context::cookie`).
+    pub cookies: &'static [&'static str],
+    /// Claims of the identity's scope (`Context::scope`).
+    pub scope: &'static [&'static str],
+}
+
+impl RequestInfo {
+    /// Nothing beyond body, path parameters and query.
+    pub const NONE: RequestInfo = RequestInfo {
+        method: false,
+        path: false,
+        client: false,
+        identity: false,
+        headers: &[],
+        cookies: &[],
+        scope: &[],
+    };
+
+    /// The declaration as it travels to the listener.
+    pub fn needs(&self) -> RequestNeeds {
+        let names = |list: &[&str]| list.iter().map(|n| n.to_ascii_lowercase()).collect::<Vec<_>>();
+        RequestNeeds {
+            method: self.method,
+            path: self.path,
+            client: self.client,
+            identity: self.identity,
+            headers: names(self.headers),
+            cookies: self.cookies.iter().map(|n| (*n).to_owned()).collect(),
+            scope: self.scope.iter().map(|n| (*n).to_owned()).collect(),
+        }
+    }
+}
+
+/// Where a field bound with `#[from(...)]` takes its value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    Header(&'static str),
+    Cookie(&'static str),
+    Scope(&'static str),
+}
+
+impl Source {
+    fn missing(self) -> Error {
+        match self {
+            Source::Header(name) => Error::bad_request(format!("missing header `{name}`")),
+            Source::Cookie(name) => Error::bad_request(format!("missing cookie `{name}`")),
+            Source::Scope(name) => Error::new(
+                401,
+                format!("authentication required: the request's scope has no `{name}`"),
+            ),
+        }
+    }
+
+    fn describe(self) -> String {
+        match self {
+            Source::Header(name) => format!("header `{name}`"),
+            Source::Cookie(name) => format!("cookie `{name}`"),
+            Source::Scope(name) => format!("scope `{name}`"),
+        }
+    }
+}
+
+/// The authenticated caller, as built-in authentication established it
+/// (docs/http.md): `Context::identity`.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Identity {
+    /// The caller's id: a JWT's `sub`, an API key's name, a Basic user.
+    pub sub: String,
+    /// How the caller proved it: `jwt`, `api_key` or `basic`.
+    pub method: String,
+    /// The claims (empty unless the event declares `identity`).
+    #[serde(default)]
+    pub claims: serde_json::Map<String, serde_json::Value>,
+}
+
+/// Read access to a request's context, shared by [`Request`], the
+/// [`Context`](crate::Context) and middleware.
+pub(crate) fn header<'m>(meta: &'m Meta, name: &str) -> Option<&'m str> {
+    prefixed(meta, META_HEADER_PREFIX, name)
+}
+
+pub(crate) fn cookie<'m>(meta: &'m Meta, name: &str) -> Option<&'m str> {
+    prefixed(meta, META_COOKIE_PREFIX, name)
+}
+
+pub(crate) fn scope(meta: &Meta, name: &str) -> Option<serde_json::Value> {
+    prefixed(meta, META_SCOPE_PREFIX, name).and_then(|v| serde_json::from_str(v).ok())
+}
+
+pub(crate) fn identity(meta: &Meta) -> Option<Identity> {
+    meta.get(META_IDENTITY).and_then(|v| serde_json::from_str(v).ok())
+}
+
+pub(crate) fn client_ip(meta: &Meta) -> Option<std::net::IpAddr> {
+    meta.get(META_CLIENT).and_then(|v| v.parse().ok())
+}
+
+pub(crate) fn method(meta: &Meta) -> Option<&str> {
+    meta.get(META_METHOD)
+}
+
+pub(crate) fn path(meta: &Meta) -> Option<&str> {
+    meta.get(META_PATH)
+}
+
+fn prefixed<'m>(meta: &'m Meta, prefix: &str, name: &str) -> Option<&'m str> {
+    meta.iter()
+        .find(|(k, _)| {
+            k.strip_prefix(prefix)
+                .is_some_and(|k| k.eq_ignore_ascii_case(name))
+        })
+        .map(|(_, v)| v)
+}
+
+/// Sets a scope entry (what middleware adds, e.g. a user id resolved from
+/// a session cookie).
+pub(crate) fn set_scope(meta: &mut Meta, name: &str, value: &serde_json::Value) {
+    let key = format!("{META_SCOPE_PREFIX}{name}");
+    meta.0.retain(|(k, _)| *k != key);
+    meta.push(key, value.to_string());
+}
+
 /// A request as extraction sees it: the event's meta and body.
 pub struct Request<'a> {
     pub meta: &'a Meta,
     pub body: &'a [u8],
     query: Vec<(String, String)>,
+    caller: Caller,
 }
 
 impl<'a> Request<'a> {
+    /// A request from a client (the safe default: fields bound to a
+    /// header, a cookie or the scope take their value from there only).
     pub fn new(meta: &'a Meta, body: &'a [u8]) -> Self {
+        Request::from_caller(meta, body, Caller::Client)
+    }
+
+    /// A request from `caller`.
+    pub fn from_caller(meta: &'a Meta, body: &'a [u8], caller: Caller) -> Self {
         let query = meta
             .get("query")
             .and_then(|q| serde_urlencoded::from_str::<Vec<(String, String)>>(q).ok())
             .unwrap_or_default();
-        Request { meta, body, query }
+        Request {
+            meta,
+            body,
+            query,
+            caller,
+        }
+    }
+
+    /// Whether a client sent it (through a listener), rather than another
+    /// manager of the group.
+    pub fn from_client(&self) -> bool {
+        self.caller == Caller::Client
+    }
+
+    /// The value of a `#[from(...)]` source, if the request has it.
+    pub fn source(&self, source: Source) -> Option<serde_json::Value> {
+        match source {
+            Source::Header(name) => header(self.meta, name).map(|v| serde_json::Value::String(v.to_owned())),
+            Source::Cookie(name) => cookie(self.meta, name).map(|v| serde_json::Value::String(v.to_owned())),
+            Source::Scope(name) => scope(self.meta, name),
+        }
     }
 
     /// Whether the body is bincode (a call from another manager).
@@ -94,9 +270,20 @@ impl<'a> Request<'a> {
         self.query.iter().map(|(k, v)| (k.as_str(), v.as_str()))
     }
 
-    /// A request header the listener passed on (`content-type`, `accept`).
+    /// A request header: `content-type` and `accept` always, others when
+    /// the event declares them.
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.meta.get(name)
+        header(self.meta, name).or_else(|| {
+            ["content-type", "accept"]
+                .iter()
+                .find(|n| n.eq_ignore_ascii_case(name))
+                .and_then(|n| self.meta.get(n))
+        })
+    }
+
+    /// A cookie the event declares.
+    pub fn cookie(&self, name: &str) -> Option<&str> {
+        cookie(self.meta, name)
     }
 
     fn json_value(&self) -> Result<serde_json::Value, Error> {
@@ -112,6 +299,62 @@ impl<'a> Request<'a> {
                 .map_err(|e| Error::bad_request(format!("bad bincode body: {e}")));
         }
         extract::from_value(&self.json_value()?)
+    }
+}
+
+/// What `#[derive(Event)]` expands to for events with `#[from(...)]`
+/// fields; not for direct use.
+#[doc(hidden)]
+pub mod bound {
+    use super::*;
+
+    /// Decodes an event whose fields `bound` (serde name, source) take
+    /// their values from the request's context. For a client's request,
+    /// whatever the body, query or path says for those names is dropped
+    /// first, and the sources' values put in their place.
+    pub fn decode<E: DeserializeOwned>(
+        request: &Request<'_>,
+        bound: &[(&str, Source)],
+        whole_body: bool,
+    ) -> Result<E, Error> {
+        if whole_body || request.is_bincode() {
+            return request.body_as();
+        }
+        let body = if request.body.is_empty() {
+            None
+        } else {
+            match request.json_value()? {
+                serde_json::Value::Object(map) => Some(map),
+                _ => return Err(Error::unprocessable("the request body must be a JSON object")),
+            }
+        };
+        let mut merged = extract::merge(request.query(), body, request.path_params());
+        if request.from_client()
+            && let serde_json::Value::Object(object) = &mut merged
+        {
+            for (key, source) in bound {
+                object.remove(*key);
+                if let Some(value) = request.source(*source) {
+                    object.insert((*key).to_owned(), value);
+                }
+            }
+        }
+        extract::from_value(&merged)
+    }
+
+    /// The value of one bound field of a client's request, from its source
+    /// alone: `Option` fields are `None` without it, others answer 400
+    /// (a header or cookie) or 401 (the scope).
+    pub fn value<T: DeserializeOwned>(request: &Request<'_>, source: Source) -> Result<T, Error> {
+        match request.source(source) {
+            Some(value) => extract::from_value(&value).map_err(|err| {
+                Error::invalid(vec![FieldError {
+                    field: String::new(),
+                    message: format!("{}: {}", source.describe(), err.message),
+                }])
+            }),
+            None => extract::from_value(&serde_json::Value::Null).map_err(|_| source.missing()),
+        }
     }
 }
 

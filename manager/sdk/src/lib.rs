@@ -14,7 +14,10 @@
 //!   (`extract` does path/query/body merging with coercion).
 //! - [`Reply`], [`Response`], [`Error`]: what handlers return.
 //! - [`Manager`], [`Registry`], [`State`]: declaring handlers.
-//! - [`Context`]: notifications, calls to other managers, jobs, config, logs.
+//! - [`Context`]: what a handler knows of its request (method, path,
+//!   client address, request id, identity, scope, declared headers and
+//!   cookies), notifications, calls to other managers, jobs, config, logs.
+//! - [`Middleware`]: user code around a manager's handlers (`middleware`).
 //! - [`Streamed`], [`BodyReader`]: bodies streamed through shared-memory
 //!   pipes (downloads and uploads of any size, on their own threads).
 //! - `runtime`: one manager instance and a small executor for async handlers.
@@ -38,6 +41,7 @@ mod event;
 #[doc(hidden)]
 pub mod export;
 mod extract;
+mod middleware;
 mod registry;
 mod reply;
 mod runtime;
@@ -48,9 +52,14 @@ mod stream;
 pub use switchyard_manager_abi as abi;
 
 pub use context::{Context, DEFAULT_CALL_TIMEOUT};
-pub use event::{Event, Invalid, Request, validate};
+/// The `cookie` crate, for [`Response::with_cookie`] and [`Reply::with_cookie`].
+pub use cookie;
+pub use event::{Event, Identity, Invalid, Request, RequestInfo, Source, bound, validate};
+pub use middleware::{Flow, Incoming, Middleware, Replacement, RequestHead};
 pub use registry::{Config, Manager, Registry, State, TICK_PERIOD};
-pub use reply::{BINCODE, Binary, Error, FieldError, Format, JSON, Json, Reply, Response};
+pub use reply::{
+    BINCODE, Binary, Created, Error, FieldError, Format, JSON, Json, Redirect, Reply, Response, WithHeaders,
+};
 pub use stream::{BodyReader, BodyWriter, MAX_STREAMS, STREAM_IDLE_TIMEOUT, Streamed};
 pub use switchyard_manager_abi::messages::LogLevel;
 pub use switchyard_manager_macros::{Event, Reply};

@@ -12,7 +12,7 @@ use serde::de::DeserializeOwned;
 use switchyard_proto::codec;
 
 use switchyard_proto::EventType;
-use switchyard_proto::control::{HandledType, HttpRoute};
+use switchyard_proto::control::{HandledType, HttpRoute, RequestNeeds};
 
 use crate::context::Context;
 use crate::event::{Event, Request};
@@ -132,6 +132,10 @@ pub struct Registry<M> {
     pub(crate) subscribes: Vec<EventType>,
     pub(crate) jobs: HashMap<EventType, JobFn>,
     pub(crate) timers: Vec<Timer<M>>,
+    /// Around every request handler, outermost first.
+    pub(crate) middleware: Vec<Box<dyn crate::middleware::Erased>>,
+    /// What the middleware read of every request.
+    pub(crate) middleware_needs: RequestNeeds,
 }
 
 /// How often the host ticks a manager with timers: the resolution of
@@ -161,7 +165,53 @@ impl<M: Manager> Registry<M> {
             subscribes: Vec::new(),
             jobs: HashMap::new(),
             timers: Vec::new(),
+            middleware: Vec::new(),
+            middleware_needs: RequestNeeds::default(),
         }
+    }
+
+    /// What the manager declares it serves: each request type with its
+    /// route and what it reads of its request (its own declaration and
+    /// the middleware's, which wrap every request handler).
+    pub(crate) fn handled(&self) -> Vec<HandledType> {
+        let mut handles = self.handles.clone();
+        for h in &mut handles {
+            if self.requests.contains_key(&h.event_type) {
+                h.needs.merge(&self.middleware_needs);
+            }
+        }
+        handles
+    }
+
+    /// Wraps every request handler of this manager (`request`,
+    /// `request_async`; not uploads) in `middleware`, inside the ones
+    /// registered before it. See [`Middleware`](crate::Middleware).
+    ///
+    /// ```
+    /// # use switchyard_manager::{Config, Context, Error, Flow, Incoming, Manager, Middleware, Registry};
+    /// struct RequireKey;
+    /// impl Middleware for RequireKey {
+    ///     const REQUEST: switchyard_manager::RequestInfo = switchyard_manager::RequestInfo {
+    ///         headers: &["x-api-key"], ..switchyard_manager::RequestInfo::NONE
+    ///     };
+    ///     fn before(&mut self, req: &mut Incoming<'_>, _: &mut Context) -> Result<Flow, Error> {
+    ///         match req.header("x-api-key") {
+    ///             Some("let-me-in") => Ok(Flow::Continue),
+    ///             _ => Err(Error::new(401, "an API key is needed")),
+    ///         }
+    ///     }
+    /// }
+    /// # struct M;
+    /// # impl Manager for M {
+    /// #     const NAME: &'static str = "m";
+    /// #     fn create(_: &Config) -> Result<Self, Error> { Ok(M) }
+    /// fn register(r: &mut Registry<Self>) { r.middleware(RequireKey); }
+    /// # }
+    /// ```
+    pub fn middleware<W: crate::Middleware>(&mut self, middleware: W) -> &mut Self {
+        self.middleware.push(Box::new(middleware));
+        self.middleware_needs.merge(&W::REQUEST.needs());
+        self
     }
 
     fn declare<E: Event>(&mut self) -> EventType {
@@ -179,6 +229,7 @@ impl<M: Manager> Registry<M> {
                 path: path.to_owned(),
                 stream_body,
             }),
+            needs: E::REQUEST.needs(),
         });
         event_type
     }

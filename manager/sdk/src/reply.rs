@@ -63,17 +63,197 @@ impl Response {
         }
     }
 
-    /// Adds a header.
+    /// Adds a header (another line if the name is there already). A name
+    /// that is not an HTTP token, or a value with CR, LF, NUL or another
+    /// control character, makes the response a 500 when it leaves the
+    /// manager (the handler's bug is logged): nothing can smuggle a header.
     pub fn with_header(mut self, name: &str, value: &str) -> Response {
-        self.meta.push(name, value);
+        self.meta.push(name.to_ascii_lowercase(), value);
         self
     }
+
+    /// Adds a `Set-Cookie` header (one line per cookie, never folded).
+    ///
+    /// ```
+    /// use switchyard_manager::{Response, cookie::Cookie};
+    /// let r = Response::no_content()
+    ///     .with_cookie(Cookie::build(("theme", "dark")).path("/").http_only(true).build());
+    /// assert_eq!(r.meta.get("set-cookie"), Some("theme=dark; HttpOnly; Path=/"));
+    /// ```
+    pub fn with_cookie(mut self, cookie: cookie::Cookie<'_>) -> Response {
+        self.meta.push("set-cookie", cookie.to_string());
+        self
+    }
+
+    /// A redirect to `location` (absolute, or relative to the request).
+    /// A target with CR, LF or NUL (a header smuggled into `Location`) is
+    /// refused with 400: such a target comes from a client.
+    pub fn redirect(kind: Redirect, location: &str) -> Result<Response, Error> {
+        if location.is_empty() {
+            return Err(Error::internal("a redirect needs a target"));
+        }
+        if location.bytes().any(|b| matches!(b, b'\r' | b'\n' | b'\0')) {
+            return Err(Error::bad_request("the redirect target contains CR, LF or NUL"));
+        }
+        Ok(Response::empty(kind.status()).with_header("location", location))
+    }
+
+    /// 204 No Content.
+    pub fn no_content() -> Response {
+        Response::empty(204)
+    }
+
+    /// 304 Not Modified: the client's cached copy (its `If-None-Match` or
+    /// `If-Modified-Since`) is current. No body.
+    pub fn not_modified() -> Response {
+        Response::empty(304)
+    }
+
+    /// `status` with no body.
+    pub fn empty(status: u16) -> Response {
+        Response {
+            status,
+            meta: Meta::default(),
+            body: Bytes::new(),
+            stream: None,
+        }
+    }
+}
+
+/// The redirect statuses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Redirect {
+    /// 301: moved for good; clients may turn a POST into a GET.
+    MovedPermanently,
+    /// 302: found elsewhere for now; clients may turn a POST into a GET.
+    Found,
+    /// 303: see the result there, with a GET (after a form POST).
+    SeeOther,
+    /// 307: elsewhere for now, same method and body.
+    Temporary,
+    /// 308: moved for good, same method and body.
+    Permanent,
+}
+
+impl Redirect {
+    /// The HTTP status.
+    pub fn status(self) -> u16 {
+        match self {
+            Redirect::MovedPermanently => 301,
+            Redirect::Found => 302,
+            Redirect::SeeOther => 303,
+            Redirect::Temporary => 307,
+            Redirect::Permanent => 308,
+        }
+    }
+}
+
+/// 201 Created: `body` with `Location` naming the new resource.
+///
+/// ```
+/// # use serde::Serialize;
+/// # use switchyard_manager::{Created, Format, Reply};
+/// #[derive(Serialize)]
+/// struct Order { id: u64 }
+/// let r = Created::at("/orders/7", Order { id: 7 }).into_response(Format::Json).unwrap();
+/// assert_eq!((r.status, r.meta.get("location")), (201, Some("/orders/7")));
+/// ```
+pub struct Created<T> {
+    pub location: String,
+    pub body: T,
+}
+
+impl<T: Serialize> Created<T> {
+    pub fn at(location: impl Into<String>, body: T) -> Created<T> {
+        Created {
+            location: location.into(),
+            body,
+        }
+    }
+}
+
+impl<T: Serialize> Reply for Created<T> {
+    fn into_response(self, format: Format) -> Result<Response, Error> {
+        if self.location.bytes().any(|b| matches!(b, b'\r' | b'\n' | b'\0')) {
+            return Err(Error::bad_request("the Location contains CR, LF or NUL"));
+        }
+        Ok(Response::encode(201, &self.body, format)?.with_header("location", &self.location))
+    }
+}
+
+/// A reply with headers (and cookies) added: [`Reply::with_header`],
+/// [`Reply::with_cookie`].
+pub struct WithHeaders<R> {
+    reply: R,
+    headers: Vec<(String, String)>,
+}
+
+impl<R: Reply> WithHeaders<R> {
+    /// One more header.
+    pub fn with_header(mut self, name: &str, value: &str) -> Self {
+        self.headers.push((name.to_ascii_lowercase(), value.to_owned()));
+        self
+    }
+
+    /// One more `Set-Cookie`.
+    pub fn with_cookie(mut self, cookie: cookie::Cookie<'_>) -> Self {
+        self.headers.push(("set-cookie".to_owned(), cookie.to_string()));
+        self
+    }
+}
+
+impl<R: Reply> Reply for WithHeaders<R> {
+    fn into_response(self, format: Format) -> Result<Response, Error> {
+        let mut response = self.reply.into_response(format)?;
+        response.meta.0.extend(self.headers);
+        Ok(response)
+    }
+}
+
+/// Why a response's header cannot go out: a name that is not an HTTP
+/// token, a value with a control character (CR, LF, NUL...), or a request
+/// context key (`:...`).
+pub(crate) fn invalid_header(meta: &Meta) -> Option<String> {
+    let token = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+    meta.iter().find_map(|(name, value)| {
+        if name.is_empty() || !name.bytes().all(token) {
+            return Some(format!("invalid header name {name:?}"));
+        }
+        if value.bytes().any(|b| (b < 0x20 && b != b'\t') || b == 0x7f) {
+            return Some(format!("header `{name}` has a control character in its value"));
+        }
+        None
+    })
 }
 
 /// A handler's return value. Derive it (`#[derive(Serialize, Reply)]`) for a
 /// struct that is the response body, or use [`Json`], [`Binary`], [`Response`].
 pub trait Reply {
     fn into_response(self, format: Format) -> Result<Response, Error>;
+
+    /// This reply with a header added (`Ok(Greeting { .. }.with_header("cache-control", "no-store"))`).
+    fn with_header(self, name: &str, value: &str) -> WithHeaders<Self>
+    where
+        Self: Sized,
+    {
+        WithHeaders {
+            reply: self,
+            headers: Vec::new(),
+        }
+        .with_header(name, value)
+    }
+
+    /// This reply with a `Set-Cookie` added.
+    fn with_cookie(self, cookie: cookie::Cookie<'_>) -> WithHeaders<Self>
+    where
+        Self: Sized,
+    {
+        WithHeaders {
+            reply: self,
+            headers: Vec::new(),
+        }
+        .with_cookie(cookie)
+    }
 }
 
 /// A serializable body, 200.

@@ -19,12 +19,13 @@ use bytes::Bytes;
 use switchyard_manager_abi::handover;
 use switchyard_proto::{EventType, Meta};
 
-use crate::context::{Context, Shared};
+use crate::context::{Context, DEFAULT_CALL_TIMEOUT, Shared};
 use crate::event::Request;
+use crate::middleware::{Flow, Incoming, Replacement, RequestHead, replacement_meta};
 use crate::registry::{Config, JobFn, LocalFuture, Manager, Registry, RequestHandler, State};
-use crate::reply::{Error, Format, Response};
+use crate::reply::{Error, Format, Response, invalid_header};
 use switchyard_manager_abi::messages::{
-    CreateArgs, Description, FromPlugin, JobOutput, LogLevel, RawBody, ToPlugin,
+    Caller, CreateArgs, Description, FromPlugin, JobOutput, LogLevel, RawBody, ToPlugin,
 };
 
 /// Where a plugin's log lines go (the host's logger, across the ABI).
@@ -104,12 +105,29 @@ impl Drop for Stepping {
     }
 }
 
+/// A request some middleware let through: whose `after` runs on its answer.
+pub(crate) struct After {
+    /// The first `through` middleware of the chain.
+    through: usize,
+    head: RequestHead,
+    format: Format,
+}
+
+/// How a request's `before` hooks ended, when not by passing it on.
+enum Stopped {
+    Answer(Result<Response, Error>),
+    Replace(Replacement),
+}
+
 /// One manager instance and its executor.
 pub(crate) struct Runtime<M: Manager> {
     state: Rc<RefCell<M>>,
     registry: Registry<M>,
+    /// The names of the request types this manager serves.
+    names: HashMap<EventType, String>,
+    /// The context of work that is not a request (timers, notifications).
+    no_request: Rc<Meta>,
     shared: Rc<Shared>,
-    expose_errors: bool,
     tasks: HashMap<u64, Task>,
     next_task: u64,
     ready: Arc<ReadyQueue>,
@@ -157,7 +175,7 @@ impl<M: Manager> Runtime<M> {
         M::register(&mut registry);
         let description = Description {
             kind: M::NAME.to_owned(),
-            handles: registry.handles.clone(),
+            handles: registry.handled(),
             subscribes: registry.subscribes.clone(),
             timers: !registry.timers.is_empty(),
         };
@@ -174,7 +192,15 @@ impl<M: Manager> Runtime<M> {
                 SEGMENT_POOL_BYTES,
                 SEGMENT_LEASE,
             )),
+            middleware: RefCell::new(std::mem::take(&mut registry.middleware)),
+            after: RefCell::new(HashMap::new()),
+            expose_errors: args.expose_errors,
         });
+        let names = registry
+            .handles
+            .iter()
+            .map(|h| (h.event_type, h.name.clone()))
+            .collect();
         let now = Instant::now();
         let timers = registry
             .timers
@@ -188,8 +214,9 @@ impl<M: Manager> Runtime<M> {
             timers,
             state: Rc::new(RefCell::new(manager)),
             registry,
+            names,
+            no_request: Rc::new(Meta::default()),
             shared,
-            expose_errors: args.expose_errors,
             tasks: HashMap::new(),
             next_task: 0,
             ready: Arc::new(ReadyQueue {
@@ -213,9 +240,10 @@ impl<M: Manager> Runtime<M> {
                     meta,
                     body,
                     stream,
+                    caller,
                 } => {
                     let stream = stream.map(handover::adopt_stream);
-                    self.on_request(correlation, event_type, &meta, body, stream)
+                    self.on_request(correlation, event_type, meta, body, stream, caller)
                 }
                 // Also the host's idle tick: housekeeping goes here, off
                 // the path of requests.
@@ -259,28 +287,35 @@ impl<M: Manager> Runtime<M> {
         std::mem::take(&mut *self.shared.outbox.borrow_mut())
     }
 
-    fn context(&self, correlation: u64, format: Format) -> Context {
+    fn context(&self, correlation: u64, format: Format, request: Rc<Meta>) -> Context {
         Context {
             shared: self.shared.clone(),
             correlation,
             format,
+            request,
         }
     }
 
+    /// A context outside any request.
+    fn background(&self, format: Format) -> Context {
+        self.context(0, format, self.no_request.clone())
+    }
+
     fn respond(&self, correlation: u64, result: Result<Response, Error>) {
-        respond(&self.shared, self.expose_errors, correlation, result);
+        respond(&self.shared, correlation, result);
     }
 
     fn on_request(
         &mut self,
         correlation: u64,
         event_type: EventType,
-        meta: &Meta,
+        meta: Meta,
         body: Bytes,
         stream: Option<switchyard_proto::StreamHandle>,
+        caller: Caller,
     ) {
         if self.registry.uploads.contains_key(&event_type) {
-            return self.on_upload(correlation, event_type, meta, body, stream);
+            return self.on_upload(correlation, event_type, &meta, body, stream, caller);
         }
         if stream.is_some() {
             return self.respond(
@@ -290,14 +325,155 @@ impl<M: Manager> Runtime<M> {
                 )),
             );
         }
+        if !self.registry.requests.contains_key(&event_type) {
+            return self.respond(
+                correlation,
+                Err(Error::not_found("this manager has no handler for the event type")),
+            );
+        }
+        let format = Format::from_meta(&meta);
+        let mut meta = Rc::new(meta);
+        if !self.shared.middleware.borrow().is_empty() {
+            match self.before(correlation, event_type, &mut meta, &body, caller, format) {
+                None => {}
+                Some(Stopped::Answer(answer)) => return self.respond(correlation, answer),
+                Some(Stopped::Replace(replacement)) => {
+                    return self.replace(correlation, replacement, &meta, format);
+                }
+            }
+        }
+        self.run_handler(correlation, event_type, meta, body, caller, format);
+    }
+
+    /// Runs the middleware's `before` hooks; `None` when every one passed
+    /// the request on. Remembers which let it through, for their `after`.
+    fn before(
+        &mut self,
+        correlation: u64,
+        event_type: EventType,
+        meta: &mut Rc<Meta>,
+        body: &[u8],
+        caller: Caller,
+        format: Format,
+    ) -> Option<Stopped> {
+        let mut cx = self.context(correlation, format, meta.clone());
+        let name = self.names.get(&event_type).map(String::as_str);
+        let mut through = 0;
+        let mut stopped = None;
+        {
+            let mut chain = self.shared.middleware.borrow_mut();
+            for middleware in chain.iter_mut() {
+                let mut incoming = Incoming {
+                    event_type,
+                    name,
+                    meta: &mut *meta,
+                    body,
+                    caller,
+                };
+                let flow = catch_unwind(AssertUnwindSafe(|| middleware.before(&mut incoming, &mut cx)));
+                match flow {
+                    Ok(Ok(Flow::Continue)) => through += 1,
+                    Ok(Ok(Flow::Respond(response))) => stopped = Some(Stopped::Answer(Ok(response))),
+                    Ok(Ok(Flow::Replace(replacement))) => {
+                        through += 1;
+                        stopped = Some(Stopped::Replace(replacement));
+                    }
+                    Ok(Err(err)) => stopped = Some(Stopped::Answer(Err(err))),
+                    Err(panic) => {
+                        let message = format!(
+                            "middleware {} panicked: {}",
+                            middleware.name(),
+                            panic_message(&*panic)
+                        );
+                        self.shared.log(LogLevel::Error, correlation, &message);
+                        stopped = Some(Stopped::Answer(Err(Error::internal("a middleware panicked"))));
+                    }
+                }
+                if stopped.is_some() {
+                    break;
+                }
+            }
+        }
+        if through > 0 {
+            self.shared.after.borrow_mut().insert(
+                correlation,
+                After {
+                    through,
+                    head: RequestHead {
+                        event_type,
+                        name: name.map(str::to_owned),
+                        meta: meta.clone(),
+                        caller,
+                    },
+                    format,
+                },
+            );
+        }
+        stopped
+    }
+
+    /// Handles a middleware's replacement event: here when this manager
+    /// serves its type (as trusted input: a middleware built it), else by
+    /// whichever manager does, through the router.
+    fn replace(&mut self, correlation: u64, replacement: Replacement, request: &Meta, format: Format) {
+        let meta = replacement_meta(request, replacement.name);
+        if self.registry.requests.contains_key(&replacement.event_type) {
+            return self.run_handler(
+                correlation,
+                replacement.event_type,
+                Rc::new(meta),
+                replacement.body,
+                Caller::Manager,
+                format,
+            );
+        }
+        let cx = self.context(correlation, format, Rc::new(request.clone()));
+        let call = cx.call_raw(
+            replacement.event_type,
+            meta,
+            replacement.body,
+            DEFAULT_CALL_TIMEOUT,
+        );
+        let shared = self.shared.clone();
+        self.spawn(
+            correlation,
+            Box::pin(async move {
+                let (status, meta, body) = call.await;
+                let meta = Meta(
+                    meta.0
+                        .into_iter()
+                        .filter(|(k, _)| !switchyard_proto::event::is_context_key(k))
+                        .collect(),
+                );
+                let response = Response {
+                    status,
+                    meta,
+                    body,
+                    stream: None,
+                };
+                respond(&shared, correlation, Ok(response));
+            }),
+        );
+    }
+
+    /// Decodes the event and runs its handler (inline, or as a task).
+    fn run_handler(
+        &mut self,
+        correlation: u64,
+        event_type: EventType,
+        meta: Rc<Meta>,
+        body: Bytes,
+        caller: Caller,
+        format: Format,
+    ) {
         let Some(handler) = self.registry.requests.get(&event_type) else {
             return self.respond(
                 correlation,
                 Err(Error::not_found("this manager has no handler for the event type")),
             );
         };
-        let request = Request::new(meta, &body);
-        let mut cx = self.context(correlation, Format::from_meta(meta));
+        let request = Request::from_caller(&meta, &body, caller);
+        let mut cx = self.context(correlation, format, meta.clone());
         match handler {
             RequestHandler::Sync(handler) => {
                 let state = &self.state;
@@ -311,12 +487,12 @@ impl<M: Manager> Runtime<M> {
                 let state = State(self.state.clone());
                 match catch_unwind(AssertUnwindSafe(|| handler(state, &request, cx))) {
                     Ok(Ok(future)) => {
-                        let (shared, expose) = (self.shared.clone(), self.expose_errors);
+                        let shared = self.shared.clone();
                         self.spawn(
                             correlation,
                             Box::pin(async move {
                                 let result = future.await;
-                                respond(&shared, expose, correlation, result);
+                                respond(&shared, correlation, result);
                             }),
                         );
                     }
@@ -340,13 +516,14 @@ impl<M: Manager> Runtime<M> {
         meta: &Meta,
         body: Bytes,
         stream: Option<switchyard_proto::StreamHandle>,
+        caller: Caller,
     ) {
         let handler = &self.registry.uploads[&event_type];
         let reader = match stream {
             Some(handle) => crate::stream::BodyReader::pipe(handle),
             None => Ok(crate::stream::BodyReader::whole(body)),
         };
-        let request = Request::new(meta, &[]);
+        let request = Request::from_caller(meta, &[], caller);
         let prepared = catch_unwind(AssertUnwindSafe(|| {
             reader.and_then(|reader| handler(&request, reader, Format::from_meta(meta)))
         }));
@@ -395,7 +572,7 @@ impl<M: Manager> Runtime<M> {
             return;
         };
         let request = Request::new(meta, body);
-        let mut cx = self.context(0, Format::Bincode);
+        let mut cx = self.background(Format::Bincode);
         let state = &self.state;
         match catch_unwind(AssertUnwindSafe(|| {
             handler(&mut state.borrow_mut(), &request, &mut cx)
@@ -419,7 +596,7 @@ impl<M: Manager> Runtime<M> {
             while next <= now {
                 next += every;
                 let handler = self.registry.timers[i].handler;
-                let mut cx = self.context(0, Format::Json);
+                let mut cx = self.background(Format::Json);
                 let state = &self.state;
                 match catch_unwind(AssertUnwindSafe(|| handler(&mut state.borrow_mut(), &mut cx))) {
                     Ok(Ok(())) => {}
@@ -528,8 +705,50 @@ pub(crate) fn run_job<M: Manager>(job_type: EventType, input: &[u8]) -> JobOutpu
     }
 }
 
-fn respond(shared: &Shared, expose_errors: bool, correlation: u64, result: Result<Response, Error>) {
+/// Runs the `after` hooks of the middleware that let the request
+/// through, innermost first; a panicking one turns the answer into a 500
+/// and the rest still run.
+fn after(shared: &Rc<Shared>, correlation: u64, response: &mut Response) {
+    let Some(after) = shared.after.borrow_mut().remove(&correlation) else {
+        return;
+    };
+    let mut cx = Context {
+        shared: shared.clone(),
+        correlation,
+        format: after.format,
+        request: after.head.meta.clone(),
+    };
+    let mut chain = shared.middleware.borrow_mut();
+    let through = after.through.min(chain.len());
+    for middleware in chain[..through].iter_mut().rev() {
+        let ran = catch_unwind(AssertUnwindSafe(|| {
+            middleware.after(&after.head, response, &mut cx)
+        }));
+        if let Err(panic) = ran {
+            let message = format!(
+                "middleware {} panicked after the handler: {}",
+                middleware.name(),
+                panic_message(&*panic)
+            );
+            shared.log(LogLevel::Error, correlation, &message);
+            *response = Error::internal("a middleware panicked").to_response(shared.expose_errors);
+        }
+    }
+}
+
+fn respond(shared: &Rc<Shared>, correlation: u64, result: Result<Response, Error>) {
+    let expose_errors = shared.expose_errors;
     let mut response = result.unwrap_or_else(|err| err.to_response(expose_errors));
+    after(shared, correlation, &mut response);
+    if let Some(problem) = invalid_header(&response.meta) {
+        // A handler's (or middleware's) bug: answered, never written out.
+        shared.log(
+            LogLevel::Error,
+            correlation,
+            &format!("the response is refused: {problem}"),
+        );
+        response = Error::internal("the handler set an invalid header").to_response(expose_errors);
+    }
     let mut handle = match response.stream.take().map(handover::release_stream) {
         None => None,
         Some(Ok(raw)) => Some(RawBody::Stream(raw)),
@@ -639,6 +858,7 @@ mod tests {
             meta,
             body: Bytes::from(switchyard_proto::codec::encode(&Later {}).unwrap()),
             stream: None,
+            caller: switchyard_manager_abi::messages::Caller::Manager,
         };
         assert!(runtime.step(vec![request]).is_empty(), "the handler waits");
         assert_eq!(asked.load(Ordering::SeqCst), 0, "nothing woke it yet");

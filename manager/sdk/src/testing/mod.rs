@@ -14,8 +14,11 @@ use std::ffi::c_void;
 use bytes::Bytes;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use switchyard_manager_abi::messages::{CreateArgs, FromPlugin, JobOutput, RawBody, ToPlugin};
+use switchyard_manager_abi::messages::{
+    Caller, CreateArgs, Description, FromPlugin, JobOutput, RawBody, ToPlugin,
+};
 use switchyard_manager_abi::{Buffer, HostApi, ManagerEntry, free_buffer, handover};
+use switchyard_proto::event::{META_COOKIE_PREFIX, META_HEADER_PREFIX, META_IDENTITY, META_SCOPE_PREFIX};
 use switchyard_proto::{EventType, Meta, codec};
 
 use crate::event::Event;
@@ -55,6 +58,7 @@ fn take(out: Buffer) -> Vec<u8> {
 struct Instance {
     entry: ManagerEntry,
     ptr: *mut c_void,
+    description: Description,
 }
 
 impl Instance {
@@ -67,7 +71,12 @@ impl Instance {
         if ptr.is_null() {
             return Err(Error::internal(String::from_utf8_lossy(&bytes)));
         }
-        Ok(Instance { entry, ptr })
+        let description = codec::decode_local(&bytes).map_err(|e| Error::internal(e.to_string()))?;
+        Ok(Instance {
+            entry,
+            ptr,
+            description,
+        })
     }
 
     fn step(&mut self, inputs: Vec<ToPlugin>) -> Vec<FromPlugin> {
@@ -232,6 +241,12 @@ impl<M: Manager> TestManager<M> {
         })
     }
 
+    /// What the manager declared when it was created (what the router
+    /// gets): its request types, routes and what each reads of its request.
+    pub fn description(&self) -> &Description {
+        &self.instance.description
+    }
+
     /// Answers calls to `E` with `f` (as the manager serving `E` would).
     pub fn stub<E: Event, R: Serialize>(
         &mut self,
@@ -336,6 +351,42 @@ impl<M: Manager> TestManager<M> {
     }
 
     fn send(&mut self, event_type: EventType, meta: Meta, body: Bytes) -> TestResponse {
+        self.send_from(event_type, meta, body, Caller::Client)
+    }
+
+    /// Builds a request to `E` with a request context (headers, cookies,
+    /// scope, identity, client address, request id), as the listener
+    /// sends it when the event declares them.
+    ///
+    /// ```
+    /// # use serde::{Deserialize, Serialize};
+    /// # use switchyard_manager::{Config, Context, Error, Event, Manager, Registry, Json};
+    /// #[derive(Serialize, Deserialize, Event)]
+    /// #[event(name = "t.Key", http = "GET /key")]
+    /// struct Key { #[from(header = "x-api-key")] key: Option<String> }
+    /// # struct M;
+    /// # impl Manager for M {
+    /// #     const NAME: &'static str = "m";
+    /// #     fn create(_: &Config) -> Result<Self, Error> { Ok(M) }
+    /// #     fn register(r: &mut Registry<Self>) { r.request(Self::key); }
+    /// # }
+    /// # impl M { fn key(&mut self, ev: Key, _: &mut Context) -> Result<Json<Option<String>>, Error> { Ok(Json(ev.key)) } }
+    /// use switchyard_manager::testing::TestManager;
+    /// let mut m = TestManager::<M>::new();
+    /// let r = m.build::<Key>().header("x-api-key", "k1").query("key=forged").send();
+    /// assert_eq!(r.text(), r#""k1""#);
+    /// ```
+    pub fn build<E: Event>(&mut self) -> TestRequest<'_, M> {
+        TestRequest {
+            manager: self,
+            event_type: EventType::of(E::NAME),
+            meta: Meta::default(),
+            body: Bytes::new(),
+            caller: Caller::Client,
+        }
+    }
+
+    fn send_from(&mut self, event_type: EventType, meta: Meta, body: Bytes, caller: Caller) -> TestResponse {
         let correlation = self.next;
         self.next += 1;
         let outputs = self.step(vec![ToPlugin::Request {
@@ -344,6 +395,7 @@ impl<M: Manager> TestManager<M> {
             meta,
             body,
             stream: None,
+            caller,
         }]);
         self.drive(outputs, Some(correlation))
             .expect("the manager answered")
@@ -436,5 +488,91 @@ impl<M: Manager> TestManager<M> {
             }
             outputs = self.step(inputs);
         }
+    }
+}
+
+/// A request being built for a [`TestManager`] ([`TestManager::build`]).
+pub struct TestRequest<'m, M: Manager> {
+    manager: &'m mut TestManager<M>,
+    event_type: EventType,
+    meta: Meta,
+    body: Bytes,
+    caller: Caller,
+}
+
+impl<M: Manager> TestRequest<'_, M> {
+    fn with(mut self, key: String, value: &str) -> Self {
+        self.meta.push(key, value);
+        self
+    }
+
+    /// A path parameter.
+    pub fn param(self, name: &str, value: &str) -> Self {
+        self.with(format!("p.{name}"), value)
+    }
+
+    /// The query string (`a=1&b=2`).
+    pub fn query(self, query: &str) -> Self {
+        self.with("query".into(), query)
+    }
+
+    /// A JSON body.
+    pub fn json(mut self, body: &[u8]) -> Self {
+        self.body = Bytes::copy_from_slice(body);
+        self.with("content-type".into(), JSON)
+    }
+
+    /// A bincode body, as a binary WebSocket or gRPC client may send.
+    pub fn bincode<T: Serialize>(mut self, value: &T) -> Self {
+        self.body = Bytes::from(codec::encode(value).expect("the body encodes"));
+        self.with("content-type".into(), BINCODE)
+    }
+
+    /// A request header (as declared).
+    pub fn header(self, name: &str, value: &str) -> Self {
+        self.with(
+            format!("{}{}", META_HEADER_PREFIX, name.to_ascii_lowercase()),
+            value,
+        )
+    }
+
+    /// A cookie (as declared).
+    pub fn cookie(self, name: &str, value: &str) -> Self {
+        self.with(format!("{META_COOKIE_PREFIX}{name}"), value)
+    }
+
+    /// A scope value (as declared).
+    pub fn scope(self, name: &str, value: serde_json::Value) -> Self {
+        self.with(format!("{META_SCOPE_PREFIX}{name}"), &value.to_string())
+    }
+
+    /// The authenticated identity.
+    pub fn identity(self, identity: &crate::Identity) -> Self {
+        let json = serde_json::to_string(identity).expect("an identity encodes");
+        self.with(META_IDENTITY.into(), &json)
+    }
+
+    /// The method, path, client address or request id (`:method`,
+    /// `:path`, `:client`, `:request-id`).
+    pub fn context(self, key: &str, value: &str) -> Self {
+        self.with(key.to_owned(), value)
+    }
+
+    /// Sent by another manager rather than a client.
+    pub fn from_manager(mut self) -> Self {
+        self.caller = Caller::Manager;
+        self
+    }
+
+    /// Sends it; the answer.
+    pub fn send(self) -> TestResponse {
+        let TestRequest {
+            manager,
+            event_type,
+            meta,
+            body,
+            caller,
+        } = self;
+        manager.send_from(event_type, meta, body, caller)
     }
 }

@@ -1,0 +1,371 @@
+//! Bearer JWT verification on `jsonwebtoken`: the configured keys (an HMAC
+//! secret, a PEM public key, a JWKS), each with the algorithms of its own
+//! family only, and the registered claims checked with a small leeway.
+//!
+//! Algorithm confusion cannot happen: a key verifies only algorithms of its
+//! family (an RSA key never serves as an HMAC secret), the token's `alg`
+//! must be one the configuration lists, and `alg: none` is not an
+//! algorithm `jsonwebtoken` knows.
+
+use std::str::FromStr;
+
+use jsonwebtoken::jwk::{Jwk, JwkSet};
+use jsonwebtoken::{Algorithm, DecodingKey, Validation, errors::ErrorKind};
+use serde_json::{Map, Value};
+
+use super::config::JwtConfig;
+
+/// One key and the validation that goes with it.
+struct Key {
+    /// A JWKS key's `kid`: a token naming another kid skips it.
+    kid: Option<String>,
+    key: DecodingKey,
+    validation: Validation,
+}
+
+/// The configured keys.
+pub(crate) struct Verifier {
+    keys: Vec<Key>,
+}
+
+/// Why a token was refused: the `error_description` of the 401.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Refused(pub(crate) &'static str);
+
+impl Verifier {
+    /// The verifier of `[auth.jwt]`, reading its key files; an error names
+    /// the key (`auth.jwt.*`) at fault.
+    pub(crate) fn new(config: &JwtConfig) -> Result<Verifier, String> {
+        if config.algorithms.is_empty() {
+            return Err("auth.jwt.algorithms: list the algorithms accepted (e.g. [\"RS256\"])".into());
+        }
+        let mut algorithms = Vec::new();
+        for name in &config.algorithms {
+            let alg = Algorithm::from_str(name).map_err(|_| {
+                format!(
+                    "auth.jwt.algorithms: `{name}` is not one of HS256, HS384, HS512, RS256, RS384, \
+                     RS512, PS256, PS384, PS512, ES256, ES384, EdDSA"
+                )
+            })?;
+            algorithms.push(alg);
+        }
+        let mut keys = Vec::new();
+        let secret = match (&config.secret, &config.secret_file) {
+            (Some(_), Some(_)) => {
+                return Err("auth.jwt.secret_file: give `secret` or `secret_file`, not both".into());
+            }
+            (Some(text), None) => Some(text.as_bytes().to_vec()),
+            (None, Some(path)) => {
+                let mut bytes = std::fs::read(path)
+                    .map_err(|e| format!("auth.jwt.secret_file: cannot read {}: {e}", path.display()))?;
+                while bytes.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
+                    bytes.pop();
+                }
+                Some(bytes)
+            }
+            (None, None) => None,
+        };
+        if let Some(secret) = secret {
+            // Short HMAC secrets can be brute-forced from one token
+            // (RFC 7518 §3.2: at least the hash's size).
+            if secret.len() < 32 {
+                return Err("auth.jwt.secret: an HMAC secret must be at least 32 bytes".into());
+            }
+            keys.push(key(
+                None,
+                DecodingKey::from_secret(&secret),
+                &algorithms,
+                config,
+                "auth.jwt.secret",
+            )?);
+        }
+        if let Some(path) = &config.public_key_file {
+            let pem = std::fs::read(path)
+                .map_err(|e| format!("auth.jwt.public_key_file: cannot read {}: {e}", path.display()))?;
+            let decoding = pem_key(&pem).ok_or_else(|| {
+                format!(
+                    "auth.jwt.public_key_file: {} holds no RSA, EC or Ed25519 public key in PEM",
+                    path.display()
+                )
+            })?;
+            keys.push(key(
+                None,
+                decoding,
+                &algorithms,
+                config,
+                "auth.jwt.public_key_file",
+            )?);
+        }
+        if let Some(path) = &config.jwks_file {
+            let text = std::fs::read(path)
+                .map_err(|e| format!("auth.jwt.jwks_file: cannot read {}: {e}", path.display()))?;
+            let set: JwkSet = serde_json::from_slice(&text).map_err(|e| {
+                format!(
+                    "auth.jwt.jwks_file: {} is not a JWKS document: {e}",
+                    path.display()
+                )
+            })?;
+            for jwk in &set.keys {
+                keys.push(jwk_key(jwk, &algorithms, config)?);
+            }
+        }
+        if keys.is_empty() {
+            return Err(
+                "auth.jwt: give a key: `secret`, `secret_file`, `public_key_file` or `jwks_file`".into(),
+            );
+        }
+        Ok(Verifier { keys })
+    }
+
+    /// The token's claims, once its signature, algorithm and registered
+    /// claims check out.
+    pub(crate) fn verify(&self, token: &str) -> Result<Map<String, Value>, Refused> {
+        // Malformed, or an `alg` jsonwebtoken does not know (`none`).
+        let header = jsonwebtoken::decode_header(token).map_err(|_| Refused("malformed token"))?;
+        let mut refused = Refused("the token's algorithm is not accepted");
+        for k in &self.keys {
+            if !k.validation.algorithms.contains(&header.alg) {
+                continue;
+            }
+            if let (Some(want), Some(have)) = (&header.kid, &k.kid)
+                && want != have
+            {
+                refused = Refused("no key has the token's kid");
+                continue;
+            }
+            match jsonwebtoken::decode::<Map<String, Value>>(token, &k.key, &k.validation) {
+                Ok(data) => return Ok(data.claims),
+                Err(err) => refused = describe(err.kind()),
+            }
+        }
+        Err(refused)
+    }
+}
+
+fn describe(kind: &ErrorKind) -> Refused {
+    Refused(match kind {
+        ErrorKind::ExpiredSignature => "the token has expired",
+        ErrorKind::ImmatureSignature => "the token is not valid yet (nbf)",
+        ErrorKind::InvalidIssuer => "the token's issuer is not accepted",
+        ErrorKind::InvalidAudience => "the token's audience is not accepted",
+        ErrorKind::MissingRequiredClaim(_) => "the token lacks a required claim",
+        ErrorKind::InvalidSignature => "the token's signature does not verify",
+        ErrorKind::InvalidAlgorithm => "the token's algorithm is not accepted",
+        _ => "malformed token",
+    })
+}
+
+/// A PEM public key of whichever kind it is.
+fn pem_key(pem: &[u8]) -> Option<DecodingKey> {
+    DecodingKey::from_rsa_pem(pem)
+        .or_else(|_| DecodingKey::from_ec_pem(pem))
+        .or_else(|_| DecodingKey::from_ed_pem(pem))
+        .ok()
+}
+
+fn jwk_key(jwk: &Jwk, algorithms: &[Algorithm], config: &JwtConfig) -> Result<Key, String> {
+    let decoding =
+        DecodingKey::from_jwk(jwk).map_err(|e| format!("auth.jwt.jwks_file: an unusable key ({e})"))?;
+    // A key that names its algorithm verifies only that one.
+    let pinned: Vec<Algorithm> = match jwk.common.key_algorithm {
+        Some(ka) => {
+            let Ok(alg) = Algorithm::from_str(&ka.to_string()) else {
+                return Err(format!(
+                    "auth.jwt.jwks_file: key algorithm {ka} cannot sign a JWT"
+                ));
+            };
+            algorithms.iter().copied().filter(|a| *a == alg).collect()
+        }
+        None => algorithms.to_vec(),
+    };
+    let mut k = key(
+        jwk.common.key_id.clone(),
+        decoding,
+        &pinned,
+        config,
+        "auth.jwt.jwks_file",
+    )?;
+    k.kid = jwk.common.key_id.clone();
+    Ok(k)
+}
+
+/// `decoding` with the configured algorithms of its family.
+fn key(
+    kid: Option<String>,
+    decoding: DecodingKey,
+    algorithms: &[Algorithm],
+    config: &JwtConfig,
+    what: &str,
+) -> Result<Key, String> {
+    let family = decoding.family();
+    let own: Vec<Algorithm> = algorithms
+        .iter()
+        .copied()
+        .filter(|a| a.family() == family)
+        .collect();
+    if own.is_empty() && kid.is_none() {
+        return Err(format!(
+            "{what}: a {family:?} key, but auth.jwt.algorithms lists no algorithm of that family"
+        ));
+    }
+    let mut validation = Validation::new(own.first().copied().unwrap_or(Algorithm::HS256));
+    validation.algorithms = own;
+    validation.leeway = config.leeway_s;
+    validation.validate_nbf = true;
+    validation.validate_exp = true;
+    let mut required = Vec::new();
+    if config.require_exp {
+        required.push("exp");
+    }
+    if config.issuer.is_empty() {
+        validation.iss = None;
+    } else {
+        validation.set_issuer(&config.issuer);
+        required.push("iss");
+    }
+    if config.audience.is_empty() {
+        // No audience configured: a token's `aud` is not ours to judge.
+        validation.validate_aud = false;
+    } else {
+        validation.set_audience(&config.audience);
+        required.push("aud");
+    }
+    validation.set_required_spec_claims(&required);
+    Ok(Key {
+        kid,
+        key: decoding,
+        validation,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use jsonwebtoken::{EncodingKey, Header, encode};
+
+    const SECRET: &str = "0123456789abcdef0123456789abcdef";
+
+    fn hs_config() -> JwtConfig {
+        JwtConfig {
+            algorithms: vec!["HS256".into()],
+            secret: Some(SECRET.into()),
+            ..JwtConfig::default()
+        }
+    }
+
+    fn now() -> u64 {
+        jsonwebtoken::get_current_timestamp()
+    }
+
+    fn token(claims: Value, secret: &str) -> String {
+        encode(
+            &Header::new(Algorithm::HS256),
+            &claims,
+            &EncodingKey::from_secret(secret.as_bytes()),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn accepts_good_and_refuses_bad_tokens() {
+        let v = Verifier::new(&hs_config()).unwrap();
+        let good = token(serde_json::json!({"sub": "ada", "exp": now() + 60}), SECRET);
+        assert_eq!(v.verify(&good).unwrap()["sub"], "ada");
+        let forged = token(
+            serde_json::json!({"sub": "ada", "exp": now() + 60}),
+            "another-secret-another-secret-xx",
+        );
+        assert_eq!(
+            v.verify(&forged),
+            Err(Refused("the token's signature does not verify"))
+        );
+        let expired = token(serde_json::json!({"sub": "ada", "exp": now() - 120}), SECRET);
+        assert_eq!(v.verify(&expired), Err(Refused("the token has expired")));
+        // Within the leeway.
+        let just = token(serde_json::json!({"sub": "ada", "exp": now() - 5}), SECRET);
+        assert!(v.verify(&just).is_ok());
+        let early = token(
+            serde_json::json!({"sub": "ada", "exp": now() + 600, "nbf": now() + 300}),
+            SECRET,
+        );
+        assert_eq!(v.verify(&early), Err(Refused("the token is not valid yet (nbf)")));
+        let no_exp = token(serde_json::json!({"sub": "ada"}), SECRET);
+        assert_eq!(
+            v.verify(&no_exp),
+            Err(Refused("the token lacks a required claim"))
+        );
+        // alg: none, unsigned.
+        use base64::Engine as _;
+        let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        let none = format!(
+            "{}.{}.",
+            b64.encode(br#"{"alg":"none","typ":"JWT"}"#),
+            b64.encode(format!(r#"{{"sub":"ada","exp":{}}}"#, now() + 60))
+        );
+        assert!(v.verify(&none).is_err());
+        assert!(v.verify("not a token").is_err());
+    }
+
+    #[test]
+    fn issuer_and_audience() {
+        let mut config = hs_config();
+        config.issuer = vec!["https://issuer".into()];
+        config.audience = vec!["api".into()];
+        let v = Verifier::new(&config).unwrap();
+        let exp = now() + 60;
+        let ok = token(
+            serde_json::json!({"sub": "a", "exp": exp, "iss": "https://issuer", "aud": "api"}),
+            SECRET,
+        );
+        assert!(v.verify(&ok).is_ok());
+        let wrong_iss = token(
+            serde_json::json!({"sub": "a", "exp": exp, "iss": "https://evil", "aud": "api"}),
+            SECRET,
+        );
+        assert_eq!(
+            v.verify(&wrong_iss),
+            Err(Refused("the token's issuer is not accepted"))
+        );
+        let wrong_aud = token(
+            serde_json::json!({"sub": "a", "exp": exp, "iss": "https://issuer", "aud": "other"}),
+            SECRET,
+        );
+        assert_eq!(
+            v.verify(&wrong_aud),
+            Err(Refused("the token's audience is not accepted"))
+        );
+        let no_aud = token(
+            serde_json::json!({"sub": "a", "exp": exp, "iss": "https://issuer"}),
+            SECRET,
+        );
+        assert!(v.verify(&no_aud).is_err());
+    }
+
+    #[test]
+    fn configuration_errors_name_the_key() {
+        let mut c = hs_config();
+        c.algorithms = vec!["none".into()];
+        assert!(
+            Verifier::new(&c)
+                .err()
+                .unwrap()
+                .starts_with("auth.jwt.algorithms")
+        );
+        let mut c = hs_config();
+        c.secret = Some("short".into());
+        assert!(Verifier::new(&c).err().unwrap().starts_with("auth.jwt.secret"));
+        let mut c = hs_config();
+        c.algorithms = vec!["RS256".into()];
+        assert!(
+            Verifier::new(&c)
+                .err()
+                .unwrap()
+                .contains("no algorithm of that family")
+        );
+        let c = JwtConfig {
+            algorithms: vec!["RS256".into()],
+            ..JwtConfig::default()
+        };
+        assert!(Verifier::new(&c).err().unwrap().contains("give a key"));
+    }
+}
