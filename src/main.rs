@@ -11,7 +11,10 @@
 //! - `status`: the control socket, and its clients `switchyard status`,
 //!   `reload` and `upgrade`.
 //! - `token`: `switchyard token`, a development bearer token.
+//! - `apidoc`: `[api]`, the catalog of the plugins' event types handed to
+//!   the listeners, and `switchyard openapi`.
 
+mod apidoc;
 mod config;
 mod inherit;
 mod roles;
@@ -122,6 +125,14 @@ enum Command {
         roles: Vec<String>,
         /// The configuration whose `[auth.jwt]` secret signs (default: the
         /// demo group's).
+        #[arg(short, long)]
+        config: Option<PathBuf>,
+    },
+    /// Print the OpenAPI 3.1 document of a configuration's group (what
+    /// its `GET /openapi.json` serves) without starting it. The plugins
+    /// are opened in a short-lived child process, as `check` does.
+    Openapi {
+        /// Configuration file (default: built-in demo configuration).
         #[arg(short, long)]
         config: Option<PathBuf>,
     },
@@ -248,6 +259,7 @@ fn main() -> ExitCode {
             }
             Err(code) => code,
         },
+        Command::Openapi { config } => apidoc::openapi_main(config.as_deref()),
         Command::Validate => validate::child_main(),
         Command::Role { role, name, instance } => roles::main(role, name, instance),
     }

@@ -28,6 +28,8 @@
 //!   request; security headers.
 //! - [`tls`]: certificates from PEM files, ALPN, client certificates; the
 //!   handshake runs in the connection's task.
+//! - [`api`]: `/openapi.json` and `/docs`, the API described from the
+//!   event types the plugins declared (rendered once per generation).
 //! - `dispatch`: which front end serves a request (gRPC by content type,
 //!   `/health`, `/ready`, WebSocket upgrades, else the route table), once
 //!   the middleware has admitted it.
@@ -54,6 +56,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod api;
 mod body;
 mod conn;
 mod context;
@@ -169,6 +172,8 @@ pub struct Config {
     pub middleware: MiddlewareConfig,
     /// Serve TLS on every port with these certificates (none: plaintext).
     pub tls: Option<TlsConfig>,
+    /// `/openapi.json` and `/docs` (`[api]`).
+    pub api: api::ApiConfig,
 }
 
 /// WebSocket limits (`[listener.ws]` in switchyard.toml).
