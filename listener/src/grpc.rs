@@ -30,6 +30,7 @@ use tonic::server::NamedService;
 use tonic::{Status, Streaming};
 use tonic_health::ServingStatus;
 use tonic_health::server::{HealthReporter, HealthService};
+use tonic_types::{ErrorDetails, FieldViolation, StatusExt};
 
 use crate::context::{Front, Opener};
 use crate::exchange::emit_notification;
@@ -238,10 +239,22 @@ async fn call(state: &State, req: CallRequest, front: &Front<'_>) -> Result<Call
             payload: body,
         });
     }
-    // The problem+json's detail (or title) is the message; the whole body
-    // rides along as the status details.
-    let message = serde_json::from_slice::<Value>(&body)
-        .ok()
+    Err(CallError {
+        status,
+        grpc: event_status(status, &body),
+    })
+}
+
+/// An event's error as a gRPC status: the problem+json's detail (or
+/// title) is the message, and the details are a standard
+/// `google.rpc.Status` (decision 0062) that any gRPC library decodes: an
+/// `ErrorInfo` (reason from the HTTP status, domain `switchyard`, metadata
+/// `http_status` and the whole `problem` JSON) and, for 400 and 422, a
+/// `BadRequest` with one field violation per invalid field.
+pub(crate) fn event_status(status: u16, body: &[u8]) -> Status {
+    let problem = serde_json::from_slice::<Value>(body).ok();
+    let message = problem
+        .as_ref()
         .and_then(|v| {
             v.get("detail")
                 .or_else(|| v.get("title"))
@@ -249,10 +262,36 @@ async fn call(state: &State, req: CallRequest, front: &Front<'_>) -> Result<Call
                 .map(str::to_owned)
         })
         .unwrap_or_else(|| format!("event status {status}"));
-    Err(CallError {
-        status,
-        grpc: Status::with_details(code_for_status(status), message, body),
-    })
+    let mut details = ErrorDetails::new();
+    if matches!(status, 400 | 422) {
+        let violations: Vec<FieldViolation> = problem
+            .as_ref()
+            .and_then(|p| p.get("errors"))
+            .and_then(Value::as_array)
+            .map(|errors| {
+                errors
+                    .iter()
+                    .map(|e| {
+                        let text = |k: &str| e.get(k).and_then(Value::as_str).unwrap_or_default().to_owned();
+                        FieldViolation::new(text("field"), text("message"))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        if !violations.is_empty() {
+            details.set_bad_request(violations);
+        }
+    }
+    let mut metadata = std::collections::HashMap::new();
+    metadata.insert("http_status".to_owned(), status.to_string());
+    if problem.is_some() {
+        metadata.insert("problem".to_owned(), String::from_utf8_lossy(body).into_owned());
+    }
+    let reason = switchyard_proto::problem::reason(status)
+        .to_ascii_uppercase()
+        .replace(' ', "_");
+    details.set_error_info(reason, "switchyard", metadata);
+    Status::with_error_details(code_for_status(status), message, details)
 }
 
 /// Checks a subscribe request; the filter as JSON text.
@@ -418,7 +457,14 @@ fn error(id: String, status: u16, grpc: &Status) -> Result<ServerMessage, Status
             code: grpc.code() as i32,
             status: status.into(),
             message: grpc.message().to_owned(),
-            details: grpc.details().to_vec().into(),
+            // A session's error carries the problem+json itself (events.proto).
+            details: grpc
+                .get_error_details()
+                .error_info()
+                .and_then(|info| info.metadata.get("problem"))
+                .map(|p| p.as_bytes().to_vec())
+                .unwrap_or_default()
+                .into(),
         }),
     )
 }
