@@ -218,3 +218,26 @@ fn a_bad_api_key_is_a_configuration_error_naming_it() {
     assert_eq!(out.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&out.stderr).contains("api.title"));
 }
+
+#[test]
+fn switchyard_bench_takes_its_routes_from_openapi_json() {
+    let group = Group::start("openapi-bench");
+    let url = format!("http://{}", group.addr);
+    let out = switchyard(&["bench", &url, "-c", "1", "-d", "0.2", "--warmup", "0", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["routes_from"], "openapi", "{report}");
+    let routes: Vec<&str> = report["routes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(routes.contains(&"GET /noop"), "{routes:?}");
+    // /me needs a token (its `security`), /panic answers 500: neither is load.
+    assert!(
+        !routes.contains(&"GET /me") && !routes.contains(&"GET /panic"),
+        "{routes:?}"
+    );
+    assert_eq!(report["steps"][0]["error_rate"], 0.0, "{report}");
+}
