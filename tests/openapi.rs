@@ -141,6 +141,9 @@ fn the_docs_page_lists_routes_events_fields_and_descriptions() {
         "length ≥ 1, length ≤ 100",
         "from the request&#39;s scope",
         "Notification types",
+        // Declared with `r.emits::<Tick>()`, with its fields' doc comments.
+        "<code>demo.tick</code>",
+        "Wall-clock milliseconds since the Unix epoch.",
         "href=\"/openapi.json\"",
     ] {
         assert!(html.contains(needle), "the page lacks {needle:?}");
