@@ -115,15 +115,48 @@ pub(crate) fn read(dir: &Path) -> Arc<Catalog> {
     }
 }
 
-/// `switchyard openapi [-c FILE]`.
-pub(crate) fn openapi_main(path: Option<&Path>) -> ExitCode {
-    let mut config = match crate::load_config(path) {
-        Ok(c) => c,
-        Err(code) => return code,
-    };
+/// The configuration at `path` (the demo's without), with its catalog.
+fn load_with_catalog(path: Option<&Path>) -> Result<Config, ExitCode> {
+    let mut config = crate::load_config(path)?;
     if path.is_none() {
         gather(&mut config);
     }
+    Ok(config)
+}
+
+/// `switchyard proto [-c FILE] [--out DIR]`.
+pub(crate) fn proto_main(path: Option<&Path>, out: Option<&Path>) -> ExitCode {
+    let config = match load_with_catalog(path) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let (files, _) = switchyard_listener::api::proto::files(&config.catalog);
+    for file in &files {
+        match out {
+            Some(dir) => {
+                let target = dir.join(&file.path);
+                let written = target
+                    .parent()
+                    .map_or(Ok(()), std::fs::create_dir_all)
+                    .and_then(|()| std::fs::write(&target, &file.text));
+                if let Err(err) = written {
+                    eprintln!("switchyard proto: {}: {err}", target.display());
+                    return ExitCode::FAILURE;
+                }
+                println!("{}", target.display());
+            }
+            None => println!("// ---- {}\n{}", file.path, file.text),
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+/// `switchyard openapi [-c FILE]`.
+pub(crate) fn openapi_main(path: Option<&Path>) -> ExitCode {
+    let config = match load_with_catalog(path) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
     let settings = config.api.to_listener(config.catalog.clone());
     let document = switchyard_listener::api::openapi_document(&config.catalog, &settings, &config.auth);
     match serde_json::to_string_pretty(&document) {

@@ -136,6 +136,18 @@ enum Command {
         #[arg(short, long)]
         config: Option<PathBuf>,
     },
+    /// Write the `.proto` files of a configuration's typed gRPC services
+    /// (one service per manager, one rpc per event: docs/grpc.md) without
+    /// starting the group; to stdout, or one file per package under
+    /// `--out`.
+    Proto {
+        /// Configuration file (default: built-in demo configuration).
+        #[arg(short, long)]
+        config: Option<PathBuf>,
+        /// Directory to write `demo/v1/api.proto` and the others into.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     /// Validate a configuration file and exit.
     Check {
         #[arg(short, long)]
@@ -260,6 +272,7 @@ fn main() -> ExitCode {
             Err(code) => code,
         },
         Command::Openapi { config } => apidoc::openapi_main(config.as_deref()),
+        Command::Proto { config, out } => apidoc::proto_main(config.as_deref(), out.as_deref()),
         Command::Validate => validate::child_main(),
         Command::Role { role, name, instance } => roles::main(role, name, instance),
     }

@@ -8,6 +8,8 @@
 //! `Session` stream is one more session of the pipes, with the same
 //! subscriptions, push path and bounded queue as a WebSocket connection.
 
+mod typed;
+
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
@@ -81,6 +83,9 @@ where
 /// The gRPC services, dispatched by the path's service name.
 pub(crate) struct Grpc {
     services: Vec<(&'static str, Handler)>,
+    /// The typed services made from the event schemas (by full path).
+    typed: Option<typed::Typed>,
+    state: Arc<State>,
 }
 
 /// The health service names: the whole group is `""` (and the Events
@@ -93,13 +98,24 @@ impl Grpc {
         tokio::spawn(track_health(state.clone(), reporter.clone()));
         let health =
             tonic_health::pb::health_server::HealthServer::new(HealthService::from_health_reporter(reporter));
+        let typed = match typed::Typed::new(&state.config.api.catalog) {
+            Ok(typed) => typed,
+            Err(err) => {
+                tracing::error!(%err, "no typed gRPC services");
+                None
+            }
+        };
         let reflection = || {
-            tonic_reflection::server::Builder::configure()
+            let builder = tonic_reflection::server::Builder::configure()
                 .register_encoded_file_descriptor_set(switchyard_proto::grpc::FILE_DESCRIPTOR_SET)
-                .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+                .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET);
+            match &typed {
+                Some(t) => builder.register_encoded_file_descriptor_set(&t.descriptors),
+                None => builder,
+            }
         };
         let mut services = vec![
-            handler(EventsServer::new(EventsService { state })),
+            handler(EventsServer::new(EventsService { state: state.clone() })),
             handler(health),
         ];
         match reflection().build_v1() {
@@ -110,7 +126,11 @@ impl Grpc {
             Ok(v1alpha) => services.push(handler(v1alpha)),
             Err(err) => tracing::error!(%err, "no gRPC reflection (v1alpha)"),
         }
-        Grpc { services }
+        Grpc {
+            services,
+            typed,
+            state,
+        }
     }
 
     /// Serves one gRPC request.
@@ -120,9 +140,16 @@ impl Grpc {
             .strip_prefix('/')
             .and_then(|p| p.split_once('/'))
             .map(|(service, _)| service);
-        match self.services.iter().find(|(name, _)| Some(*name) == service) {
-            Some((_, handle)) => handle(req).await,
-            None => Status::unimplemented(format!("no service {}", service.unwrap_or(path))).into_http(),
+        if let Some((_, handle)) = self.services.iter().find(|(name, _)| Some(*name) == service) {
+            return handle(req).await;
+        }
+        let unknown = Status::unimplemented(format!("no service {}", service.unwrap_or(path)));
+        match &self.typed {
+            Some(typed) => typed
+                .serve(&self.state, req)
+                .await
+                .unwrap_or_else(|| unknown.into_http()),
+            None => unknown.into_http(),
         }
     }
 }

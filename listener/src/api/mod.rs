@@ -6,6 +6,7 @@
 
 mod docs;
 mod openapi;
+pub mod proto;
 
 use std::sync::{Arc, OnceLock};
 
