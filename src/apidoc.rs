@@ -4,7 +4,7 @@
 //! the listeners through a file in the runtime directory, and
 //! `switchyard openapi`.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -93,15 +93,19 @@ pub(crate) fn gather(config: &mut Config) {
 
 /// Writes `config`'s catalog where the listeners of runtime directory
 /// `dir` read it; replaced whole (rename), so a reader never sees half.
-pub(crate) fn publish(config: &Config, dir: &Path) -> std::io::Result<()> {
+/// Returns the file, which the group removes when it stops.
+pub(crate) fn publish(config: &Config, dir: &Path) -> std::io::Result<PathBuf> {
     let path = dir.join(CATALOG_FILE);
     let text = serde_json::to_vec(&*config.catalog).map_err(std::io::Error::other)?;
     if std::fs::read(&path).is_ok_and(|old| old == text) {
-        return Ok(());
+        return Ok(path);
     }
     let temporary = dir.join(format!("{CATALOG_FILE}.new"));
-    std::fs::write(&temporary, text)?;
-    std::fs::rename(temporary, path)
+    let written = std::fs::write(&temporary, text).and_then(|()| std::fs::rename(&temporary, &path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&temporary);
+    }
+    written.map(|()| path)
 }
 
 /// The catalog the supervisor published in `dir` (empty if none).

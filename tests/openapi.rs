@@ -244,3 +244,55 @@ fn switchyard_bench_takes_its_routes_from_openapi_json() {
     );
     assert_eq!(report["steps"][0]["error_rate"], 0.0, "{report}");
 }
+
+#[test]
+fn a_reload_with_a_new_plugin_build_describes_its_new_fields() {
+    let dir = common::scratch_dir("openapi-reload");
+    let file = dir.path().join("switchyard.toml");
+    let config = |package: &str| {
+        format!(
+            "[[managers]]\nname = \"versioned\"\nplugin = \"{}\"\n",
+            common::plugin(package).display()
+        )
+    };
+    std::fs::write(&file, config("switchyard-fixture-versioned-one")).unwrap();
+    let group = Group::builder("openapi-reload").config_file(&file).start();
+    let query_params = |doc: &Value| -> Vec<String> {
+        doc["paths"]["/version"]["get"]["parameters"]
+            .as_array()
+            .map(|ps| {
+                ps.iter()
+                    .filter_map(|p| p["name"].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let before = get(group.addr, "/openapi.json").unwrap().json();
+    assert!(
+        query_params(&before).is_empty(),
+        "{}",
+        before["paths"]["/version"]
+    );
+
+    // Build two has a `detail` field: after the reload, the description has it.
+    std::fs::write(&file, config("switchyard-fixture-versioned-two")).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args(["reload", "--runtime-dir"])
+        .arg(&group.runtime_dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let after = common::eventually("the new description", std::time::Duration::from_secs(20), || {
+        let doc = get(group.addr, "/openapi.json")
+            .map_err(|e| e.to_string())?
+            .json();
+        if query_params(&doc) == ["detail"] {
+            Ok(doc)
+        } else {
+            Err(doc["paths"]["/version"].to_string())
+        }
+    });
+    let reply =
+        &after["paths"]["/version"]["get"]["responses"]["200"]["content"]["application/json"]["schema"];
+    assert!(reply["properties"]["added"].is_object(), "{reply}");
+}

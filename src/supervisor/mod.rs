@@ -677,7 +677,8 @@ impl Supervisor {
     fn spawn(&mut self, idx: usize) -> anyhow::Result<()> {
         let exe = std::env::current_exe()?;
         if self.children[idx].role == Role::Listener {
-            crate::apidoc::publish(&self.config, self.dir.path())?;
+            let file = crate::apidoc::publish(&self.config, self.dir.path())?;
+            self.dir.own(file);
         }
         let child = &mut self.children[idx];
         let spec = serde_json::to_vec(&Spec::for_child(
@@ -1257,10 +1258,11 @@ impl Supervisor {
     ) -> Result<(usize, Vec<String>), Interrupted> {
         let mut waiting = Vec::new();
         let mut errors = Vec::new();
-        if role == Role::Listener
-            && let Err(err) = crate::apidoc::publish(&self.config, self.dir.path())
-        {
-            errors.push(format!("the API catalog: {err}"));
+        if role == Role::Listener {
+            match crate::apidoc::publish(&self.config, self.dir.path()) {
+                Ok(file) => self.dir.own(file),
+                Err(err) => errors.push(format!("the API catalog: {err}")),
+            }
         }
         for i in 0..self.children.len() {
             let c = &self.children[i];
