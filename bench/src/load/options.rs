@@ -20,7 +20,8 @@ pub struct Options {
     pub url: Uri,
 
     /// A route to request, as "METHOD /path" (repeatable; requests go round-robin over the
-    /// routes). Default: every parameter-free GET path of URL/openapi.json, else "GET /noop".
+    /// routes). Default: every parameter-free GET path of URL/openapi.json that requires no
+    /// credential and answers a first GET with 2xx, else "GET /noop".
     #[arg(short = 'r', long = "route", value_name = "METHOD PATH")]
     pub routes: Vec<Route>,
 
