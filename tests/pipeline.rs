@@ -83,7 +83,8 @@ fn unknown_paths_and_methods_are_answered_at_once() {
     assert_eq!(r.header("content-type"), Some("application/problem+json"));
     let r = request(g.addr, "DELETE", "/noop", b"").unwrap();
     assert_eq!(r.status, 405);
-    assert_eq!(r.header("allow"), Some("GET"));
+    // HEAD wherever there is GET, OPTIONS always (docs/http.md).
+    assert_eq!(r.header("allow"), Some("GET, HEAD, OPTIONS"));
     let r = get(g.addr, "/echo").unwrap();
     assert_eq!(r.status, 405);
 }
