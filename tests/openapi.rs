@@ -296,3 +296,29 @@ fn a_reload_with_a_new_plugin_build_describes_its_new_fields() {
         &after["paths"]["/version"]["get"]["responses"]["200"]["content"]["application/json"]["schema"];
     assert!(reply["properties"]["added"].is_object(), "{reply}");
 }
+
+#[test]
+fn an_auth_rule_on_the_endpoints_protects_them() {
+    let config = r#"
+[[managers]]
+name = "basics"
+
+[auth.api_keys]
+[[auth.api_keys.keys]]
+name = "ops"
+sha256 = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+
+[[auth.rules]]
+prefix = "/docs"
+
+[[auth.rules]]
+prefix = "/openapi.json"
+"#;
+    let group = Group::builder("openapi-protected").config(config).start();
+    assert_eq!(get(group.addr, "/docs").unwrap().status, 401);
+    assert_eq!(get(group.addr, "/openapi.json").unwrap().status, 401);
+    // sha256("test") above.
+    let with_key = request_with(group.addr, "GET", "/openapi.json", &[("x-api-key", "test")], b"").unwrap();
+    assert_eq!(with_key.status, 200);
+    assert_eq!(get(group.addr, "/noop").unwrap().status, 200);
+}

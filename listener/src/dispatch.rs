@@ -107,7 +107,7 @@ async fn serve_request(
                 path: Some(&path),
                 ..Scope::default()
             };
-            match admit(state, client, &mut req, None, scope, false).await {
+            match admit(state, client, &mut req, None, scope, true).await {
                 Ok(()) => state
                     .config
                     .api
