@@ -41,6 +41,12 @@ pub(crate) struct Config {
     pub(crate) compression: switchyard_listener::CompressionConfig,
     /// `[security_headers]`: added to every HTTP response.
     pub(crate) security_headers: switchyard_listener::SecurityHeadersConfig,
+    /// `[api]`: `/openapi.json` and `/docs` (docs/api.md).
+    pub(crate) api: crate::apidoc::ApiSettings,
+    /// What the plugins declared, gathered by the validation child when
+    /// the configuration is loaded; never read from the file.
+    #[serde(skip)]
+    pub(crate) catalog: std::sync::Arc<switchyard_proto::api::Catalog>,
 }
 
 /// `[request_id]` (docs/http.md#request-ids).
@@ -739,6 +745,8 @@ impl Default for Config {
             rate_limit: Default::default(),
             compression: Default::default(),
             security_headers: Default::default(),
+            api: Default::default(),
+            catalog: Default::default(),
         }
     }
 }
@@ -779,10 +787,11 @@ impl Config {
             Err(ConfigError::Invalid(text)) => text.lines().map(str::to_owned).collect(),
             Err(other) => return Err(other),
         };
-        problems.extend(crate::validate::plugins(
-            &config,
-            Duration::from_millis(config.group.start_timeout_ms),
-        ));
+        let (found, catalog) =
+            crate::validate::plugins(&config, Duration::from_millis(config.group.start_timeout_ms));
+        problems.extend(found);
+        let mut config = config;
+        config.catalog = std::sync::Arc::new(catalog);
         if problems.is_empty() {
             Ok(config)
         } else {
@@ -847,6 +856,7 @@ impl Config {
         if l.workers == 0 || l.workers > 64 {
             problems.push("listener.workers: must be between 1 and 64".to_owned());
         }
+        problems.extend(self.api.problems());
         let ws = &l.ws;
         for (key, value) in [
             ("max_message_bytes", ws.max_message_bytes),

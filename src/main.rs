@@ -11,7 +11,10 @@
 //! - `status`: the control socket, and its clients `switchyard status`,
 //!   `reload` and `upgrade`.
 //! - `token`: `switchyard token`, a development bearer token.
+//! - `apidoc`: `[api]`, the catalog of the plugins' event types handed to
+//!   the listeners, and `switchyard openapi`.
 
+mod apidoc;
 mod config;
 mod inherit;
 mod roles;
@@ -124,6 +127,26 @@ enum Command {
         /// demo group's).
         #[arg(short, long)]
         config: Option<PathBuf>,
+    },
+    /// Print the OpenAPI 3.1 document of a configuration's group (what
+    /// its `GET /openapi.json` serves) without starting it. The plugins
+    /// are opened in a short-lived child process, as `check` does.
+    Openapi {
+        /// Configuration file (default: built-in demo configuration).
+        #[arg(short, long)]
+        config: Option<PathBuf>,
+    },
+    /// Write the `.proto` files of a configuration's typed gRPC services
+    /// (one service per manager, one rpc per event: docs/grpc.md) without
+    /// starting the group; to stdout, or one file per package under
+    /// `--out`.
+    Proto {
+        /// Configuration file (default: built-in demo configuration).
+        #[arg(short, long)]
+        config: Option<PathBuf>,
+        /// Directory to write `demo/v1/api.proto` and the others into.
+        #[arg(long)]
+        out: Option<PathBuf>,
     },
     /// Validate a configuration file and exit.
     Check {
@@ -248,6 +271,8 @@ fn main() -> ExitCode {
             }
             Err(code) => code,
         },
+        Command::Openapi { config } => apidoc::openapi_main(config.as_deref()),
+        Command::Proto { config, out } => apidoc::proto_main(config.as_deref(), out.as_deref()),
         Command::Validate => validate::child_main(),
         Command::Role { role, name, instance } => roles::main(role, name, instance),
     }

@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use switchyard_manager_host::abi::messages::CreateArgs;
+use switchyard_proto::api::{Catalog, ManagerDoc};
 
 use crate::config::Config;
 
@@ -50,12 +51,16 @@ enum Report {
     Creating(usize),
     /// Check `index` is over, with these problems.
     Done(usize, Vec<String>),
+    /// What the manager of check `index` declared, its types described
+    /// (the group's API description: `crate::apidoc`).
+    Described(usize, ManagerDoc),
 }
 
 /// Checks every configured manager's plugin in a child process, and returns
-/// the problems, each naming its key. A child that crashes or does not
-/// finish within `timeout` is a problem of the manager it was checking.
-pub(crate) fn plugins(config: &Config, timeout: Duration) -> Vec<String> {
+/// the problems, each naming its key, and what the managers declared (in
+/// the order of `managers`). A child that crashes or does not finish
+/// within `timeout` is a problem of the manager it was checking.
+pub(crate) fn plugins(config: &Config, timeout: Duration) -> (Vec<String>, Catalog) {
     let checks: Vec<Check> = config
         .managers
         .iter()
@@ -77,13 +82,19 @@ pub(crate) fn plugins(config: &Config, timeout: Duration) -> Vec<String> {
             config_json: serde_json::to_string(&m.config).unwrap_or_default(),
         })
         .collect();
-    match run_child(&checks, config, timeout) {
-        Ok(problems) => problems,
-        Err(problem) => vec![problem],
+    let mut catalog = Catalog::default();
+    match run_child(&checks, config, timeout, &mut catalog) {
+        Ok(problems) => (problems, catalog),
+        Err(problem) => (vec![problem], catalog),
     }
 }
 
-fn run_child(checks: &[Check], config: &Config, timeout: Duration) -> Result<Vec<String>, String> {
+fn run_child(
+    checks: &[Check],
+    config: &Config,
+    timeout: Duration,
+    catalog: &mut Catalog,
+) -> Result<Vec<String>, String> {
     let exe =
         std::env::current_exe().map_err(|e| format!("cannot find this program to check plugins: {e}"))?;
     let input = serde_json::to_string(&(
@@ -125,6 +136,7 @@ fn run_child(checks: &[Check], config: &Config, timeout: Duration) -> Result<Vec
                     problems.extend(found);
                     doing = None;
                 }
+                Ok(Report::Described(_, manager)) => catalog.managers.push(manager),
                 Ok(step) => doing = Some(step),
                 Err(_) => {}
             },
@@ -239,8 +251,17 @@ pub(crate) fn child_main() -> ExitCode {
         };
         let problems = match library.instantiate(&check.kind, &args) {
             // Destroyed at once: it was made only to be checked.
-            Ok((plugin, _)) => {
+            Ok((plugin, description)) => {
                 drop(plugin);
+                send(Report::Described(
+                    i,
+                    ManagerDoc {
+                        name: check.name.clone(),
+                        kind: description.kind,
+                        handles: description.handles,
+                        types: description.types,
+                    },
+                ));
                 Vec::new()
             }
             Err(err) => vec![format!("managers[{i}].config: {err}")],

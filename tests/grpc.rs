@@ -8,6 +8,7 @@ mod common;
 
 use common::*;
 use futures_util::StreamExt;
+use prost::Message as _;
 use serde_json::{Value, json};
 use switchyard_client::proto::events_client::EventsClient;
 use switchyard_client::proto::{
@@ -20,6 +21,7 @@ use tonic::transport::Channel;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
+use tonic_types::StatusExt as _;
 
 fn config(extra: &str) -> String {
     format!(
@@ -68,13 +70,30 @@ async fn unary_call_and_status_codes() {
     let body: Value = serde_json::from_slice(&reply.payload).unwrap();
     assert_eq!(body["message"], "Hello, Ada!");
 
-    // Validation error (422) → INVALID_ARGUMENT, problem+json as details.
+    // Validation error (422) → INVALID_ARGUMENT; the details are a standard
+    // google.rpc.Status: a BadRequest naming the field, an ErrorInfo
+    // carrying the problem+json.
     let err = within(events.call(call_request("demo.Hello", json!({"name": ""}))))
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
-    let problem: Value = serde_json::from_slice(err.details()).unwrap();
+    let details = err.get_error_details();
+    let violations = &details.bad_request().expect("a BadRequest").field_violations;
+    assert_eq!(violations.len(), 1, "{violations:?}");
+    assert_eq!(violations[0].field, "name");
+    assert!(!violations[0].description.is_empty());
+    let info = details.error_info().expect("an ErrorInfo");
+    assert_eq!(
+        (info.reason.as_str(), info.domain.as_str()),
+        ("UNPROCESSABLE_CONTENT", "switchyard")
+    );
+    assert_eq!(info.metadata["http_status"], "422");
+    let problem: Value = serde_json::from_str(&info.metadata["problem"]).unwrap();
     assert_eq!(problem["status"], 422);
+    // The raw details decode as google.rpc.Status with prost alone, too.
+    let raw = tonic_types::pb::Status::decode(err.details()).expect("a google.rpc.Status");
+    assert_eq!(raw.code, Code::InvalidArgument as i32);
+    assert_eq!(raw.details.len(), 2);
 
     // A type no manager declares: NOT_FOUND, naming it.
     let err = within(events.call(call_request("demo.Nope", json!({}))))
@@ -82,7 +101,11 @@ async fn unary_call_and_status_codes() {
         .unwrap_err();
     assert_eq!(err.code(), Code::NotFound, "{err:?}");
     assert_eq!(err.message(), "no manager declares event type `demo.Nope`");
-    let problem: Value = serde_json::from_slice(err.details()).unwrap();
+    let details = err.get_error_details();
+    assert!(details.bad_request().is_none());
+    let info = details.error_info().expect("an ErrorInfo");
+    assert_eq!(info.reason, "NOT_FOUND");
+    let problem: Value = serde_json::from_str(&info.metadata["problem"]).unwrap();
     assert_eq!(problem["status"], 404);
 
     // Not JSON: refused before it becomes an event.

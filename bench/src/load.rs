@@ -280,16 +280,29 @@ async fn discover_routes(server: &Server) -> (Vec<Route>, RoutesFrom) {
             return fallback();
         }
     };
-    let routes = openapi_get_routes(&body);
+    // A route that needs a credential, or that does not answer 2xx to a
+    // plain GET (a handler that fails on purpose, say), would only measure
+    // errors: each candidate is tried once first.
+    let mut routes = Vec::new();
+    for (route, path) in openapi_get_routes(&body) {
+        match server.fetch(&path).await {
+            Ok((status, _)) if status.is_success() => routes.push(route),
+            Ok((status, _)) => eprintln!("switchyard-load: skipping GET {path}: it answered {status}"),
+            Err(err) => eprintln!("switchyard-load: skipping GET {path}: {err:#}"),
+        }
+    }
     if routes.is_empty() {
-        eprintln!("switchyard-load: /openapi.json lists no parameter-free GET path; using GET /noop");
+        eprintln!(
+            "switchyard-load: /openapi.json lists no parameter-free GET path that answers 2xx; using GET /noop"
+        );
         return fallback();
     }
     (routes, RoutesFrom::Openapi)
 }
 
-/// Every path of an OpenAPI document with a `get` operation and no `{parameter}`.
-fn openapi_get_routes(document: &[u8]) -> Vec<Route> {
+/// Every path of an OpenAPI document with a `get` operation, no `{parameter}`
+/// and no required security, with the path itself.
+fn openapi_get_routes(document: &[u8]) -> Vec<(Route, String)> {
     let Ok(document) = serde_json::from_slice::<serde_json::Value>(document) else {
         return Vec::new();
     };
@@ -298,8 +311,16 @@ fn openapi_get_routes(document: &[u8]) -> Vec<Route> {
     };
     paths
         .iter()
-        .filter(|(path, item)| path.starts_with('/') && !path.contains('{') && item.get("get").is_some())
-        .filter_map(|(path, _)| format!("GET {path}").parse().ok())
+        .filter(|(path, item)| {
+            path.starts_with('/')
+                && !path.contains('{')
+                && item.get("get").is_some_and(|op| {
+                    op.get("security")
+                        .and_then(|s| s.as_array())
+                        .is_none_or(Vec::is_empty)
+                })
+        })
+        .filter_map(|(path, _)| Some((format!("GET {path}").parse().ok()?, path.clone())))
         .collect()
 }
 
@@ -346,12 +367,15 @@ mod tests {
                 "/echo": {"post": {}},
                 "/hello/{name}": {"get": {}},
                 "/ready": {"get": {}, "head": {}},
+                "/me": {"get": {"security": [{"bearer": []}]}},
+                "/open": {"get": {"security": []}},
                 "relative": {"get": {}}
             }
         }"#;
+        let routes: Vec<Route> = openapi_get_routes(document).into_iter().map(|(r, _)| r).collect();
         assert_eq!(
-            openapi_get_routes(document),
-            [Route::get("/noop"), Route::get("/ready")]
+            routes,
+            [Route::get("/noop"), Route::get("/open"), Route::get("/ready")]
         );
         assert!(openapi_get_routes(b"not json").is_empty());
         assert!(openapi_get_routes(br#"{"paths": []}"#).is_empty());

@@ -94,7 +94,7 @@ async fn closed_loop_steps_against_the_baseline() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn routes_go_round_robin_and_404_is_a_4xx_not_an_error() {
+async fn routes_go_round_robin_and_404_counts_as_an_error() {
     let url = baseline().await;
     let opts = options(
         &url,
@@ -130,8 +130,10 @@ async fn routes_go_round_robin_and_404_is_a_4xx_not_an_error() {
     // Round-robin: each client's requests take the routes in turn, so a third of
     // them, give or take one per client, are /nope.
     assert!((3 * c.client_error).abs_diff(step.requests) <= 3 * 3, "{step:?}");
-    // A 404 is the client's mistake, not the server failing.
-    assert_eq!(step.error_rate, 0.0);
+    // A 404 is a failed request: a run against a wrong route must not look
+    // healthy (issue 19). It keeps its own 4xx column.
+    assert_eq!(step.status.errors(), c.client_error, "{step:?}");
+    assert!(step.error_rate > 0.25, "{step:?}");
 
     let only_404 = options(
         &url,
@@ -140,6 +142,7 @@ async fn routes_go_round_robin_and_404_is_a_4xx_not_an_error() {
     let step = &load::run(only_404).await.unwrap().steps[0];
     assert!(step.requests > 0);
     assert_eq!((step.status.ok, step.status.client_error), (0, step.requests));
+    assert_eq!(step.error_rate, 1.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -382,7 +385,8 @@ async fn event_transports_call_the_baselines_ws_and_grpc_endpoints() {
             assert!(step.requests > 0, "{flag}: {step:?}");
             assert_eq!(step.status.ok, step.requests, "{flag}: {step:?}");
         }
-        // An event type the baseline does not answer is a 404, not an error.
+        // An event type the baseline does not answer is a 404: every request
+        // of the run failed, and the error rate says so.
         let report = load::run(options(
             &url,
             &args(&[
@@ -401,6 +405,7 @@ async fn event_transports_call_the_baselines_ws_and_grpc_endpoints() {
         .unwrap();
         let step = &report.steps[0];
         assert!(step.requests > 0 && step.status.ok == 0, "{flag}: {step:?}");
-        assert_eq!(step.status.errors(), 0, "{flag}: {step:?}");
+        assert_eq!(step.status.errors(), step.requests, "{flag}: {step:?}");
+        assert_eq!(step.error_rate, 1.0, "{flag}: {step:?}");
     }
 }

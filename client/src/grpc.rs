@@ -292,8 +292,14 @@ async fn forward(
 }
 
 fn from_status(status: tonic::Status) -> ClientError {
-    // An event error carries its problem+json body as the details.
-    if let Ok(problem) = serde_json::from_slice::<Value>(status.details())
+    // An event error carries its problem+json in the `ErrorInfo` of its
+    // standard `google.rpc.Status` details.
+    use tonic_types::StatusExt;
+    let details = status.get_error_details();
+    if let Some(problem) = details
+        .error_info()
+        .and_then(|info| info.metadata.get("problem"))
+        .and_then(|text| serde_json::from_str::<Value>(text).ok())
         && let Some(code) = problem.get("status").and_then(Value::as_u64)
     {
         return ClientError::Status {

@@ -101,6 +101,20 @@ async fn serve_request(
     let mut reply = match req.uri().path() {
         "/health" => json(StatusCode::OK, serde_json::json!({ "status": "alive" })),
         "/ready" => ready(state),
+        path if state.config.api.serves(path) => {
+            let path = path.to_owned();
+            let scope = Scope {
+                path: Some(&path),
+                ..Scope::default()
+            };
+            match admit(state, client, &mut req, None, scope, true).await {
+                Ok(()) => state
+                    .config
+                    .api
+                    .answer(req.method(), &path, &state.config.middleware.auth),
+                Err(refusal) => state.middleware.refuse(&refusal),
+            }
+        }
         path @ ("/ws" | "/ws/echo") if ws::is_upgrade(&req) => {
             let echo = path == "/ws/echo";
             let token = state.middleware.ws_token(req.headers(), req.uri().query());

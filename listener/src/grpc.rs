@@ -8,6 +8,8 @@
 //! `Session` stream is one more session of the pipes, with the same
 //! subscriptions, push path and bounded queue as a WebSocket connection.
 
+mod typed;
+
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
@@ -30,6 +32,7 @@ use tonic::server::NamedService;
 use tonic::{Status, Streaming};
 use tonic_health::ServingStatus;
 use tonic_health::server::{HealthReporter, HealthService};
+use tonic_types::{ErrorDetails, FieldViolation, StatusExt};
 
 use crate::context::{Front, Opener};
 use crate::exchange::emit_notification;
@@ -80,6 +83,9 @@ where
 /// The gRPC services, dispatched by the path's service name.
 pub(crate) struct Grpc {
     services: Vec<(&'static str, Handler)>,
+    /// The typed services made from the event schemas (by full path).
+    typed: Option<typed::Typed>,
+    state: Arc<State>,
 }
 
 /// The health service names: the whole group is `""` (and the Events
@@ -92,13 +98,24 @@ impl Grpc {
         tokio::spawn(track_health(state.clone(), reporter.clone()));
         let health =
             tonic_health::pb::health_server::HealthServer::new(HealthService::from_health_reporter(reporter));
+        let typed = match typed::Typed::new(&state.config.api.catalog) {
+            Ok(typed) => typed,
+            Err(err) => {
+                tracing::error!(%err, "no typed gRPC services");
+                None
+            }
+        };
         let reflection = || {
-            tonic_reflection::server::Builder::configure()
+            let builder = tonic_reflection::server::Builder::configure()
                 .register_encoded_file_descriptor_set(switchyard_proto::grpc::FILE_DESCRIPTOR_SET)
-                .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+                .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET);
+            match &typed {
+                Some(t) => builder.register_encoded_file_descriptor_set(&t.descriptors),
+                None => builder,
+            }
         };
         let mut services = vec![
-            handler(EventsServer::new(EventsService { state })),
+            handler(EventsServer::new(EventsService { state: state.clone() })),
             handler(health),
         ];
         match reflection().build_v1() {
@@ -109,7 +126,11 @@ impl Grpc {
             Ok(v1alpha) => services.push(handler(v1alpha)),
             Err(err) => tracing::error!(%err, "no gRPC reflection (v1alpha)"),
         }
-        Grpc { services }
+        Grpc {
+            services,
+            typed,
+            state,
+        }
     }
 
     /// Serves one gRPC request.
@@ -119,9 +140,16 @@ impl Grpc {
             .strip_prefix('/')
             .and_then(|p| p.split_once('/'))
             .map(|(service, _)| service);
-        match self.services.iter().find(|(name, _)| Some(*name) == service) {
-            Some((_, handle)) => handle(req).await,
-            None => Status::unimplemented(format!("no service {}", service.unwrap_or(path))).into_http(),
+        if let Some((_, handle)) = self.services.iter().find(|(name, _)| Some(*name) == service) {
+            return handle(req).await;
+        }
+        let unknown = Status::unimplemented(format!("no service {}", service.unwrap_or(path)));
+        match &self.typed {
+            Some(typed) => typed
+                .serve(&self.state, req)
+                .await
+                .unwrap_or_else(|| unknown.into_http()),
+            None => unknown.into_http(),
         }
     }
 }
@@ -238,10 +266,22 @@ async fn call(state: &State, req: CallRequest, front: &Front<'_>) -> Result<Call
             payload: body,
         });
     }
-    // The problem+json's detail (or title) is the message; the whole body
-    // rides along as the status details.
-    let message = serde_json::from_slice::<Value>(&body)
-        .ok()
+    Err(CallError {
+        status,
+        grpc: event_status(status, &body),
+    })
+}
+
+/// An event's error as a gRPC status: the problem+json's detail (or
+/// title) is the message, and the details are a standard
+/// `google.rpc.Status` (decision 0062) that any gRPC library decodes: an
+/// `ErrorInfo` (reason from the HTTP status, domain `switchyard`, metadata
+/// `http_status` and the whole `problem` JSON) and, for 400 and 422, a
+/// `BadRequest` with one field violation per invalid field.
+pub(crate) fn event_status(status: u16, body: &[u8]) -> Status {
+    let problem = serde_json::from_slice::<Value>(body).ok();
+    let message = problem
+        .as_ref()
         .and_then(|v| {
             v.get("detail")
                 .or_else(|| v.get("title"))
@@ -249,10 +289,36 @@ async fn call(state: &State, req: CallRequest, front: &Front<'_>) -> Result<Call
                 .map(str::to_owned)
         })
         .unwrap_or_else(|| format!("event status {status}"));
-    Err(CallError {
-        status,
-        grpc: Status::with_details(code_for_status(status), message, body),
-    })
+    let mut details = ErrorDetails::new();
+    if matches!(status, 400 | 422) {
+        let violations: Vec<FieldViolation> = problem
+            .as_ref()
+            .and_then(|p| p.get("errors"))
+            .and_then(Value::as_array)
+            .map(|errors| {
+                errors
+                    .iter()
+                    .map(|e| {
+                        let text = |k: &str| e.get(k).and_then(Value::as_str).unwrap_or_default().to_owned();
+                        FieldViolation::new(text("field"), text("message"))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        if !violations.is_empty() {
+            details.set_bad_request(violations);
+        }
+    }
+    let mut metadata = std::collections::HashMap::new();
+    metadata.insert("http_status".to_owned(), status.to_string());
+    if problem.is_some() {
+        metadata.insert("problem".to_owned(), String::from_utf8_lossy(body).into_owned());
+    }
+    let reason = switchyard_proto::problem::reason(status)
+        .to_ascii_uppercase()
+        .replace(' ', "_");
+    details.set_error_info(reason, "switchyard", metadata);
+    Status::with_error_details(code_for_status(status), message, details)
 }
 
 /// Checks a subscribe request; the filter as JSON text.
@@ -418,7 +484,14 @@ fn error(id: String, status: u16, grpc: &Status) -> Result<ServerMessage, Status
             code: grpc.code() as i32,
             status: status.into(),
             message: grpc.message().to_owned(),
-            details: grpc.details().to_vec().into(),
+            // A session's error carries the problem+json itself (events.proto).
+            details: grpc
+                .get_error_details()
+                .error_info()
+                .and_then(|info| info.metadata.get("problem"))
+                .map(|p| p.as_bytes().to_vec())
+                .unwrap_or_default()
+                .into(),
         }),
     )
 }

@@ -28,6 +28,9 @@
 //!   request; security headers.
 //! - [`tls`]: certificates from PEM files, ALPN, client certificates; the
 //!   handshake runs in the connection's task.
+//! - [`api`]: `/openapi.json` and `/docs`, the API described from the
+//!   event types the plugins declared (rendered once per generation), and
+//!   the `.proto` of the typed gRPC services (`api::proto`).
 //! - `dispatch`: which front end serves a request (gRPC by content type,
 //!   `/health`, `/ready`, WebSocket upgrades, else the route table), once
 //!   the middleware has admitted it.
@@ -36,7 +39,8 @@
 //!   - `upload`: a route whose body is streamed into a pipe as it arrives.
 //!   - `ws`: WebSocket sessions (`/ws`, `/ws/echo`) by upgrade on the port.
 //!   - `grpc`: `switchyard.v1.Events`, health and reflection, by content
-//!     type (`application/grpc*`) on the same port.
+//!     type (`application/grpc*`) on the same port; `grpc::typed`, the
+//!     typed services made from the event schemas (`api::proto`).
 //! - Core:
 //!   - `exchange`: a request event out to the broker and its answer back;
 //!     as HTTP (`exchange`) or as status and whole body (`call`, for
@@ -54,6 +58,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod api;
 mod body;
 mod conn;
 mod context;
@@ -169,6 +174,8 @@ pub struct Config {
     pub middleware: MiddlewareConfig,
     /// Serve TLS on every port with these certificates (none: plaintext).
     pub tls: Option<TlsConfig>,
+    /// `/openapi.json` and `/docs` (`[api]`).
+    pub api: api::ApiConfig,
 }
 
 /// WebSocket limits (`[listener.ws]` in switchyard.toml).

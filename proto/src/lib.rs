@@ -22,6 +22,8 @@
 //!   errors, peer checks on group sockets.
 //! - [`control`]: control messages between group processes (hello, route
 //!   table, registration).
+//! - [`api`]: event types described for clients (JSON Schemas, replies),
+//!   gathered from the plugins once, never sent with a request.
 //! - [`supervision`]: the child ↔ supervisor control channel.
 //! - [`shm`]: sealed memfd bodies whose descriptors travel with frames.
 //! - [`pool`]: reusable shared-memory segments for response bodies.
@@ -37,6 +39,7 @@
 
 #[cfg(feature = "runtime")]
 pub mod accept;
+pub mod api;
 pub mod backoff;
 pub mod codec;
 pub mod control;

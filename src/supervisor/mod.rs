@@ -74,7 +74,11 @@ impl Source {
     pub(crate) fn load(&self) -> Result<Config, SourceError> {
         let mut config = match &self.path {
             Some(path) => Config::load(path).map_err(SourceError::Config)?,
-            None => Config::default(),
+            None => {
+                let mut config = Config::default();
+                crate::apidoc::gather(&mut config);
+                config
+            }
         };
         if let Some(bind) = self.bind {
             config.listener.bind = bind;
@@ -672,6 +676,10 @@ impl Child {
 impl Supervisor {
     fn spawn(&mut self, idx: usize) -> anyhow::Result<()> {
         let exe = std::env::current_exe()?;
+        if self.children[idx].role == Role::Listener {
+            let file = crate::apidoc::publish(&self.config, self.dir.path())?;
+            self.dir.own(file);
+        }
         let child = &mut self.children[idx];
         let spec = serde_json::to_vec(&Spec::for_child(
             &self.config,
@@ -1250,6 +1258,12 @@ impl Supervisor {
     ) -> Result<(usize, Vec<String>), Interrupted> {
         let mut waiting = Vec::new();
         let mut errors = Vec::new();
+        if role == Role::Listener {
+            match crate::apidoc::publish(&self.config, self.dir.path()) {
+                Ok(file) => self.dir.own(file),
+                Err(err) => errors.push(format!("the API catalog: {err}")),
+            }
+        }
         for i in 0..self.children.len() {
             let c = &self.children[i];
             if c.role != role || c.state != State::Running || c.retired {

@@ -115,6 +115,9 @@ impl RuntimeDir {
 
     /// Records a file a child makes in the directory, for [`Self::remove`].
     pub(crate) fn own(&mut self, path: PathBuf) {
+        if self.owned.contains(&path) {
+            return;
+        }
         self.owned.push(path);
     }
 

@@ -20,7 +20,8 @@ pub struct Options {
     pub url: Uri,
 
     /// A route to request, as "METHOD /path" (repeatable; requests go round-robin over the
-    /// routes). Default: every parameter-free GET path of URL/openapi.json, else "GET /noop".
+    /// routes). Default: every parameter-free GET path of URL/openapi.json that requires no
+    /// credential and answers a first GET with 2xx, else "GET /noop".
     #[arg(short = 'r', long = "route", value_name = "METHOD PATH")]
     pub routes: Vec<Route>,
 
@@ -111,7 +112,7 @@ pub struct Options {
     #[arg(long, value_name = "MS", default_value_t = 500.0, value_parser = parse_non_negative)]
     pub max_p99_ms: f64,
 
-    /// A step whose error rate ((5xx + 429 + transport errors) / requests) is above this breaks.
+    /// A step whose error rate ((non-2xx answers + transport errors) / requests) is above this breaks.
     #[arg(long, value_name = "FRACTION", default_value_t = 0.01, value_parser = parse_fraction)]
     pub max_error_rate: f64,
 

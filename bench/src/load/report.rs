@@ -157,10 +157,10 @@ impl Counts {
         self.ok + self.client_error + self.too_many_requests + self.server_error + self.other
     }
 
-    /// The requests that count against the server: 5xx, 429 and transport errors. A 4xx
-    /// other than 429 is the client's doing (a wrong route, say) and is reported apart.
+    /// The requests that did not succeed: every answer that is not 2xx (a 404 on every
+    /// request is a broken run, not a fast one) and transport errors.
     pub fn errors(&self) -> u64 {
-        self.server_error + self.too_many_requests + self.transport
+        self.total() - self.ok
     }
 
     /// [`errors`](Self::errors) / [`total`](Self::total), 0 when nothing finished.
@@ -498,8 +498,14 @@ mod tests {
             transport: 2,
         };
         assert_eq!(c, expected);
-        assert_eq!((c.total(), c.responses(), c.errors()), (10, 8, 5));
-        assert_eq!(c.error_rate(), 0.5);
+        assert_eq!((c.total(), c.responses(), c.errors()), (10, 8, 8));
+        assert_eq!(c.error_rate(), 0.8);
+        // Every request answered 404: every one is an error.
+        let mut all_404 = Counts::default();
+        for _ in 0..100 {
+            all_404.add_status(404);
+        }
+        assert_eq!(all_404.error_rate(), 1.0);
         assert_eq!(Counts::default().error_rate(), 0.0);
     }
 

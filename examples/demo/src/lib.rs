@@ -153,7 +153,8 @@ impl Manager for Basics {
             .request_async(Self::kv_incr)
             .request_async(Self::remind)
             .request_async(Self::reminder_due)
-            .request_async(Self::store_bench);
+            .request_async(Self::store_bench)
+            .emits::<state::Reminder>();
     }
 }
 
@@ -579,7 +580,8 @@ impl Manager for Ticker {
         })
     }
     fn register(r: &mut Registry<Self>) {
-        r.every(|t| t.every, Self::tick);
+        // Declared so that `/docs` lists it with its fields.
+        r.every(|t| t.every, Self::tick).emits::<Tick>();
     }
 }
 

@@ -104,6 +104,21 @@ fn under(path: &str, prefix: &str) -> bool {
     }
 }
 
+/// Whether `rule` covers an HTTP route, by its path template and event
+/// type (the API description says what each route requires).
+pub(crate) fn rule_covers(rule: &config::AuthRule, path: &str, event: &str) -> bool {
+    let pattern = match rule.event.as_deref().map(Pattern::parse).transpose() {
+        Ok(p) => p,
+        Err(_) => return false,
+    };
+    let scope = Scope {
+        path: Some(path),
+        event: Some(event),
+        subscription: false,
+    };
+    matches(rule.prefix.as_deref(), pattern.as_ref(), &scope)
+}
+
 /// Whether a rule or limit on `prefix` and `event` (each optional; neither
 /// matches everything) concerns `scope`.
 fn matches(prefix: Option<&str>, event: Option<&Pattern>, scope: &Scope<'_>) -> bool {

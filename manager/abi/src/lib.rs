@@ -37,7 +37,9 @@ use std::ffi::c_void;
 /// an optional `HostApi::wake`.
 /// v5: the request context: `ToPlugin::Request::caller`,
 /// `HandledType::needs` in the description (decision 0041).
-pub const ABI_VERSION: u32 = 5;
+/// v6: `Description::types`, the JSON Schemas of the manager's event types
+/// (decision 0060).
+pub const ABI_VERSION: u32 = 6;
 
 /// Symbol of `extern "C" fn() -> u32`.
 pub const ABI_SYMBOL: &[u8] = b"switchyard_plugin_abi_version\0";

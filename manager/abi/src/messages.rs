@@ -4,6 +4,7 @@
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
+use switchyard_proto::api::TypeDoc;
 use switchyard_proto::control::{HandledType, ManagerDescription};
 use switchyard_proto::{EventType, Meta};
 
@@ -40,6 +41,12 @@ pub struct Description {
     /// The manager has timers: the host sends [`ToPlugin::Timers`] every
     /// [`TICK_PERIOD`](crate::TICK_PERIOD).
     pub timers: bool,
+    /// Every type the manager handles, subscribes to or emits, described
+    /// for clients (`/openapi.json`, `/docs`, typed gRPC). Filled only for
+    /// a validation instance ([`CreateArgs::validation`]): the validation
+    /// child is the one that reads it, so a serving instance neither
+    /// builds nor sends it.
+    pub types: Vec<TypeDoc>,
 }
 
 impl Description {

@@ -215,6 +215,7 @@ proptest! {
                             .map(|(name, ty)| HandledType { name, event_type: EventType(ty), route: None, needs: Default::default() })
                             .collect(),
                         timers,
+                        types: Vec::new(),
                     }).unwrap()
                 }
             ),

@@ -78,6 +78,9 @@ fn describe() -> String {
     tracer.trace_simple_type::<RawBody>().unwrap();
     tracer.trace_simple_type::<RawStream>().unwrap();
     tracer.trace_simple_type::<Caller>().unwrap();
+    tracer
+        .trace_simple_type::<switchyard_proto::api::TypeRole>()
+        .unwrap();
     let registry = tracer.registry().unwrap();
     for (name, format) in &registry {
         writeln!(out, "{name}: {format:#?}").unwrap();

@@ -155,6 +155,7 @@ fn expand_event(input: &DeriveInput) -> syn::Result<Tokens> {
         })?;
     }
     let checks = validations(input)?;
+    let schema = event_schema(input, whole_body)?;
     let bound = bound_fields(input, &route_path)?;
     for b in &bound {
         match b.kind {
@@ -237,6 +238,7 @@ fn expand_event(input: &DeriveInput) -> syn::Result<Tokens> {
                 #(#checks)*
                 invalid.into_result()
             }
+            #schema
         }
     })
 }
@@ -476,12 +478,303 @@ fn expand_reply(input: &DeriveInput) -> syn::Result<Tokens> {
         })?;
     }
     let (impl_generics, ty_generics, where_clause) = input.generics.split_for_impl();
-    let _ = input.span();
+    let schema = reply_schema(input, status)?;
     Ok(quote! {
         impl #impl_generics ::switchyard_manager::Reply for #ident #ty_generics #where_clause {
+            #schema
+
             fn into_response(self, format: ::switchyard_manager::Format) -> ::core::result::Result<::switchyard_manager::Response, ::switchyard_manager::Error> {
                 ::switchyard_manager::Response::encode(#status, &self, format)
             }
+        }
+    })
+}
+
+// ---- JSON Schemas (the API description, decision 0060) ----
+
+/// A type's doc comment, lines joined.
+fn doc_of(attrs: &[syn::Attribute]) -> String {
+    let mut lines = Vec::new();
+    for attr in attrs.iter().filter(|a| a.path().is_ident("doc")) {
+        if let syn::Meta::NameValue(nv) = &attr.meta
+            && let syn::Expr::Lit(syn::ExprLit {
+                lit: syn::Lit::Str(s),
+                ..
+            }) = &nv.value
+        {
+            let line = s.value();
+            lines.push(line.strip_prefix(' ').unwrap_or(&line).trim_end().to_owned());
+        }
+    }
+    lines.join("\n").trim().to_owned()
+}
+
+/// What serde does with a struct as a whole, for one direction.
+struct SerdeContainer {
+    rename_all: Option<String>,
+    default: bool,
+}
+
+fn serde_container(input: &DeriveInput, serialize: bool) -> syn::Result<SerdeContainer> {
+    let mut container = SerdeContainer {
+        rename_all: None,
+        default: false,
+    };
+    for attr in input.attrs.iter().filter(|a| a.path().is_ident("serde")) {
+        attr.parse_nested_meta(|meta| {
+            if meta.path.is_ident("rename_all") {
+                container.rename_all = directional_name(&meta, serialize)?;
+                Ok(())
+            } else if meta.path.is_ident("default") {
+                container.default = true;
+                skip_value(&meta)
+            } else {
+                skip_value(&meta)
+            }
+        })?;
+    }
+    Ok(container)
+}
+
+/// A serde `rename`-like item's name for one direction.
+fn directional_name(meta: &syn::meta::ParseNestedMeta<'_>, serialize: bool) -> syn::Result<Option<String>> {
+    if meta.input.peek(syn::Token![=]) {
+        return Ok(Some(meta.value()?.parse::<LitStr>()?.value()));
+    }
+    let mut name = None;
+    meta.parse_nested_meta(|inner| {
+        let value = inner.value()?.parse::<LitStr>()?.value();
+        if inner
+            .path
+            .is_ident(if serialize { "serialize" } else { "deserialize" })
+        {
+            name = Some(value);
+        }
+        Ok(())
+    })?;
+    Ok(name)
+}
+
+/// What serde does with one field, for one direction.
+struct SerdeField {
+    key: String,
+    skip: bool,
+    flatten: bool,
+    optional: bool,
+}
+
+fn serde_field(field: &syn::Field, container: &SerdeContainer, serialize: bool) -> syn::Result<SerdeField> {
+    let plain = field
+        .ident
+        .as_ref()
+        .map(|i| i.to_string().trim_start_matches("r#").to_owned())
+        .unwrap_or_default();
+    let mut info = SerdeField {
+        key: container
+            .rename_all
+            .as_deref()
+            .and_then(|rule| rename(rule, &plain))
+            .unwrap_or_else(|| plain.clone()),
+        skip: false,
+        flatten: false,
+        optional: container.default || is_option(&field.ty),
+    };
+    for attr in field.attrs.iter().filter(|a| a.path().is_ident("serde")) {
+        attr.parse_nested_meta(|meta| {
+            let path = &meta.path;
+            if path.is_ident("rename") {
+                if let Some(name) = directional_name(&meta, serialize)? {
+                    info.key = name;
+                }
+                return Ok(());
+            }
+            if path.is_ident("skip")
+                || (serialize && path.is_ident("skip_serializing"))
+                || (!serialize && path.is_ident("skip_deserializing"))
+            {
+                info.skip = true;
+            } else if path.is_ident("flatten") {
+                info.flatten = true;
+            } else if (!serialize && path.is_ident("default"))
+                || (serialize && path.is_ident("skip_serializing_if"))
+            {
+                info.optional = true;
+            }
+            skip_value(&meta)
+        })?;
+    }
+    Ok(info)
+}
+
+fn is_option(ty: &syn::Type) -> bool {
+    matches!(ty, syn::Type::Path(p) if p.qself.is_none()
+        && p.path.segments.last().is_some_and(|s| s.ident == "Option"))
+}
+
+/// A field type's schema: its `JsonSchema` if it has one, else any value.
+fn field_schema(ty: &syn::Type) -> Tokens {
+    quote! {{
+        #[allow(unused_imports)]
+        use ::switchyard_manager::schema::{ViaAny as _, ViaJsonSchema as _};
+        #[allow(clippy::needless_borrow)]
+        let schema = (&&::switchyard_manager::schema::Probe::<#ty>::new()).schema_of(generator);
+        schema
+    }}
+}
+
+/// `#[validate(...)]` of a field as schema rules.
+fn schema_rules(field: &syn::Field) -> syn::Result<Vec<Tokens>> {
+    let mut rules = Vec::new();
+    for attr in field.attrs.iter().filter(|a| a.path().is_ident("validate")) {
+        attr.parse_nested_meta(|meta| {
+            let none = quote!(::core::option::Option::None);
+            if meta.path.is_ident("length") || meta.path.is_ident("range") {
+                let (mut min, mut max) = (none.clone(), none.clone());
+                meta.parse_nested_meta(|bound| {
+                    let value: syn::Expr = bound.value()?.parse()?;
+                    let value = quote!(::switchyard_manager::schema::bound(#value));
+                    if bound.path.is_ident("min") {
+                        min = value;
+                    } else if bound.path.is_ident("max") {
+                        max = value;
+                    }
+                    Ok(())
+                })?;
+                let kind = if meta.path.is_ident("length") {
+                    quote!(Length)
+                } else {
+                    quote!(Range)
+                };
+                rules.push(quote!(::switchyard_manager::schema::Rule::#kind(#min, #max)));
+            } else if meta.path.is_ident("non_empty") {
+                rules.push(quote!(::switchyard_manager::schema::Rule::Length(
+                    ::switchyard_manager::schema::bound(1), #none
+                )));
+            } else {
+                // `custom = "fn"`: not expressible as a schema keyword.
+                skip_value(&meta)?;
+            }
+            Ok(())
+        })?;
+    }
+    Ok(rules)
+}
+
+/// The statements that fill `object` (a `schema::Object`) with the fields
+/// of a named struct; fields bound with `#[from]` become `params` instead.
+fn object_fields(input: &DeriveInput, serialize: bool) -> syn::Result<Option<Vec<Tokens>>> {
+    let Data::Struct(data) = &input.data else {
+        return Ok(None);
+    };
+    let Fields::Named(fields) = &data.fields else {
+        return Ok(None);
+    };
+    let container = serde_container(input, serialize)?;
+    let mut statements = Vec::new();
+    for field in &fields.named {
+        let info = serde_field(field, &container, serialize)?;
+        if info.skip {
+            continue;
+        }
+        if info.flatten {
+            statements.push(quote!(object.open();));
+            continue;
+        }
+        if !serialize && field.attrs.iter().any(|a| a.path().is_ident("from")) {
+            let mut param = None;
+            for attr in field.attrs.iter().filter(|a| a.path().is_ident("from")) {
+                attr.parse_nested_meta(|meta| {
+                    let location = if meta.path.is_ident("header") {
+                        Some("header")
+                    } else if meta.path.is_ident("cookie") {
+                        Some("cookie")
+                    } else {
+                        None
+                    };
+                    let name = meta.value()?.parse::<LitStr>()?.value();
+                    if let Some(location) = location {
+                        let name = if location == "header" {
+                            name.to_ascii_lowercase()
+                        } else {
+                            name
+                        };
+                        param = Some((location, name));
+                    }
+                    Ok(())
+                })?;
+            }
+            if let Some((location, name)) = param {
+                let required = !is_option(&field.ty);
+                statements.push(quote! {
+                    params.push(::switchyard_manager::schema::BoundParam {
+                        location: #location.to_owned(),
+                        name: #name.to_owned(),
+                        required: #required,
+                    });
+                });
+            }
+            continue;
+        }
+        let key = info.key;
+        let doc = doc_of(&field.attrs);
+        let schema = field_schema(&field.ty);
+        let required = !info.optional;
+        let rules = if serialize {
+            Vec::new()
+        } else {
+            schema_rules(field)?
+        };
+        statements.push(quote! {
+            object.field(#key, #doc, #schema, #required, &[#(#rules),*]);
+        });
+    }
+    Ok(Some(statements))
+}
+
+/// `Event::schema` for the derive.
+fn event_schema(input: &DeriveInput, whole_body: bool) -> syn::Result<Tokens> {
+    let doc = doc_of(&input.attrs);
+    let body = match object_fields(input, false)? {
+        Some(statements) => quote! {
+            let mut object = ::switchyard_manager::schema::Object::new(#doc);
+            let mut params: ::std::vec::Vec<::switchyard_manager::schema::BoundParam> = ::std::vec::Vec::new();
+            #(#statements)*
+            (object.into_schema(), params)
+        },
+        None => {
+            let schema = field_schema(&syn::parse_quote!(Self));
+            quote!((#schema, ::std::vec::Vec::new()))
+        }
+    };
+    Ok(quote! {
+        fn schema(generator: &mut ::switchyard_manager::schema::SchemaGenerator) -> ::switchyard_manager::schema::EventSchema {
+            let (schema, params) = { #body };
+            ::switchyard_manager::schema::EventSchema {
+                description: #doc.to_owned(),
+                schema,
+                whole_body: #whole_body,
+                params,
+            }
+        }
+    })
+}
+
+/// `Reply::describe` for the derive.
+fn reply_schema(input: &DeriveInput, status: u16) -> syn::Result<Tokens> {
+    let doc = doc_of(&input.attrs);
+    let body = match object_fields(input, true)? {
+        Some(statements) => quote! {
+            let mut object = ::switchyard_manager::schema::Object::new(#doc);
+            #(#statements)*
+            object.into_schema()
+        },
+        None => field_schema(&syn::parse_quote!(Self)),
+    };
+    Ok(quote! {
+        fn describe(generator: &mut ::switchyard_manager::schema::SchemaGenerator) -> ::core::option::Option<::switchyard_manager::schema::ReplyDoc> {
+            let schema = { #body };
+            let schema = ::switchyard_manager::schema::standalone(schema, generator);
+            ::core::option::Option::Some(::switchyard_manager::schema::reply(#status, #doc, ::core::option::Option::Some(schema)))
         }
     })
 }

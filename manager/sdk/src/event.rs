@@ -65,6 +65,15 @@ pub trait Event: DeserializeOwned + Serialize + 'static {
     fn validate(&self) -> Result<(), Invalid> {
         Ok(())
     }
+
+    /// The type described for clients: its fields' JSON Schema with their
+    /// docs and validation rules (`/openapi.json`, `/docs`). The derive
+    /// generates it; by default, any JSON value.
+    #[doc(hidden)]
+    fn schema(generator: &mut crate::schema::SchemaGenerator) -> crate::schema::EventSchema {
+        let _ = generator;
+        crate::schema::EventSchema::any()
+    }
 }
 
 /// What an event (or a middleware) declares it reads of its request,

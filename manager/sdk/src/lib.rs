@@ -14,6 +14,8 @@
 //!   (`extract` does path/query/body merging with coercion).
 //! - [`Reply`], [`Response`], [`Error`]: what handlers return.
 //! - [`Manager`], [`Registry`], [`State`]: declaring handlers.
+//! - [`schema`]: the JSON Schemas the derives build of events and replies,
+//!   for the API description (made by the validation child only).
 //! - [`Context`]: what a handler knows of its request (method, path,
 //!   client address, request id, identity, scope, declared headers and
 //!   cookies), notifications, calls to other managers, jobs, config, logs.
@@ -45,6 +47,7 @@ mod middleware;
 mod registry;
 mod reply;
 mod runtime;
+pub mod schema;
 mod stream;
 
 /// The plugin ABI (`switchyard-manager-abi`), re-exported for
@@ -60,6 +63,7 @@ pub use registry::{Config, Manager, Registry, State, TICK_PERIOD};
 pub use reply::{
     BINCODE, Binary, Created, Error, FieldError, Format, JSON, Json, Redirect, Reply, Response, WithHeaders,
 };
+pub use schema::JsonSchema;
 pub use stream::{BodyReader, BodyWriter, MAX_STREAMS, STREAM_IDLE_TIMEOUT, Streamed};
 pub use switchyard_manager_abi::messages::LogLevel;
 pub use switchyard_manager_macros::{Event, Reply};

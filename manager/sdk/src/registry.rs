@@ -12,6 +12,7 @@ use serde::de::DeserializeOwned;
 use switchyard_proto::codec;
 
 use switchyard_proto::EventType;
+use switchyard_proto::api::{TypeDoc, TypeRole};
 use switchyard_proto::control::{HandledType, HttpRoute, RequestNeeds};
 
 use crate::context::Context;
@@ -136,6 +137,34 @@ pub struct Registry<M> {
     pub(crate) middleware: Vec<Box<dyn crate::middleware::Erased>>,
     /// What the middleware read of every request.
     pub(crate) middleware_needs: RequestNeeds,
+    /// How to describe each declared type; run only for a validation
+    /// instance (decision 0060).
+    pub(crate) docs: Vec<DocEntry>,
+}
+
+/// A declared type and how to describe it.
+pub(crate) struct DocEntry {
+    name: &'static str,
+    role: TypeRole,
+    make: fn(TypeRole) -> TypeDoc,
+}
+
+fn describe<E: Event, R: Reply>(role: TypeRole) -> TypeDoc {
+    let mut generator = crate::schema::generator();
+    let event = E::schema(&mut generator);
+    let schema = crate::schema::standalone(event.schema, &mut generator);
+    let reply = (role != TypeRole::Notification)
+        .then(|| R::describe(&mut crate::schema::generator()))
+        .flatten();
+    TypeDoc {
+        name: E::NAME.to_owned(),
+        role,
+        description: event.description,
+        schema: schema.as_value().to_string(),
+        whole_body: event.whole_body,
+        params: event.params,
+        reply,
+    }
 }
 
 /// How often the host ticks a manager with timers: the resolution of
@@ -167,7 +196,33 @@ impl<M: Manager> Registry<M> {
             timers: Vec::new(),
             middleware: Vec::new(),
             middleware_needs: RequestNeeds::default(),
+            docs: Vec::new(),
         }
+    }
+
+    /// Every declared type described (schemas made now).
+    pub(crate) fn described(&self) -> Vec<TypeDoc> {
+        self.docs.iter().map(|d| (d.make)(d.role)).collect()
+    }
+
+    fn document<E: Event, R: Reply>(&mut self, role: TypeRole) {
+        self.docs.retain(|d| {
+            !(d.name == E::NAME && (d.role == TypeRole::Notification) == (role == TypeRole::Notification))
+        });
+        self.docs.push(DocEntry {
+            name: E::NAME,
+            role,
+            make: describe::<E, R>,
+        });
+    }
+
+    /// Declares that this manager emits notifications of type `E`
+    /// (`cx.notify`), so that the API description lists them with their
+    /// fields (`/docs`, the typed gRPC subscriptions). Emitting needs no
+    /// declaration; describing does.
+    pub fn emits<E: Event>(&mut self) -> &mut Self {
+        self.document::<E, ()>(TypeRole::Notification);
+        self
     }
 
     /// What the manager declares it serves: each request type with its
@@ -241,6 +296,7 @@ impl<M: Manager> Registry<M> {
         handler: fn(&mut M, E, &mut Context) -> Result<R, Error>,
     ) -> &mut Self {
         let event_type = self.declare::<E>();
+        self.document::<E, R>(TypeRole::Request);
         self.uploads.remove(&event_type);
         self.requests.insert(
             event_type,
@@ -262,6 +318,7 @@ impl<M: Manager> Registry<M> {
         Fut: Future<Output = Result<R, Error>> + 'static,
     {
         let event_type = self.declare::<E>();
+        self.document::<E, R>(TypeRole::Request);
         self.uploads.remove(&event_type);
         self.requests.insert(
             event_type,
@@ -310,6 +367,7 @@ impl<M: Manager> Registry<M> {
         handler: fn(E, &mut crate::stream::BodyReader) -> Result<R, Error>,
     ) -> &mut Self {
         let event_type = self.declare_with::<E>(true);
+        self.document::<E, R>(TypeRole::Upload);
         self.requests.remove(&event_type);
         self.uploads.insert(
             event_type,
@@ -391,6 +449,7 @@ impl<M: Manager> Registry<M> {
     /// A handler for notifications of type `E` (subscribes the manager to them).
     pub fn on<E: Event>(&mut self, handler: fn(&mut M, E, &mut Context) -> Result<(), Error>) -> &mut Self {
         let event_type = EventType::of(E::NAME);
+        self.document::<E, ()>(TypeRole::Notification);
         if !self.subscribes.contains(&event_type) {
             self.subscribes.push(event_type);
         }

@@ -173,6 +173,10 @@ impl<T: Serialize> Created<T> {
 }
 
 impl<T: Serialize> Reply for Created<T> {
+    fn describe(_: &mut crate::schema::SchemaGenerator) -> Option<switchyard_proto::api::ReplyDoc> {
+        Some(crate::schema::reply(201, "", None))
+    }
+
     fn into_response(self, format: Format) -> Result<Response, Error> {
         if self.location.bytes().any(|b| matches!(b, b'\r' | b'\n' | b'\0')) {
             return Err(Error::bad_request("the Location contains CR, LF or NUL"));
@@ -203,6 +207,10 @@ impl<R: Reply> WithHeaders<R> {
 }
 
 impl<R: Reply> Reply for WithHeaders<R> {
+    fn describe(generator: &mut crate::schema::SchemaGenerator) -> Option<switchyard_proto::api::ReplyDoc> {
+        R::describe(generator)
+    }
+
     fn into_response(self, format: Format) -> Result<Response, Error> {
         let mut response = self.reply.into_response(format)?;
         response.meta.0.extend(self.headers);
@@ -230,6 +238,17 @@ pub(crate) fn invalid_header(meta: &Meta) -> Option<String> {
 /// struct that is the response body, or use [`Json`], [`Binary`], [`Response`].
 pub trait Reply {
     fn into_response(self, format: Format) -> Result<Response, Error>;
+
+    /// The reply described for clients (status, content type, body
+    /// schema); `None`: not described. The derive generates it.
+    #[doc(hidden)]
+    fn describe(generator: &mut crate::schema::SchemaGenerator) -> Option<switchyard_proto::api::ReplyDoc>
+    where
+        Self: Sized,
+    {
+        let _ = generator;
+        None
+    }
 
     /// This reply with a header added (`Ok(Greeting { .. }.with_header("cache-control", "no-store"))`).
     fn with_header(self, name: &str, value: &str) -> WithHeaders<Self>
@@ -269,6 +288,15 @@ impl<T: Serialize> Reply for Json<T> {
 pub struct Binary(pub Bytes);
 
 impl Reply for Binary {
+    fn describe(_: &mut crate::schema::SchemaGenerator) -> Option<switchyard_proto::api::ReplyDoc> {
+        Some(switchyard_proto::api::ReplyDoc {
+            status: 200,
+            content_type: "application/octet-stream".to_owned(),
+            description: String::new(),
+            schema: String::new(),
+        })
+    }
+
     fn into_response(self, _: Format) -> Result<Response, Error> {
         Ok(Response::new(200, "application/octet-stream", self.0))
     }
@@ -281,6 +309,10 @@ impl Reply for Response {
 }
 
 impl Reply for () {
+    fn describe(_: &mut crate::schema::SchemaGenerator) -> Option<switchyard_proto::api::ReplyDoc> {
+        Some(crate::schema::reply(204, "", None))
+    }
+
     fn into_response(self, _: Format) -> Result<Response, Error> {
         Ok(Response {
             status: 204,

@@ -178,6 +178,11 @@ impl<M: Manager> Runtime<M> {
             handles: registry.handled(),
             subscribes: registry.subscribes.clone(),
             timers: !registry.timers.is_empty(),
+            types: if args.validation {
+                registry.described()
+            } else {
+                Vec::new()
+            },
         };
         let shared = Rc::new(Shared {
             outbox: RefCell::new(Vec::new()),
