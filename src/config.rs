@@ -41,6 +41,9 @@ pub(crate) struct Config {
     pub(crate) compression: switchyard_listener::CompressionConfig,
     /// `[security_headers]`: added to every HTTP response.
     pub(crate) security_headers: switchyard_listener::SecurityHeadersConfig,
+    /// `[cluster]`: other groups joined through NATS (docs/cluster.md);
+    /// off unless `cluster.nats` names a server.
+    pub(crate) cluster: switchyard_cluster::Config,
 }
 
 /// `[request_id]` (docs/http.md#request-ids).
@@ -728,6 +731,7 @@ impl Default for Config {
             rate_limit: Default::default(),
             compression: Default::default(),
             security_headers: Default::default(),
+            cluster: Default::default(),
         }
     }
 }
@@ -944,6 +948,7 @@ impl Config {
             }
         }
         self.validate_builtins(&mut problems);
+        problems.extend(self.cluster.problems());
         // The listener's own builder, run here: key files are read and
         // every middleware key checked before any process starts.
         if let Err(problem) = switchyard_listener::check_middleware(&self.middleware()) {
