@@ -177,6 +177,13 @@ pub(crate) fn plan(running: &Config, running_prints: &HashMap<String, Fingerprin
     effective.group.shutdown_grace_ms = shutdown_grace_ms;
     effective.group.start_timeout_ms = start_timeout_ms;
     effective.data = running.data.clone();
+    // The router's NATS link is built once (docs/cluster.md): a changed
+    // `[cluster]` takes a restart. Named as a whole, so no credential is
+    // echoed.
+    if effective.cluster != running.cluster {
+        report.restart_needed.push("cluster".to_owned());
+        effective.cluster = running.cluster.clone();
+    }
 
     let fingerprints = self::fingerprints(&effective);
     let old_by_name: HashMap<&str, &ManagerConfig> =
