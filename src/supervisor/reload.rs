@@ -274,6 +274,17 @@ mod tests {
     }
 
     #[test]
+    fn a_changed_cluster_section_needs_a_restart() {
+        let old = config("[cluster]\nnats = \"nats://127.0.0.1:4222\"\n[[managers]]\nname = \"a\"\n");
+        let new = config(
+            "[cluster]\nnats = \"nats://127.0.0.1:4222\"\npassword = \"p\"\nuser = \"u\"\n[[managers]]\nname = \"a\"\n",
+        );
+        let plan = plan(&old, &fingerprints(&old), new);
+        assert_eq!(plan.report.restart_needed, ["cluster"]);
+        assert_eq!(plan.effective.cluster, old.cluster);
+    }
+
+    #[test]
     fn managers_are_added_removed_and_replaced_by_entry_or_plugin_content() {
         let dir = tempfile::tempdir().unwrap();
         let lib = dir.path().join("libx.so");
