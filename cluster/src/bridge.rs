@@ -18,7 +18,7 @@ use async_nats::{Client, ConnectErrorKind, ConnectOptions, Event, Message, Subje
 use bytes::Bytes;
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
-use switchyard_proto::control::{ClusterLink, LinkState, RouteEntry, TypeNeeds};
+use switchyard_proto::control::{LinkState, RouteEntry, TypeNeeds};
 use switchyard_proto::event::Payload;
 use switchyard_proto::{Deadline, Envelope, EventType, Kind, Origin};
 use tokio::sync::mpsc;
@@ -56,7 +56,7 @@ pub enum FromCluster {
     /// Another group's routes: the listeners here accept them too.
     Routes { group: String, manifest: Manifest },
     /// The link's state changed.
-    Status(ClusterLink),
+    Status(LinkState),
 }
 
 /// What a group serves: the request types its managers answer now, and the
@@ -244,11 +244,8 @@ async fn run(core: Arc<Core>, mut rx: mpsc::Receiver<ToCluster>, mut events: mps
     tokio::spawn(manifests(core.clone(), hello_tx));
     let mut serving: HashMap<EventType, JoinHandle<()>> = HashMap::new();
     let mut manifest = Manifest::default();
-    let mut peers = BTreeSet::new();
-    let mut status = ClusterLink {
-        state: LinkState::Connecting,
-        peers: 0,
-    };
+    let mut status = LinkState::Connecting;
+    let mut next_heartbeat = Instant::now() + HEARTBEAT;
     let mut sweep = tokio::time::interval(Duration::from_secs(1));
     sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -297,23 +294,21 @@ async fn run(core: Arc<Core>, mut rx: mpsc::Receiver<ToCluster>, mut events: mps
                         None
                     }
                 };
-                if let Some(state) = state && state != status.state {
-                    status.state = state;
+                if let Some(state) = state && state != status {
+                    status = state;
                     core.to_router(FromCluster::Status(status)).await;
                 }
             }
-            Some(hello) = hellos.recv() => match hello {
-                Hello::Joined => publish_manifest(&core, &manifest).await,
-                Hello::Peer(group) => {
-                    if peers.insert(group) {
-                        status.peers = peers.len() as u32;
-                        core.to_router(FromCluster::Status(status)).await;
-                    }
-                }
-            },
+            Some(Hello::Joined) = hellos.recv() => publish_manifest(&core, &manifest).await,
             _ = sweep.tick() => {
                 let now = Instant::now();
                 core.pending().retain(|_, (_, until)| *until > now);
+                // The manifest doubles as a heartbeat: a group that stops
+                // sending it is forgotten by the others (MANIFEST_EXPIRY).
+                if now >= next_heartbeat {
+                    next_heartbeat = now + HEARTBEAT;
+                    publish_manifest(&core, &manifest).await;
+                }
             }
         }
     }
@@ -437,6 +432,13 @@ fn body_of(core: &Core, payload: Payload) -> Result<Bytes, (u16, String)> {
     }
     Ok(body)
 }
+
+/// How often a group re-publishes its manifest.
+pub const HEARTBEAT: Duration = Duration::from_secs(30);
+
+/// A group whose manifest has not come for this long, while our link was
+/// up, has left: its routes and types are forgotten (3 heartbeats).
+pub const MANIFEST_EXPIRY: Duration = Duration::from_secs(90);
 
 /// Bytes of `max_payload` kept for the headers.
 const HEADROOM: usize = 4096;
@@ -583,8 +585,6 @@ struct ManifestMsg {
 enum Hello {
     /// A group joined: tell it our routes.
     Joined,
-    /// A group we had not heard from.
-    Peer(String),
 }
 
 async fn publish_manifest(core: &Core, manifest: &Manifest) {
@@ -635,7 +635,6 @@ async fn manifests(core: Arc<Core>, hellos: mpsc::UnboundedSender<Hello>) {
                 if group == core.group {
                     continue;
                 }
-                let _ = hellos.send(Hello::Peer(group.clone()));
                 core.to_router(FromCluster::Routes { group, manifest }).await;
             }
             Some(msg) = joined.next() => {

@@ -39,10 +39,7 @@ pub(crate) async fn start(shared: &Shared) {
                         table.route_notification(env, Some(switchyard_cluster::BRIDGE_ID))
                     }
                     FromCluster::Routes { group, manifest } => table.set_remote(group, manifest),
-                    FromCluster::Status(link) => {
-                        switchyard_proto::supervision::GAUGES.set_cluster(link);
-                        table.set_cluster_link(link);
-                    }
+                    FromCluster::Status(state) => table.set_cluster_link(state),
                 }
             }
         }

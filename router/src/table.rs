@@ -29,9 +29,9 @@ struct Cluster {
     bridge: Bridge,
     /// Types sent through NATS even when served here (`cluster.shared`).
     shared: HashSet<EventType>,
-    /// Each other group's manifest, by its id: their routes are served
-    /// here too, their types are worth a call.
-    remote: BTreeMap<String, Manifest>,
+    /// Each other group's manifest, by its id, and when it last came:
+    /// their routes are served here too, their types are worth a call.
+    remote: BTreeMap<String, (Manifest, std::time::Instant)>,
     link: ClusterLink,
     /// What this group last told the cluster it serves.
     told: Option<Manifest>,
@@ -319,7 +319,7 @@ impl Table {
             return true;
         }
         let local = self.handlers.get(&ty).is_some_and(|l| !l.is_empty());
-        !local && cluster.remote.values().any(|m| m.serves.contains(&ty))
+        !local && cluster.remote.values().any(|(m, _)| m.serves.contains(&ty))
     }
 
     /// Hands a request to the bridge, which always answers it; in flight
@@ -380,16 +380,54 @@ impl Table {
     /// Another group's routes and types.
     pub(crate) fn set_remote(&mut self, group: String, manifest: Manifest) {
         let Some(cluster) = &mut self.cluster else { return };
-        if cluster.remote.get(&group) == Some(&manifest) {
+        let now = std::time::Instant::now();
+        if let Some((known, seen)) = cluster.remote.get_mut(&group)
+            && *known == manifest
+        {
+            *seen = now;
             return;
         }
-        cluster.remote.insert(group, manifest);
-        self.publish();
+        cluster.remote.insert(group, (manifest, now));
+        self.cluster_changed();
     }
 
-    pub(crate) fn set_cluster_link(&mut self, link: ClusterLink) {
+    /// The link's state, from the bridge.
+    pub(crate) fn set_cluster_link(&mut self, state: LinkState) {
         let Some(cluster) = &mut self.cluster else { return };
-        cluster.link = link;
+        if state == LinkState::Connected && cluster.link.state != LinkState::Connected {
+            // Nothing could be heard while the link was down: the others
+            // get a full expiry period from now to be heard again.
+            let now = std::time::Instant::now();
+            for (_, seen) in cluster.remote.values_mut() {
+                *seen = now;
+            }
+        }
+        cluster.link.state = state;
+        self.cluster_changed();
+    }
+
+    /// Forgets the groups not heard from for `MANIFEST_EXPIRY` while the
+    /// link was up: they left (a group that is merely restarting sends a
+    /// new manifest as soon as it is back).
+    pub(crate) fn expire_remote(&mut self, now: std::time::Instant) {
+        let Some(cluster) = &mut self.cluster else { return };
+        if cluster.link.state != LinkState::Connected {
+            return;
+        }
+        let before = cluster.remote.len();
+        cluster
+            .remote
+            .retain(|_, (_, seen)| now.duration_since(*seen) < switchyard_cluster::MANIFEST_EXPIRY);
+        if cluster.remote.len() != before {
+            self.cluster_changed();
+        }
+    }
+
+    fn cluster_changed(&mut self) {
+        if let Some(cluster) = &mut self.cluster {
+            cluster.link.peers = cluster.remote.len() as u32;
+            switchyard_proto::supervision::GAUGES.set_cluster(cluster.link);
+        }
         self.publish();
     }
 
@@ -565,7 +603,7 @@ impl Table {
         if let Some(cluster) = &self.cluster {
             // Routes only other groups serve are served here too (a local
             // route of the same method and path wins).
-            for m in cluster.remote.values() {
+            for (m, _) in cluster.remote.values() {
                 for entry in &m.routes {
                     routes
                         .entry((entry.route.method.clone(), entry.route.path.clone()))
