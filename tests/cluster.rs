@@ -45,6 +45,19 @@ impl Nats {
         panic!("nats-server did not start on any of 5 free ports");
     }
 
+    /// A server not started yet, on a port that was free a moment ago.
+    fn not_started() -> Nats {
+        Nats {
+            child: None,
+            port: TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port(),
+            args: Vec::new(),
+        }
+    }
+
     /// Starts the server on `self.port`; true once it accepts clients.
     fn spawn(&mut self) -> bool {
         let child = Command::new("nats-server")
@@ -298,6 +311,20 @@ fn local_traffic_survives_nats_and_the_link_comes_back() {
         let link = router_state(&a);
         (link == "connected").then_some(()).ok_or(link)
     });
+}
+
+#[test]
+fn groups_started_before_nats_link_up_when_it_comes() {
+    let mut nats = Nats::not_started();
+    let name = cluster_name("late");
+    let a = group("cluster-late-a", &nats, &name, &["basics"], "");
+    let _b = group("cluster-late-b", &nats, &name, &["payload"], "");
+    assert_eq!(ready(&a)["cluster"]["state"], "connecting");
+    assert_eq!(get(a.addr, "/noop").unwrap().status, 200);
+    // The listener knows no /payload route yet: nobody has told it.
+    assert_eq!(get(a.addr, "/payload/100").unwrap().status, 404);
+    nats.restart();
+    a.eventually_status("/payload/100", 200);
 }
 
 #[test]
