@@ -184,6 +184,12 @@ fn calls_bodies_and_notifications_cross_groups_and_a_group_that_leaves_gets_503(
     assert_eq!(r.status, 413, "{}", r.text());
     let r = request(a.addr, "POST", "/echo-bytes", b"across").unwrap();
     assert_eq!((r.status, r.body.as_slice()), (200, &b"across"[..]));
+    // A request body in shared memory on A is copied into the message,
+    // and put in shared memory again on B.
+    let body: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+    let r = request(a.addr, "POST", "/echo-bytes", &body).unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(r.body == body, "the 200 KB body came back intact");
     // A's own routes are A's.
     assert_eq!(get(a.addr, "/noop").unwrap().status, 200);
     eventually("A has heard from B and C", PATIENCE, || {
