@@ -129,6 +129,9 @@ fn config(nats: &Nats, cluster: &str, managers: &[&str], extra: &str) -> String 
     );
     for m in managers {
         toml.push_str(&format!("[[managers]]\nname = \"{m}\"\n"));
+        if *m == "store" {
+            toml.push_str("builtin = \"store\"\n");
+        }
         if *m == "ticker" {
             toml.push_str("[managers.config]\ninterval_ms = 50\n");
         }
@@ -317,6 +320,25 @@ fn local_traffic_survives_nats_and_the_link_comes_back() {
         let link = router_state(&a);
         (link == "connected").then_some(()).ok_or(link)
     });
+}
+
+#[test]
+fn a_manager_calls_a_manager_of_another_group() {
+    let nats = Nats::start(&[]);
+    let name = cluster_name("mm");
+    // `basics` keeps /kv in the built-in Store, which only B runs: each
+    // request is basics (A) → A's router → NATS → B's router → store (B).
+    let a = group("cluster-mm-a", &nats, &name, &["basics"], "");
+    let _b = group("cluster-mm-b", &nats, &name, &["store"], "");
+    eventually("A's basics reaches B's store", PATIENCE, || {
+        let r = request(a.addr, "PUT", "/kv/across", br#"{"from":"a"}"#).map_err(|e| e.to_string())?;
+        (r.status == 204)
+            .then_some(())
+            .ok_or(format!("{} {}", r.status, r.text()))
+    });
+    let r = get(a.addr, "/kv/across").unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["from"], "a", "{}", r.text());
 }
 
 #[test]
