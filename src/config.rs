@@ -47,6 +47,9 @@ pub(crate) struct Config {
     /// the configuration is loaded; never read from the file.
     #[serde(skip)]
     pub(crate) catalog: std::sync::Arc<switchyard_proto::api::Catalog>,
+    /// `[cluster]`: other groups joined through NATS (docs/cluster.md);
+    /// off unless `cluster.nats` names a server.
+    pub(crate) cluster: switchyard_cluster::Config,
 }
 
 /// `[request_id]` (docs/http.md#request-ids).
@@ -747,6 +750,7 @@ impl Default for Config {
             security_headers: Default::default(),
             api: Default::default(),
             catalog: Default::default(),
+            cluster: Default::default(),
         }
     }
 }
@@ -968,6 +972,7 @@ impl Config {
             }
         }
         self.validate_builtins(&mut problems);
+        problems.extend(self.cluster.problems());
         // The listener's own builder, run here: key files are read and
         // every middleware key checked before any process starts.
         if let Err(problem) = switchyard_listener::check_middleware(&self.middleware()) {

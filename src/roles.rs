@@ -181,6 +181,8 @@ async fn serve(role: Role, name: String, instance: u32, spec: Spec) -> anyhow::R
                 max_frame,
                 queue_capacity,
                 max_outstanding: config.group.max_outstanding_per_instance,
+                cluster: config.cluster.clone(),
+                shm_threshold: config.group.shm_threshold_bytes,
             };
             let (declared_tx, declared) = tokio::sync::watch::channel(cfg.declared_managers.clone());
             live = Some(Live::Router(declared_tx));

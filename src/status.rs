@@ -295,10 +295,18 @@ pub(crate) fn main(json: bool, runtime_dir: Option<PathBuf>) -> ExitCode {
                 p.uptime_ms as f64 / 1000.0,
                 p.load.in_flight,
                 p.load.queued,
-                p.workers.as_ref().map_or(String::new(), |w| format!(
-                    "{} x{} (queue {})",
-                    w.kind, w.size, w.queue
-                ))
+                match (&p.workers, p.load.cluster) {
+                    (Some(w), _) => format!("{} x{} (queue {})", w.kind, w.size, w.queue),
+                    (None, Some(link)) => format!(
+                        "cluster {} ({} peer groups)",
+                        serde_json::to_value(link.state)
+                            .ok()
+                            .and_then(|v| v.as_str().map(str::to_owned))
+                            .unwrap_or_default(),
+                        link.peers
+                    ),
+                    (None, None) => String::new(),
+                }
             );
         }
     }

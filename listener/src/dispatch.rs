@@ -205,10 +205,13 @@ fn ready(state: &State) -> Reply {
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    json(
-        status,
-        serde_json::json!({ "ready": ready, "router": router, "managers": managers }),
-    )
+    let mut body = serde_json::json!({ "ready": ready, "router": router, "managers": managers });
+    // Shown, not required: this group serves its own routes with the
+    // cluster link down (docs/cluster.md#health).
+    if let Some(link) = routes.table.cluster {
+        body["cluster"] = serde_json::json!(link);
+    }
+    json(status, body)
 }
 
 async fn route(state: &State, client: IpAddr, mut req: Request<RequestBody>) -> Reply {

@@ -364,6 +364,30 @@ pub struct RouteTable {
     /// manager is down (503).
     #[serde(default)]
     pub retired: Vec<String>,
+    /// The link to the other groups (`[cluster]`), when the group has one:
+    /// `/ready` shows it.
+    #[serde(default)]
+    pub cluster: Option<ClusterLink>,
+}
+
+/// The state of a group's link to the cluster (docs/cluster.md), as
+/// `/ready` and `switchyard status` show it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterLink {
+    pub state: LinkState,
+    /// Other groups this one has heard from since it started.
+    pub peers: u32,
+}
+
+/// Whether the NATS connection is up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LinkState {
+    /// Not connected yet since the router started.
+    Connecting,
+    Connected,
+    /// Lost; reconnecting with back-off.
+    Disconnected,
 }
 
 impl RouteTable {

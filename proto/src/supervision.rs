@@ -55,6 +55,9 @@ pub struct Load {
     pub in_flight: u64,
     /// Work waiting in this process's bounded queues (e.g. jobs for workers).
     pub queued: u64,
+    /// The router's link to the cluster, when `[cluster]` is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<crate::control::ClusterLink>,
 }
 
 /// This process's load gauges: the role's code sets them, the child's
@@ -62,12 +65,16 @@ pub struct Load {
 pub struct Gauges {
     in_flight: AtomicU64,
     queued: AtomicU64,
+    /// The cluster link: 0 none, else state (low byte, 1 + the
+    /// [`LinkState`](crate::control::LinkState) index) and peers (above).
+    cluster: AtomicU64,
 }
 
 /// The gauges of this process.
 pub static GAUGES: Gauges = Gauges {
     in_flight: AtomicU64::new(0),
     queued: AtomicU64::new(0),
+    cluster: AtomicU64::new(0),
 };
 
 impl Gauges {
@@ -76,10 +83,34 @@ impl Gauges {
         self.queued.store(queued as u64, Ordering::Relaxed);
     }
 
+    /// Sets the cluster link's state (the router, with `[cluster]` on).
+    pub fn set_cluster(&self, link: crate::control::ClusterLink) {
+        use crate::control::LinkState;
+        let state = match link.state {
+            LinkState::Connecting => 1,
+            LinkState::Connected => 2,
+            LinkState::Disconnected => 3,
+        };
+        self.cluster
+            .store(state | (u64::from(link.peers) << 8), Ordering::Relaxed);
+    }
+
     pub fn read(&self) -> Load {
+        use crate::control::{ClusterLink, LinkState};
+        let c = self.cluster.load(Ordering::Relaxed);
+        let state = match c & 0xff {
+            1 => Some(LinkState::Connecting),
+            2 => Some(LinkState::Connected),
+            3 => Some(LinkState::Disconnected),
+            _ => None,
+        };
         Load {
             in_flight: self.in_flight.load(Ordering::Relaxed),
             queued: self.queued.load(Ordering::Relaxed),
+            cluster: state.map(|state| ClusterLink {
+                state,
+                peers: (c >> 8) as u32,
+            }),
         }
     }
 }

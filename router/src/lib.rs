@@ -10,12 +10,19 @@
 //! and a request past its deadline gets 504 — no caller ever waits for a
 //! response that cannot come.
 //!
+//! With `[cluster]` on, the router also runs the NATS bridge
+//! (`switchyard-cluster`, docs/cluster.md): a request no local manager
+//! takes goes to the other groups, every notification emitted here goes to
+//! them, and what they send comes in as if from one more manager.
+//!
 //! # Layout
 //! - [`run`]: the accept loop for managers and the connection to the broker.
 //! - `table`: routing state (instances, in-flight requests, routes).
+//! - `cluster`: the bridge's frames applied to the table.
 
 #![forbid(unsafe_code)]
 
+mod cluster;
 mod table;
 
 use std::future::Future;
@@ -57,6 +64,12 @@ pub struct Config {
     pub queue_capacity: usize,
     /// Requests in flight per manager instance before new ones get 503.
     pub max_outstanding: u32,
+    /// `[cluster]`: the other groups, through NATS. Off when its `nats`
+    /// is empty.
+    pub cluster: switchyard_cluster::Config,
+    /// Bodies from the cluster at least this large go into shared memory,
+    /// in bytes.
+    pub shm_threshold: usize,
 }
 
 #[derive(Clone)]
@@ -101,6 +114,9 @@ pub async fn run_declaring(
         ))),
         config: Arc::new(config),
     };
+    if shared.config.cluster.enabled() {
+        cluster::start(&shared).await;
+    }
     tokio::spawn(broker_link(shared.clone(), ready));
     tokio::spawn(deadline_sweeper(shared.clone()));
     let redeclare = shared.clone();
@@ -248,6 +264,7 @@ async fn deadline_sweeper(shared: Shared) {
         tick.tick().await;
         let mut table = shared.lock();
         table.expire(switchyard_proto::event::now_micros());
+        table.expire_remote(std::time::Instant::now());
         // Also the gauges `switchyard status` shows.
         let (in_flight, queued) = table.gauges();
         switchyard_proto::supervision::GAUGES.set(in_flight, queued);

@@ -2,9 +2,10 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
+use switchyard_cluster::{BRIDGE_ID, Bridge, Manifest, ToCluster};
 use switchyard_proto::control::{
-    Control, HandledType, META_EVENT, ManagerDescription, ManagerHealth, RequestNeeds, RouteEntry,
-    RouteTable, TypeNeeds,
+    ClusterLink, Control, HandledType, LinkState, META_EVENT, ManagerDescription, ManagerHealth,
+    RequestNeeds, RouteEntry, RouteTable, TypeNeeds,
 };
 use switchyard_proto::transport::FrameSink;
 use switchyard_proto::{Deadline, Envelope, EventType, Origin};
@@ -21,6 +22,19 @@ struct Instance {
 struct Known {
     type_name: String,
     manager: String,
+}
+
+/// The link to the other groups and what they declared.
+struct Cluster {
+    bridge: Bridge,
+    /// Types sent through NATS even when served here (`cluster.shared`).
+    shared: HashSet<EventType>,
+    /// Each other group's manifest, by its id, and when it last came:
+    /// their routes are served here too, their types are worth a call.
+    remote: BTreeMap<String, (Manifest, std::time::Instant)>,
+    link: ClusterLink,
+    /// What this group last told the cluster it serves.
+    told: Option<Manifest>,
 }
 
 struct InFlight {
@@ -56,6 +70,8 @@ pub(crate) struct Table {
     /// routes are forgotten, by the listeners too.
     retired: std::collections::BTreeSet<String>,
     broker: Option<FrameSink>,
+    /// The other groups, with `[cluster]` on.
+    cluster: Option<Cluster>,
     version: u64,
     next_id: u64,
     max_outstanding: u32,
@@ -76,6 +92,7 @@ impl Table {
             registered: HashSet::new(),
             retired: Default::default(),
             broker: None,
+            cluster: None,
             version: 0,
             next_id: 0,
             max_outstanding,
@@ -227,6 +244,9 @@ impl Table {
 
     /// Sends a request to one instance, or answers it at once.
     pub(crate) fn route_request(&mut self, env: Envelope) {
+        if self.goes_remote(&env) {
+            return self.route_remote(env);
+        }
         let key = (env.origin, env.correlation);
         let Some(id) = self.pick(env.event_type) else {
             let (status, detail) = self.unroutable(&env);
@@ -280,6 +300,135 @@ impl Table {
                 self.deliver(err);
             }
         }
+    }
+
+    /// Whether a request goes to the other groups: local managers first
+    /// (docs/cluster.md#routing), so only a type no local instance takes
+    /// now, or a shared one while the link is up; and one some group has
+    /// declared, so a type nobody serves is still a 404. A request that
+    /// came from the cluster never goes back to it.
+    fn goes_remote(&self, env: &Envelope) -> bool {
+        let Some(cluster) = &self.cluster else {
+            return false;
+        };
+        if env.origin == Origin::Manager(BRIDGE_ID) {
+            return false;
+        }
+        let ty = env.event_type;
+        if cluster.shared.contains(&ty) && cluster.link.state == LinkState::Connected {
+            return true;
+        }
+        let local = self.handlers.get(&ty).is_some_and(|l| !l.is_empty());
+        !local && cluster.remote.values().any(|(m, _)| m.serves.contains(&ty))
+    }
+
+    /// Hands a request to the bridge, which always answers it; in flight
+    /// here too, so its deadline holds even if the bridge is slow.
+    fn route_remote(&mut self, env: Envelope) {
+        let Some(cluster) = &self.cluster else { return };
+        let key = (env.origin, env.correlation);
+        let deadline = env.deadline;
+        if !cluster.bridge.connected() {
+            let mut err = Envelope::error_to(
+                &env,
+                503,
+                "the cluster link is down; no other group can be reached",
+            );
+            err.meta.push("retry-after", "1");
+            return self.deliver(err);
+        }
+        tracing::debug!(
+            request_id = env.meta.request_id(),
+            "request routed to the cluster"
+        );
+        match cluster.bridge.send(ToCluster::Request(env)) {
+            Ok(()) => {
+                self.in_flight.insert(
+                    key,
+                    InFlight {
+                        instance: BRIDGE_ID,
+                        deadline,
+                    },
+                );
+            }
+            Err(frame) => {
+                if let ToCluster::Request(env) = frame {
+                    let mut err = Envelope::error_to(&env, 503, "the cluster bridge is not keeping up");
+                    err.meta.push("retry-after", "1");
+                    self.deliver(err);
+                }
+            }
+        }
+    }
+
+    pub(crate) fn set_cluster(&mut self, bridge: Bridge, shared: HashSet<EventType>) {
+        let link = ClusterLink {
+            state: LinkState::Connecting,
+            peers: 0,
+        };
+        switchyard_proto::supervision::GAUGES.set_cluster(link);
+        self.cluster = Some(Cluster {
+            bridge,
+            shared,
+            remote: BTreeMap::new(),
+            link,
+            told: None,
+        });
+        self.publish();
+    }
+
+    /// Another group's routes and types.
+    pub(crate) fn set_remote(&mut self, group: String, manifest: Manifest) {
+        let Some(cluster) = &mut self.cluster else { return };
+        let now = std::time::Instant::now();
+        if let Some((known, seen)) = cluster.remote.get_mut(&group)
+            && *known == manifest
+        {
+            *seen = now;
+            return;
+        }
+        cluster.remote.insert(group, (manifest, now));
+        self.cluster_changed();
+    }
+
+    /// The link's state, from the bridge.
+    pub(crate) fn set_cluster_link(&mut self, state: LinkState) {
+        let Some(cluster) = &mut self.cluster else { return };
+        if state == LinkState::Connected && cluster.link.state != LinkState::Connected {
+            // Nothing could be heard while the link was down: the others
+            // get a full expiry period from now to be heard again.
+            let now = std::time::Instant::now();
+            for (_, seen) in cluster.remote.values_mut() {
+                *seen = now;
+            }
+        }
+        cluster.link.state = state;
+        self.cluster_changed();
+    }
+
+    /// Forgets the groups not heard from for `MANIFEST_EXPIRY` while the
+    /// link was up: they left (a group that is merely restarting sends a
+    /// new manifest as soon as it is back).
+    pub(crate) fn expire_remote(&mut self, now: std::time::Instant) {
+        let Some(cluster) = &mut self.cluster else { return };
+        if cluster.link.state != LinkState::Connected {
+            return;
+        }
+        let before = cluster.remote.len();
+        cluster
+            .remote
+            .retain(|_, (_, seen)| now.duration_since(*seen) < switchyard_cluster::MANIFEST_EXPIRY);
+        if cluster.remote.len() != before {
+            self.cluster_changed();
+        }
+    }
+
+    fn cluster_changed(&mut self) {
+        if let Some(cluster) = &mut self.cluster {
+            cluster.link.peers = cluster.remote.len() as u32;
+            switchyard_proto::supervision::GAUGES.set_cluster(cluster.link);
+        }
+        self.publish();
     }
 
     /// Why a request no instance can take is refused: 503 while a manager
@@ -355,6 +504,13 @@ impl Table {
     /// Every subscriber gets the notification, except the instance it came
     /// from; the broker gets it too, for the WebSocket clients subscribed.
     pub(crate) fn route_notification(&mut self, env: Envelope, from: Option<u64>) {
+        // To the other groups, unless it came from them: nothing loops.
+        if let Some(cluster) = &self.cluster
+            && from != Some(BRIDGE_ID)
+            && cluster.bridge.send(ToCluster::Notification(env.clone())).is_err()
+        {
+            tracing::warn!("cluster bridge not keeping up; notification not sent to other groups");
+        }
         if let Some(broker) = &self.broker
             && let Err(refused) = broker.send(env.clone())
         {
@@ -405,6 +561,14 @@ impl Table {
 
     /// Sends a response to its origin.
     fn deliver(&self, env: Envelope) {
+        if env.origin == Origin::Manager(BRIDGE_ID) {
+            if let Some(cluster) = &self.cluster
+                && cluster.bridge.send(ToCluster::Response(env)).is_err()
+            {
+                tracing::warn!("cluster bridge not keeping up; response to another group dropped");
+            }
+            return;
+        }
         let sink = match env.origin {
             Origin::Pipe(_) => self.broker.as_ref(),
             Origin::Manager(id) => self.instances.get(&id).map(|i| &i.sink),
@@ -428,21 +592,38 @@ impl Table {
     /// Sends the current route table to the broker.
     fn publish(&mut self) {
         self.version += 1;
+        self.tell_cluster();
         let Some(broker) = &self.broker else { return };
         let mut managers: BTreeMap<String, u32> = self.declared.iter().map(|n| (n.clone(), 0)).collect();
         for inst in self.instances.values().filter(|i| !i.draining) {
             *managers.entry(inst.name.clone()).or_default() += 1;
         }
+        let mut routes = self.routes.clone();
+        let mut needs = self.needs.clone();
+        if let Some(cluster) = &self.cluster {
+            // Routes only other groups serve are served here too (a local
+            // route of the same method and path wins).
+            for (m, _) in cluster.remote.values() {
+                for entry in &m.routes {
+                    routes
+                        .entry((entry.route.method.clone(), entry.route.path.clone()))
+                        .or_insert_with(|| entry.clone());
+                }
+                for n in &m.needs {
+                    needs.entry(n.event_type).or_insert_with(|| n.needs.clone());
+                }
+            }
+        }
         let table = RouteTable {
             version: self.version,
             retired: self.retired.iter().cloned().collect(),
-            routes: self.routes.values().cloned().collect(),
+            cluster: self.cluster.as_ref().map(|c| c.link),
+            routes: routes.into_values().collect(),
             managers: managers
                 .into_iter()
                 .map(|(name, instances_up)| ManagerHealth { name, instances_up })
                 .collect(),
-            needs: self
-                .needs
+            needs: needs
                 .iter()
                 .map(|(event_type, needs)| TypeNeeds {
                     event_type: *event_type,
@@ -457,6 +638,46 @@ impl Table {
                 }
             }
             Err(err) => tracing::error!(%err, "cannot encode route table"),
+        }
+    }
+}
+
+impl Table {
+    /// Tells the bridge what this group serves now, when that changed: it
+    /// subscribes to those types and tells the other groups.
+    fn tell_cluster(&mut self) {
+        let Some(cluster) = &self.cluster else { return };
+        let serves: std::collections::BTreeSet<EventType> = self
+            .handlers
+            .iter()
+            .filter(|(_, list)| !list.is_empty())
+            .map(|(ty, _)| *ty)
+            .collect();
+        let manifest = Manifest {
+            routes: self
+                .routes
+                .values()
+                .filter(|e| serves.contains(&e.event_type))
+                .cloned()
+                .collect(),
+            needs: self
+                .needs
+                .iter()
+                .filter(|(ty, _)| serves.contains(ty))
+                .map(|(event_type, needs)| TypeNeeds {
+                    event_type: *event_type,
+                    needs: needs.clone(),
+                })
+                .collect(),
+            serves,
+        };
+        if cluster.told.as_ref() == Some(&manifest) {
+            return;
+        }
+        if cluster.bridge.send(ToCluster::Local(manifest.clone())).is_ok()
+            && let Some(cluster) = &mut self.cluster
+        {
+            cluster.told = Some(manifest);
         }
     }
 }

@@ -94,6 +94,8 @@ async fn rig(declared: &[&str]) -> Rig {
         max_frame: DEFAULT_MAX_FRAME,
         queue_capacity: 1024,
         max_outstanding: 2,
+        cluster: Default::default(),
+        shm_threshold: switchyard_proto::shm::DEFAULT_THRESHOLD,
     };
     let (ready, _) = tokio::sync::oneshot::channel();
     tokio::spawn(switchyard_router::run(

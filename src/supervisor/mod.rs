@@ -314,6 +314,32 @@ fn tcp_sockets(
     Ok((tcp, grpc))
 }
 
+/// Wrong NATS credentials are an error at start, not a router retrying
+/// forever; a NATS that is down only delays the link (local traffic does
+/// not need it), so the group starts anyway.
+async fn check_cluster(config: &Config) -> anyhow::Result<()> {
+    if !config.cluster.enabled() {
+        return Ok(());
+    }
+    let patience = Duration::from_millis(config.cluster.connect_timeout_ms + 1000);
+    match tokio::time::timeout(patience, switchyard_cluster::probe(&config.cluster)).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(err @ (switchyard_cluster::Error::Refused(_) | switchyard_cluster::Error::Config(_)))) => {
+            Err(anyhow::anyhow!(err))
+        }
+        Ok(Err(err)) => {
+            tracing::warn!(%err, "starting without the cluster link; the router keeps trying");
+            Ok(())
+        }
+        Err(_) => {
+            tracing::warn!(
+                "NATS did not answer in time; starting without the cluster link, the router keeps trying"
+            );
+            Ok(())
+        }
+    }
+}
+
 async fn up(
     config: Config,
     source: Source,
@@ -322,6 +348,7 @@ async fn up(
 ) -> anyhow::Result<ExitCode> {
     // First of all: from here on no signal ends the group unlogged.
     let mut signals = Signals::install()?;
+    check_cluster(&config).await?;
     let mut handover = handover.map(upgrade::Receiving::start).transpose()?;
     let mut dir = RuntimeDir::prepare(runtime_dir)?;
     if let Some(handover) = &handover

@@ -177,6 +177,13 @@ pub(crate) fn plan(running: &Config, running_prints: &HashMap<String, Fingerprin
     effective.group.shutdown_grace_ms = shutdown_grace_ms;
     effective.group.start_timeout_ms = start_timeout_ms;
     effective.data = running.data.clone();
+    // The router's NATS link is built once (docs/cluster.md): a changed
+    // `[cluster]` takes a restart. Named as a whole, so no credential is
+    // echoed.
+    if effective.cluster != running.cluster {
+        report.restart_needed.push("cluster".to_owned());
+        effective.cluster = running.cluster.clone();
+    }
 
     let fingerprints = self::fingerprints(&effective);
     let old_by_name: HashMap<&str, &ManagerConfig> =
@@ -264,6 +271,17 @@ mod tests {
         assert_eq!(plan.effective.group.shutdown_grace_ms, 5);
         assert_eq!(plan.effective.listener.max_body_bytes, 2000);
         assert!(plan.report.replaced.is_empty());
+    }
+
+    #[test]
+    fn a_changed_cluster_section_needs_a_restart() {
+        let old = config("[cluster]\nnats = \"nats://127.0.0.1:4222\"\n[[managers]]\nname = \"a\"\n");
+        let new = config(
+            "[cluster]\nnats = \"nats://127.0.0.1:4222\"\npassword = \"p\"\nuser = \"u\"\n[[managers]]\nname = \"a\"\n",
+        );
+        let plan = plan(&old, &fingerprints(&old), new);
+        assert_eq!(plan.report.restart_needed, ["cluster"]);
+        assert_eq!(plan.effective.cluster, old.cluster);
     }
 
     #[test]

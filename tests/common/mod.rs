@@ -284,6 +284,11 @@ impl Group {
         }
     }
 
+    /// Whether any line printed so far contains `needle` (no waiting).
+    pub fn has_line(&self, needle: &str) -> bool {
+        self.lines.lock().unwrap().iter().any(|l| l.contains(needle))
+    }
+
     pub fn supervisor_pid(&self) -> u32 {
         self.child.as_ref().unwrap().id()
     }

@@ -124,6 +124,8 @@ fn start_router(dir: &Path) -> anyhow::Result<(JoinHandle<anyhow::Result<()>>, o
         max_frame: DEFAULT_MAX_FRAME,
         queue_capacity: QUEUE_CAPACITY,
         max_outstanding: MAX_OUTSTANDING,
+        cluster: Default::default(),
+        shm_threshold: switchyard_proto::shm::DEFAULT_THRESHOLD,
     };
     let (stop, stopped) = oneshot::channel::<()>();
     let thread = on_own_runtime("router", async move {
