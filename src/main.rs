@@ -5,6 +5,7 @@
 //! child (broker, router, each manager, listener).
 //!
 //! # Layout
+//! - `admin`: the admin endpoint: `/metrics` and the dashboard.
 //! - `config`: `switchyard.toml`.
 //! - `roles`: the entry of each child process.
 //! - `supervisor`: spawning, watching, restarting and stopping children.
@@ -12,6 +13,7 @@
 //!   `reload` and `upgrade`.
 //! - `token`: `switchyard token`, a development bearer token.
 
+mod admin;
 mod config;
 mod inherit;
 mod roles;
@@ -54,6 +56,11 @@ enum Command {
         /// Directory for the group's sockets (default: a fresh private one).
         #[arg(long)]
         runtime_dir: Option<PathBuf>,
+        /// Serve the admin endpoint (`/metrics`, the dashboard) here,
+        /// overriding `admin.bind`: `HOST:PORT` (port 0: any free port,
+        /// printed as `admin on http://ADDR`).
+        #[arg(long, value_parser = config::resolve_bind)]
+        admin_bind: Option<std::net::SocketAddr>,
         /// Directory of the built-in Store's and Scheduler's database,
         /// overriding `data.dir` (default: see docs/configuration.md).
         #[arg(long)]
@@ -171,6 +178,7 @@ fn main() -> ExitCode {
             bind,
             runtime_dir,
             data_dir,
+            admin_bind,
             upgrade_fd,
         } => {
             // First, so that a failure below still closes it (the old
@@ -183,6 +191,7 @@ fn main() -> ExitCode {
                 path: config,
                 bind,
                 data_dir,
+                admin_bind,
             };
             let config = match source.load() {
                 Ok(c) => c,

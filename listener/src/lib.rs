@@ -46,6 +46,10 @@
 //!   - `body`: response bodies (whole or read from a pipe), `Range` parsing.
 //!   - `state`: what every request shares; request bodies placed in shared
 //!     memory.
+//!   - `metrics`: request counters per route for the admin endpoint's
+//!     `/metrics` (atomics found with the route, nothing per request).
+//!   - `access`: the access log, written by a thread of its own.
+//!   - `trace`: W3C `traceparent`, taken or made, carried in the meta.
 //!   - `pipes`: the pool of return pipes to the broker, the pending map and
 //!     the sessions (WebSocket, gRPC streams) with their subscriptions.
 //!   - `routes`: the route table, merged from the router's announcements.
@@ -54,6 +58,7 @@
 
 #![forbid(unsafe_code)]
 
+mod access;
 mod body;
 mod conn;
 mod context;
@@ -62,15 +67,18 @@ mod exchange;
 mod grpc;
 mod http;
 mod identity;
+pub mod metrics;
 mod middleware;
 mod pipes;
 mod reply;
 mod routes;
 mod state;
 pub mod tls;
+mod trace;
 mod upload;
 mod ws;
 
+pub use access::{AccessLogConfig, AccessTarget};
 pub use context::RequestIdConfig;
 pub use middleware::check as check_middleware;
 pub use middleware::config::{
@@ -79,6 +87,7 @@ pub use middleware::config::{
     TokenSource, WsAuthConfig,
 };
 pub use routes::percent_decode;
+pub use trace::TracingConfig;
 
 /// A request body as the listener's code reads it: decoded by its
 /// `Content-Encoding` (the middleware's request decoding) as it is read.
@@ -169,6 +178,10 @@ pub struct Config {
     pub middleware: MiddlewareConfig,
     /// Serve TLS on every port with these certificates (none: plaintext).
     pub tls: Option<TlsConfig>,
+    /// W3C trace context and `Server-Timing` (`[tracing]`).
+    pub tracing: TracingConfig,
+    /// The access log (`[log] access`, `[log] format`).
+    pub access_log: AccessLogConfig,
 }
 
 /// WebSocket limits (`[listener.ws]` in switchyard.toml).
@@ -331,7 +344,13 @@ pub async fn run(
     // Before the pipes are ready: a certificate that cannot be used stops
     // the listener at start, not at its first handshake.
     let middleware = middleware::Middleware::new(&config.middleware).map_err(Error::Config)?;
-    let mut current = Generation::new(state::State::start(pool.clone(), config.clone(), middleware))?;
+    let access = access::AccessLog::open(&config.access_log)?;
+    let mut current = Generation::new(state::State::start(
+        pool.clone(),
+        config.clone(),
+        middleware,
+        access,
+    ))?;
     pool.wait_ready().await;
     let _ = ready.send(());
     let scheme = if config.tls.is_some() { "https" } else { "http" };
@@ -411,7 +430,8 @@ fn reconfigure(current: &Generation, mut config: Config) -> Result<Generation, E
     config.validate()?;
     // Rate-limit buckets start afresh with a reloaded configuration.
     let middleware = middleware::Middleware::new(&config.middleware).map_err(Error::Config)?;
-    Generation::new(current.state.reconfigured(Arc::new(config), middleware))
+    let access = access::AccessLog::open(&config.access_log)?;
+    Generation::new(current.state.reconfigured(Arc::new(config), middleware, access))
 }
 
 /// `configured`, or less when the descriptor limit would not allow it: a
