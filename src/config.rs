@@ -71,8 +71,8 @@ pub(crate) struct LogConfig {
     /// start: a reload does not change it.
     pub(crate) format: LogFormat,
     /// The access log, one line per HTTP request: `off` (default),
-    /// `stdout` (the group's merged output) or a file path (appended to;
-    /// reopened on reload).
+    /// `stdout` (the group's merged output) or a file path, relative to
+    /// the configuration file (appended to; reopened on reload).
     pub(crate) access: String,
 }
 
@@ -901,6 +901,11 @@ impl Config {
             config.data.dir = Some(base.join(dir));
         }
         config.resolve_middleware_paths(base);
+        if !matches!(config.log.access.as_str(), "off" | "stdout" | "")
+            && Path::new(&config.log.access).is_relative()
+        {
+            config.log.access = base.join(&config.log.access).to_string_lossy().into_owned();
+        }
         if let Some(tls) = &mut config.listener.tls {
             for path in [Some(&mut tls.cert), Some(&mut tls.key), tls.client_ca.as_mut()]
                 .into_iter()

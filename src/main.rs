@@ -192,6 +192,7 @@ fn main() -> ExitCode {
                 bind,
                 data_dir,
                 admin_bind,
+                admin_bound: None,
             };
             let config = match source.load() {
                 Ok(c) => c,

@@ -179,3 +179,62 @@ fn a_bad_access_log_path_is_refused_at_start() {
         .unwrap_err();
     assert!(out.contains("log.access"), "{out}");
 }
+
+#[test]
+fn reload_turns_the_access_log_on_and_reopens_its_file() {
+    let dir = common::scratch_dir("access-reload");
+    let config = dir.path().join("switchyard.toml");
+    let file = dir.path().join("access.log");
+    std::fs::write(&config, "[log]\naccess = \"off\"\n").unwrap();
+    let group = Group::builder("access-reload").config_file(&config).start();
+    let reload = || {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
+            .args(["reload", "--runtime-dir"])
+            .arg(&group.runtime_dir)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    };
+    assert_eq!(
+        request_with(group.addr, "GET", "/hello/a", &[("x-request-id", "rl-1")], b"")
+            .unwrap()
+            .status,
+        200
+    );
+    std::fs::write(&config, format!("[log]\naccess = \"{}\"\n", file.display())).unwrap();
+    reload();
+    assert_eq!(
+        request_with(group.addr, "GET", "/hello/b", &[("x-request-id", "rl-2")], b"")
+            .unwrap()
+            .status,
+        200
+    );
+    eventually("the line after the reload", PATIENCE, || {
+        let text = std::fs::read_to_string(&file).unwrap_or_default();
+        if text.contains("id=rl-2") {
+            Ok(text)
+        } else {
+            Err(text)
+        }
+    });
+    assert!(!std::fs::read_to_string(&file).unwrap().contains("id=rl-1"));
+    // Rotation: move the file away, reload, and the next line is in a new one.
+    let rotated = dir.path().join("access.log.1");
+    std::fs::rename(&file, &rotated).unwrap();
+    reload();
+    assert_eq!(
+        request_with(group.addr, "GET", "/hello/c", &[("x-request-id", "rl-3")], b"")
+            .unwrap()
+            .status,
+        200
+    );
+    eventually("the line in the new file", PATIENCE, || {
+        let text = std::fs::read_to_string(&file).unwrap_or_default();
+        if text.contains("id=rl-3") {
+            Ok(())
+        } else {
+            Err(text)
+        }
+    });
+    assert!(!std::fs::read_to_string(&rotated).unwrap().contains("id=rl-3"));
+}

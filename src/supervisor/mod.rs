@@ -67,6 +67,10 @@ pub(crate) struct Source {
     pub(crate) data_dir: Option<PathBuf>,
     /// `--admin-bind`.
     pub(crate) admin_bind: Option<SocketAddr>,
+    /// The admin endpoint's address as bound (port 0 resolved): what an
+    /// upgrade's new supervisor binds beside this one. Not applied by
+    /// [`Source::load`].
+    pub(crate) admin_bound: Option<SocketAddr>,
 }
 
 impl Source {
@@ -529,8 +533,7 @@ async fn up(
     let admin = admin.map(|listener| {
         if let Ok(at) = listener.local_addr() {
             println!("admin on http://{at}");
-            // What an upgrade's new supervisor binds beside this one.
-            sup.source.admin_bind = Some(at);
+            sup.source.admin_bound = Some(at);
         }
         tokio::spawn(crate::admin::serve(listener, sup.events.clone()))
     });

@@ -112,7 +112,7 @@ impl Sending {
         }
         // The admin address as bound (a port 0 resolved): the new
         // supervisor binds it beside this one (`SO_REUSEPORT`).
-        if let Some(admin) = source.admin_bind {
+        if let Some(admin) = source.admin_bound {
             cmd.arg("--admin-bind").arg(admin.to_string());
         }
         cmd.arg("--upgrade-fd")
