@@ -48,6 +48,25 @@ pub(crate) struct Config {
     pub(crate) log: LogConfig,
     /// `[tracing]`: W3C trace context and `Server-Timing`.
     pub(crate) tracing: TracingSettings,
+    /// `[metrics]`: the listener's request counters.
+    pub(crate) metrics: MetricsConfig,
+}
+
+/// `[metrics]` (docs/operations.md#metrics).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct MetricsConfig {
+    /// Count HTTP requests by route, method and status, with their
+    /// latency, in every listener process (a few atomic additions per
+    /// request) for `/metrics` and the dashboard. Default true; false
+    /// leaves those series out (the process gauges stay).
+    pub(crate) enabled: bool,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        MetricsConfig { enabled: true }
+    }
 }
 
 /// `[admin]` (docs/operations.md#the-admin-endpoint).
@@ -825,6 +844,7 @@ impl Default for Config {
             admin: Default::default(),
             log: Default::default(),
             tracing: Default::default(),
+            metrics: Default::default(),
         }
     }
 }

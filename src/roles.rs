@@ -376,6 +376,7 @@ fn listener_config(config: &Config, paths: &RuntimePaths) -> switchyard_listener
         middleware: config.middleware(),
         tls: l.tls.as_ref().map(TlsSettings::to_listener),
         tracing: config.tracing.to_listener(),
+        metrics: config.metrics.enabled,
         access_log: config.log.to_listener(),
     }
 }

@@ -362,3 +362,36 @@ fn the_admin_endpoint_answers_only_what_it_serves() {
     let status = get(admin, "/api/status").unwrap().json();
     assert!(status["processes"].as_array().unwrap().len() > 3);
 }
+
+#[test]
+fn request_metrics_can_be_turned_off() {
+    let mut group = Group::builder("metrics-off")
+        .config("[admin]\nbind = \"127.0.0.1:0\"\n\n[metrics]\nenabled = false\n")
+        .start();
+    let line = group.wait_line("admin on http://");
+    let admin: SocketAddr = line.rsplit("http://").next().unwrap().trim().parse().unwrap();
+    for i in 0..5 {
+        assert_eq!(get(group.addr, &format!("/hello/off{i}")).unwrap().status, 200);
+    }
+    // The listener's in-flight gauge is reported with the same tick as
+    // request figures: once it is there, so would they be.
+    let listener = [("role", "listener"), ("name", "listener"), ("replica", "0")];
+    eventually("the listener's figures reported", PATIENCE, || {
+        let samples = scrape(admin);
+        if samples
+            .iter()
+            .any(|s| s.name == "switchyard_websocket_connections" && s.labels["role"] == "listener")
+        {
+            Ok(samples)
+        } else {
+            Err("not yet")
+        }
+    });
+    std::thread::sleep(Duration::from_millis(1200));
+    let samples = scrape(admin);
+    assert_eq!(value(&samples, "switchyard_process_up", &listener), 1.0);
+    assert!(
+        !samples.iter().any(|s| s.name.starts_with("switchyard_http_")),
+        "request series with metrics off"
+    );
+}

@@ -85,7 +85,9 @@ pub(crate) async fn serve(
     .await;
     let elapsed = started.elapsed();
     let status = reply.status().as_u16();
-    stats.record(status, elapsed);
+    if config.metrics {
+        stats.record(status, elapsed);
+    }
     if let Some(id) = &request_id
         && let Ok(value) = HeaderValue::from_str(id)
     {

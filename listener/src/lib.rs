@@ -180,6 +180,9 @@ pub struct Config {
     pub tls: Option<TlsConfig>,
     /// W3C trace context and `Server-Timing` (`[tracing]`).
     pub tracing: TracingConfig,
+    /// Whether requests are counted by route for `/metrics`
+    /// (`[metrics] enabled`).
+    pub metrics: bool,
     /// The access log (`[log] access`, `[log] format`).
     pub access_log: AccessLogConfig,
 }

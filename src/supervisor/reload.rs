@@ -167,6 +167,11 @@ pub(crate) fn plan(running: &Config, running_prints: &HashMap<String, Fingerprin
             serde_json::to_value(&running.tracing),
             serde_json::to_value(&new.tracing),
         ),
+        (
+            "metrics",
+            serde_json::to_value(&running.metrics),
+            serde_json::to_value(&new.metrics),
+        ),
     ] {
         changed_keys(
             section,
