@@ -34,27 +34,47 @@ impl Default for TracingConfig {
 }
 
 /// The request's `traceparent`: the client's trace id and flags with a
-/// new span id, or a new trace.
+/// new span id, or a new trace. One allocation: the text is made in place.
 pub(crate) fn take_or_make(headers: &HeaderMap) -> Arc<str> {
-    let span = hex::<8>(fastrand::u64(1..).to_be_bytes());
+    let span = fastrand::u64(1..).to_be_bytes();
     if let Some((trace_id, flags)) = headers
         .get("traceparent")
         .and_then(|v| v.to_str().ok())
         .and_then(parse)
     {
-        return Arc::from(format!("00-{trace_id}-{span}-{flags}"));
+        return compose(trace_id.as_bytes(), span, flags.as_bytes());
     }
     let trace = (u128::from(fastrand::u64(..)) << 64 | u128::from(fastrand::u64(..))).max(1);
-    Arc::from(format!("00-{}-{span}-00", hex::<16>(trace.to_be_bytes())))
+    let mut trace_hex = [0u8; 32];
+    hex_into(&trace.to_be_bytes(), &mut trace_hex);
+    compose(&trace_hex, span, b"00")
 }
 
 /// The same trace, a new span (a WebSocket or gRPC stream message: one
 /// request of the session that opened it).
 pub(crate) fn next_span(traceparent: &str) -> Arc<str> {
-    let span = hex::<8>(fastrand::u64(1..).to_be_bytes());
-    match (traceparent.get(..36), traceparent.get(52..)) {
-        (Some(head), Some(flags)) => Arc::from(format!("{head}{span}{flags}")),
-        _ => take_or_make(&HeaderMap::new()),
+    let span = fastrand::u64(1..).to_be_bytes();
+    match parse(traceparent) {
+        Some((trace_id, flags)) => compose(trace_id.as_bytes(), span, flags.as_bytes()),
+        None => take_or_make(&HeaderMap::new()),
+    }
+}
+
+/// `00-{trace_id}-{span}-{flags}`.
+fn compose(trace_id: &[u8], span: [u8; 8], flags: &[u8]) -> Arc<str> {
+    let mut text = *b"00-00000000000000000000000000000000-0000000000000000-00";
+    text[3..35].copy_from_slice(trace_id);
+    hex_into(&span, &mut text[36..52]);
+    text[53..55].copy_from_slice(flags);
+    // Lowercase hex and dashes: ASCII.
+    Arc::from(std::str::from_utf8(&text).unwrap_or_default())
+}
+
+fn hex_into(bytes: &[u8], out: &mut [u8]) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for (i, b) in bytes.iter().enumerate() {
+        out[2 * i] = HEX[usize::from(b >> 4)];
+        out[2 * i + 1] = HEX[usize::from(b & 15)];
     }
 }
 
@@ -87,14 +107,6 @@ pub(crate) fn parse(value: &str) -> Option<(&str, &str)> {
 fn is_hex(s: &str) -> bool {
     s.bytes()
         .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-}
-
-fn hex<const N: usize>(bytes: [u8; N]) -> String {
-    use std::fmt::Write;
-    bytes.iter().fold(String::with_capacity(2 * N), |mut out, b| {
-        let _ = write!(out, "{b:02x}");
-        out
-    })
 }
 
 #[cfg(test)]
