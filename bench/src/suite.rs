@@ -40,7 +40,7 @@ use scenarios::{Ctx, Outcome};
 pub use server::{ManagerEntry, Pool, config_toml};
 
 /// Every scenario, in the order a full run takes them.
-pub const SCENARIOS: [&str; 11] = [
+pub const SCENARIOS: [&str; 12] = [
     "rest",
     "tls",
     "payload",
@@ -52,6 +52,7 @@ pub const SCENARIOS: [&str; 11] = [
     "ws",
     "grpc",
     "listener-workers",
+    "metrics",
 ];
 
 /// Runs scenarios against a real Switchyard group and the in-process hyper
