@@ -50,6 +50,119 @@ pub(crate) struct Config {
     /// `[cluster]`: other groups joined through NATS (docs/cluster.md);
     /// off unless `cluster.nats` names a server.
     pub(crate) cluster: switchyard_cluster::Config,
+    // ---- Operations (docs/operations.md) ----
+    /// `[admin]`: `/metrics` and the dashboard, off the public port.
+    pub(crate) admin: AdminConfig,
+    /// `[log]`: log format and the access log.
+    pub(crate) log: LogConfig,
+    /// `[tracing]`: W3C trace context and `Server-Timing`.
+    pub(crate) tracing: TracingSettings,
+    /// `[metrics]`: the listener's request counters.
+    pub(crate) metrics: MetricsConfig,
+}
+
+/// `[metrics]` (docs/operations.md#metrics).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct MetricsConfig {
+    /// Count HTTP requests by route, method and status, with their
+    /// latency, in every listener process (a few atomic additions per
+    /// request) for `/metrics` and the dashboard. Default true; false
+    /// leaves those series out (the process gauges stay).
+    pub(crate) enabled: bool,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        MetricsConfig { enabled: true }
+    }
+}
+
+/// `[admin]` (docs/operations.md#the-admin-endpoint).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct AdminConfig {
+    /// Address of the admin endpoint (`/metrics`, the dashboard at `/`),
+    /// served by the supervisor; port 0 picks a free one, printed at start
+    /// (`admin on http://ADDR`). Default: none (no admin endpoint). It has
+    /// no authentication: bind it to loopback or a private network.
+    /// `switchyard up --admin-bind ADDR` overrides it.
+    pub(crate) bind: Option<std::net::SocketAddr>,
+}
+
+/// `[log]` (docs/operations.md#logs).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct LogConfig {
+    /// `text` (default): lines prefixed with the process; `json`: every
+    /// line of every process (and the access log) a JSON object. Read at
+    /// start: a reload does not change it.
+    pub(crate) format: LogFormat,
+    /// The access log, one line per HTTP request: `off` (default),
+    /// `stdout` (the group's merged output) or a file path, relative to
+    /// the configuration file (appended to; reopened on reload).
+    pub(crate) access: String,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            format: LogFormat::Text,
+            access: "off".to_owned(),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum LogFormat {
+    Text,
+    Json,
+}
+
+impl LogConfig {
+    pub(crate) fn to_listener(&self) -> switchyard_listener::AccessLogConfig {
+        let target = match self.access.as_str() {
+            "off" => switchyard_listener::AccessTarget::Off,
+            "stdout" => switchyard_listener::AccessTarget::Stdout,
+            path => switchyard_listener::AccessTarget::File(path.into()),
+        };
+        switchyard_listener::AccessLogConfig {
+            target,
+            json: self.format == LogFormat::Json,
+        }
+    }
+}
+
+/// `[tracing]` (docs/operations.md#tracing).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct TracingSettings {
+    /// Take each request's W3C `traceparent` (or make one) and carry it
+    /// through every hop into the log lines it causes. Default true.
+    pub(crate) enabled: bool,
+    /// Answer with `Server-Timing` (total, manager, hops, in ms) and the
+    /// request's `traceparent`. Default false: it tells clients how long
+    /// the inside took.
+    pub(crate) server_timing: bool,
+}
+
+impl Default for TracingSettings {
+    fn default() -> Self {
+        TracingSettings {
+            enabled: true,
+            server_timing: false,
+        }
+    }
+}
+
+impl TracingSettings {
+    pub(crate) fn to_listener(&self) -> switchyard_listener::TracingConfig {
+        switchyard_listener::TracingConfig {
+            enabled: self.enabled,
+            server_timing: self.server_timing,
+        }
+    }
 }
 
 /// `[request_id]` (docs/http.md#request-ids).
@@ -751,6 +864,10 @@ impl Default for Config {
             api: Default::default(),
             catalog: Default::default(),
             cluster: Default::default(),
+            admin: Default::default(),
+            log: Default::default(),
+            tracing: Default::default(),
+            metrics: Default::default(),
         }
     }
 }
@@ -828,6 +945,11 @@ impl Config {
             config.data.dir = Some(base.join(dir));
         }
         config.resolve_middleware_paths(base);
+        if !matches!(config.log.access.as_str(), "off" | "stdout" | "")
+            && Path::new(&config.log.access).is_relative()
+        {
+            config.log.access = base.join(&config.log.access).to_string_lossy().into_owned();
+        }
         if let Some(tls) = &mut config.listener.tls {
             for path in [Some(&mut tls.cert), Some(&mut tls.key), tls.client_ca.as_mut()]
                 .into_iter()
@@ -888,6 +1010,29 @@ impl Config {
         }
         if l.max_connection_bytes == 0 {
             problems.push("listener.max_connection_bytes: must be positive".to_owned());
+        }
+        if self.log.access.is_empty() {
+            problems.push("log.access: `off`, `stdout` or a file path".to_owned());
+        } else if !matches!(self.log.access.as_str(), "off" | "stdout") {
+            let path = std::path::Path::new(&self.log.access);
+            match path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                Some(dir) if !dir.is_dir() => problems.push(format!(
+                    "log.access: the directory of {} does not exist",
+                    path.display()
+                )),
+                _ if path.is_dir() => problems.push(format!("log.access: {} is a directory", path.display())),
+                _ => {}
+            }
+        }
+        if self.tracing.server_timing && !self.tracing.enabled {
+            problems.push("tracing.server_timing: needs tracing.enabled".to_owned());
+        }
+        if let Some(admin) = self.admin.bind
+            && (admin == self.listener.bind && admin.port() != 0)
+        {
+            problems.push(format!(
+                "admin.bind: {admin} is the listener's address; the admin endpoint is off the public port"
+            ));
         }
         let id_header = &self.request_id.header;
         if http::HeaderName::from_bytes(id_header.as_bytes()).is_err() || id_header.is_empty() {

@@ -5,6 +5,7 @@
 //! child (broker, router, each manager, listener).
 //!
 //! # Layout
+//! - `admin`: the admin endpoint: `/metrics` and the dashboard.
 //! - `config`: `switchyard.toml`.
 //! - `roles`: the entry of each child process.
 //! - `supervisor`: spawning, watching, restarting and stopping children.
@@ -14,6 +15,7 @@
 //! - `apidoc`: `[api]`, the catalog of the plugins' event types handed to
 //!   the listeners, and `switchyard openapi`.
 
+mod admin;
 mod apidoc;
 mod config;
 mod inherit;
@@ -57,6 +59,11 @@ enum Command {
         /// Directory for the group's sockets (default: a fresh private one).
         #[arg(long)]
         runtime_dir: Option<PathBuf>,
+        /// Serve the admin endpoint (`/metrics`, the dashboard) here,
+        /// overriding `admin.bind`: `HOST:PORT` (port 0: any free port,
+        /// printed as `admin on http://ADDR`).
+        #[arg(long, value_parser = config::resolve_bind)]
+        admin_bind: Option<std::net::SocketAddr>,
         /// Directory of the built-in Store's and Scheduler's database,
         /// overriding `data.dir` (default: see docs/configuration.md).
         #[arg(long)]
@@ -194,6 +201,7 @@ fn main() -> ExitCode {
             bind,
             runtime_dir,
             data_dir,
+            admin_bind,
             upgrade_fd,
         } => {
             // First, so that a failure below still closes it (the old
@@ -206,6 +214,8 @@ fn main() -> ExitCode {
                 path: config,
                 bind,
                 data_dir,
+                admin_bind,
+                admin_bound: None,
             };
             let config = match source.load() {
                 Ok(c) => c,

@@ -283,16 +283,50 @@ async fn serve(role: Role, name: String, instance: u32, spec: Spec) -> anyhow::R
         }
         // Then the load, whenever it changed, at most once a second.
         let mut last = switchyard_proto::supervision::Load::default();
+        let mut last_gauges: Vec<(String, u64)> = Vec::new();
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         loop {
             tick.tick().await;
             // Housekeeping: shared-memory segments this process mapped and
             // no longer uses go back to the kernel after a while.
             switchyard_proto::pool::trim_mappings(MAPPING_IDLE);
+            // A listener's request figures (and its in-flight gauge).
+            let routes = if role == Role::Listener {
+                switchyard_listener::metrics::changed()
+            } else {
+                Vec::new()
+            };
             let now = switchyard_proto::supervision::GAUGES.read();
             if now != last {
                 control.report_load(now).await;
                 last = now;
+            }
+            let mut gauges: Vec<(String, u64)> = switchyard_proto::supervision::GAUGES
+                .read_extra()
+                .iter()
+                .map(|(g, v)| (g.name().to_owned(), *v))
+                .collect();
+            gauges.push(("shm_bytes".to_owned(), switchyard_proto::shm::in_use()));
+            gauges.retain(|g| !last_gauges.contains(g));
+            if !gauges.is_empty() || !routes.is_empty() {
+                last_gauges.retain(|(name, _)| !gauges.iter().any(|(n, _)| n == name));
+                last_gauges.extend(gauges.iter().cloned());
+                // Several lines when a listener has many routes: each stays
+                // far below the control channel's line limit.
+                let mut routes = routes.into_iter().peekable();
+                let mut first = true;
+                while first || routes.peek().is_some() {
+                    let figures = switchyard_proto::supervision::Figures {
+                        gauges: if first {
+                            std::mem::take(&mut gauges)
+                        } else {
+                            Vec::new()
+                        },
+                        routes: routes.by_ref().take(8).collect(),
+                    };
+                    control.report_figures(&figures).await;
+                    first = false;
+                }
             }
         }
     };
@@ -347,6 +381,9 @@ fn listener_config(config: &Config, paths: &RuntimePaths) -> switchyard_listener
         middleware: config.middleware(),
         tls: l.tls.as_ref().map(TlsSettings::to_listener),
         api: config.api.to_listener(crate::apidoc::read(&paths.dir)),
+        tracing: config.tracing.to_listener(),
+        metrics: config.metrics.enabled,
+        access_log: config.log.to_listener(),
     }
 }
 

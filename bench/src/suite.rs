@@ -40,7 +40,7 @@ use scenarios::{Ctx, Outcome};
 pub use server::{ManagerEntry, Pool, config_toml};
 
 /// Every scenario, in the order a full run takes them.
-pub const SCENARIOS: [&str; 12] = [
+pub const SCENARIOS: [&str; 13] = [
     "rest",
     "tls",
     "payload",
@@ -53,6 +53,7 @@ pub const SCENARIOS: [&str; 12] = [
     "grpc",
     "listener-workers",
     "transport",
+    "metrics",
 ];
 
 /// Runs scenarios against a real Switchyard group and the in-process hyper

@@ -152,12 +152,18 @@ async fn report_gauges(shared: Shared) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let queued = {
+        let (queued, subscriptions) = {
             let st = shared.lock();
-            st.pipes.values().map(|p| p.sink.queued()).sum::<usize>()
-                + st.router.as_ref().map_or(0, |(_, sink)| sink.queued())
+            let queued = st.pipes.values().map(|p| p.sink.queued()).sum::<usize>()
+                + st.router.as_ref().map_or(0, |(_, sink)| sink.queued());
+            (queued, st.subs.len())
         };
-        switchyard_proto::supervision::GAUGES.set(0, queued);
+        let gauges = &switchyard_proto::supervision::GAUGES;
+        gauges.set(0, queued);
+        gauges.set_extra(
+            switchyard_proto::supervision::Extra::WsSubscriptions,
+            subscriptions as u64,
+        );
     }
 }
 
@@ -216,6 +222,7 @@ async fn pipe(
                     if env.kind == Kind::Request {
                         tracing::debug!(
                             request_id = env.meta.request_id(),
+                            trace_id = env.meta.trace_id(),
                             pipe = id,
                             "request to the router"
                         );
@@ -235,7 +242,12 @@ async fn pipe(
                         } else {
                             "router is not available"
                         };
-                        tracing::debug!(request_id = envelope.meta.request_id(), detail, "request refused");
+                        tracing::debug!(
+                            request_id = envelope.meta.request_id(),
+                            trace_id = envelope.meta.trace_id(),
+                            detail,
+                            "request refused"
+                        );
                         let _ = sink.send(Envelope::error_to(&envelope, 503, detail));
                     }
                 }
@@ -386,12 +398,14 @@ async fn router(
                         Some(pipe) => {
                             if let Err(refused) = pipe.sink.send(env) {
                                 let request_id = refused.envelope.meta.request_id();
-                                tracing::debug!(%refused, id, request_id, "response dropped");
+                                let trace_id = refused.envelope.meta.trace_id();
+                                tracing::debug!(%refused, id, request_id, trace_id, "response dropped");
                             }
                         }
                         None => tracing::debug!(
                             id,
                             request_id = env.meta.request_id(),
+                            trace_id = env.meta.trace_id(),
                             "response to a gone pipe dropped"
                         ),
                     }

@@ -118,8 +118,7 @@ impl Subscriptions {
         }
     }
 
-    /// Subscriptions held.
-    #[cfg(test)]
+    /// Subscriptions held (`/metrics`).
     pub(crate) fn len(&self) -> usize {
         self.entries.len()
     }

@@ -18,7 +18,7 @@ use switchyard_proto::Meta;
 use switchyard_proto::control::RequestNeeds;
 use switchyard_proto::event::{
     META_CLIENT, META_COOKIE_PREFIX, META_HEADER_PREFIX, META_IDENTITY, META_METHOD, META_PATH,
-    META_REQUEST_ID, META_SCOPE_PREFIX,
+    META_REQUEST_ID, META_SCOPE_PREFIX, META_TIMING, META_TRACEPARENT,
 };
 
 use crate::identity::{AuthMethod, Identity};
@@ -59,6 +59,12 @@ pub(crate) struct Client {
     pub(crate) ip: Option<IpAddr>,
     /// The request id, when `[request_id]` is on.
     pub(crate) request_id: Option<Arc<str>>,
+    /// The request's W3C `traceparent` (the listener's span), when
+    /// `[tracing]` is on (`trace`).
+    pub(crate) traceparent: Option<Arc<str>>,
+    /// Whether the manager is asked to time the request
+    /// (`[tracing] server_timing`).
+    pub(crate) timing: bool,
 }
 
 impl Client {
@@ -68,10 +74,13 @@ impl Client {
         headers: &HeaderMap,
         trusted: &[IpNet],
         ids: &RequestIdConfig,
+        tracing: &crate::trace::TracingConfig,
     ) -> Client {
         Client {
             ip: peer.map(|p| client_ip(p.ip(), headers, trusted)),
             request_id: ids.enabled.then(|| take_or_make(headers, ids)),
+            traceparent: tracing.enabled.then(|| crate::trace::take_or_make(headers)),
+            timing: tracing.enabled && tracing.server_timing,
         }
     }
 
@@ -81,6 +90,8 @@ impl Client {
         Client {
             ip: self.ip,
             request_id: self.request_id.as_ref().map(|_| new_request_id()),
+            traceparent: self.traceparent.as_deref().map(crate::trace::next_span),
+            timing: self.timing,
         }
     }
 }
@@ -238,6 +249,8 @@ impl Opener {
             client: extensions.get::<Client>().cloned().unwrap_or(Client {
                 ip: None,
                 request_id: None,
+                traceparent: None,
+                timing: false,
             }),
             identity: extensions.get::<Identity>().cloned(),
         }
@@ -261,6 +274,12 @@ impl Opener {
 pub(crate) fn push(meta: &mut Meta, needs: Option<&RequestNeeds>, front: &Front<'_>) {
     if let Some(id) = &front.client.request_id {
         meta.push(META_REQUEST_ID, &**id);
+    }
+    if let Some(tp) = &front.client.traceparent {
+        meta.push(META_TRACEPARENT, &**tp);
+        if front.client.timing {
+            meta.push(META_TIMING, "1");
+        }
     }
     let Some(needs) = needs else { return };
     if needs.method
@@ -434,6 +453,8 @@ mod tests {
         let client = Client {
             ip: Some(ip("192.0.2.1")),
             request_id: Some("r1".into()),
+            traceparent: None,
+            timing: false,
         };
         let identity = Identity {
             subject: "ada".into(),

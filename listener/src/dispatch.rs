@@ -19,19 +19,25 @@ use http::{HeaderValue, Method, Request, Response, StatusCode, Version, header};
 use http_body_util::{Either, Full};
 use tracing::Instrument;
 
+use std::time::Instant;
+
 use crate::RequestBody;
+use crate::access;
 use crate::body::Body;
 use crate::conn::Conn;
 use crate::context::Client;
 use crate::grpc::{self, Grpc};
+use crate::metrics::{self, Fixed};
 use crate::middleware::Scope;
-use crate::reply::{Reply, error, json};
+use crate::reply::{ManagerTime, Reply, error, json};
 use crate::routes::Lookup;
 use crate::state::State;
 use crate::{upload, ws};
 
 /// Serves one request of connection `conn`; `grpc_only` when it came on
-/// the gRPC-only port.
+/// the gRPC-only port. Counts it (`metrics`), logs it (`access`) and
+/// answers with its request id (and, with `[tracing] server_timing`, its
+/// `traceparent` and `Server-Timing`).
 pub(crate) async fn serve(
     state: &Arc<State>,
     grpc: &Grpc,
@@ -40,35 +46,101 @@ pub(crate) async fn serve(
     peer: Option<std::net::SocketAddr>,
     mut req: Request<RequestBody>,
 ) -> Response<Either<Body, tonic::body::Body>> {
+    let started = Instant::now();
+    let _in_flight = metrics::InFlight::start();
     let config = &state.config;
-    let client = Client::of(peer, req.headers(), &config.trusted_proxies, &config.request_id);
+    let client = Client::of(
+        peer,
+        req.headers(),
+        &config.trusted_proxies,
+        &config.request_id,
+        &config.tracing,
+    );
     let request_id = client.request_id.clone();
+    let traceparent = client.traceparent.clone();
     // Rate limits count the client behind a trusted proxy, not the proxy.
     let client_ip = client
         .ip
         .or(peer.map(|p| p.ip()))
         .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED.into());
+    // What the access log needs of the request once it is answered.
+    let logged = state
+        .access
+        .as_ref()
+        .map(|_| (req.method().clone(), req.uri().clone(), client.ip));
+    let mut stats = metrics::fixed(metrics::Fixed::Unmatched, req.method());
     req.extensions_mut().insert(client);
     // Every line this request causes here names it.
-    let span = match &request_id {
-        Some(id) => tracing::info_span!("request", request_id = &**id),
-        None => tracing::Span::none(),
+    let trace_id = traceparent.as_deref().and_then(|tp| tp.get(3..35));
+    let span = match (&request_id, trace_id) {
+        (None, None) => tracing::Span::none(),
+        (id, trace_id) => tracing::info_span!("request", request_id = id.as_deref(), trace_id),
     };
     let mut reply = async {
-        let reply = serve_request(state, grpc, grpc_only, conn, client_ip, req).await;
+        let reply = serve_request(state, grpc, grpc_only, conn, client_ip, req, &mut stats).await;
         tracing::debug!(status = reply.status().as_u16(), "answered");
         reply
     }
     .instrument(span)
     .await;
-    if let Some(id) = request_id
-        && let Ok(value) = HeaderValue::from_str(&id)
+    let elapsed = started.elapsed();
+    let status = reply.status().as_u16();
+    if config.metrics {
+        stats.record(status, elapsed);
+    }
+    if let Some(id) = &request_id
+        && let Ok(value) = HeaderValue::from_str(id)
     {
         reply
             .headers_mut()
             .insert(config.request_id.header.clone(), value);
     }
+    if config.tracing.server_timing
+        && let Some(tp) = &traceparent
+    {
+        if let Ok(value) = HeaderValue::from_str(tp) {
+            reply.headers_mut().insert("traceparent", value);
+        }
+        let timing = server_timing(elapsed, reply.extensions().get::<ManagerTime>().copied());
+        if let Ok(value) = HeaderValue::from_str(&timing) {
+            reply.headers_mut().append("server-timing", value);
+        }
+    }
+    if let (Some(log), Some((method, uri, ip))) = (&state.access, logged) {
+        let bytes = match reply.body() {
+            Either::Left(Either::Left(whole)) => http_body::Body::size_hint(whole).exact(),
+            Either::Left(Either::Right(pipe)) => pipe.remaining,
+            Either::Right(_) => None,
+        };
+        log.log(&access::Entry {
+            client: ip.or(peer.map(|p| p.ip())),
+            method: method.as_str(),
+            path: uri.path(),
+            status,
+            bytes,
+            duration: elapsed,
+            request_id: request_id.as_deref(),
+            trace_id,
+        });
+    }
     reply
+}
+
+/// `Server-Timing` of a request that took `total`, of which the manager
+/// spent `manager`: the rest is the hops (listener → broker → router →
+/// manager and back) and the listener's own work.
+fn server_timing(total: std::time::Duration, manager: Option<ManagerTime>) -> String {
+    let ms = |us: u64| us as f64 / 1000.0;
+    let total_us = u64::try_from(total.as_micros()).unwrap_or(u64::MAX);
+    match manager {
+        Some(ManagerTime(m)) => format!(
+            "total;dur={:.3}, manager;dur={:.3}, hops;dur={:.3}",
+            ms(total_us),
+            ms(m),
+            ms(total_us.saturating_sub(m))
+        ),
+        None => format!("total;dur={:.3}", ms(total_us)),
+    }
 }
 
 async fn serve_request(
@@ -78,6 +150,7 @@ async fn serve_request(
     conn: &Arc<Conn>,
     client: IpAddr,
     mut req: Request<RequestBody>,
+    stats: &mut &'static metrics::RouteStats,
 ) -> Response<Either<Body, tonic::body::Body>> {
     if let Some(violation) = framing_violation(&req) {
         let mut reply = error(StatusCode::BAD_REQUEST, violation);
@@ -89,6 +162,7 @@ async fn serve_request(
         return reply.map(Either::Left);
     }
     if grpc_only || grpc::is_grpc(&req) {
+        *stats = metrics::fixed(Fixed::Grpc, req.method());
         // A call's event type is in its message: the rules are applied
         // there (`grpc`); here, the credential and the rate limits.
         if !grpc::is_public(&req)
@@ -99,9 +173,21 @@ async fn serve_request(
         return grpc.serve(req).await.map(Either::Right);
     }
     let mut reply = match req.uri().path() {
-        "/health" => json(StatusCode::OK, serde_json::json!({ "status": "alive" })),
-        "/ready" => ready(state),
+        "/health" => {
+            *stats = metrics::fixed(Fixed::Health, req.method());
+            json(StatusCode::OK, serde_json::json!({ "status": "alive" }))
+        }
+        "/ready" => {
+            *stats = metrics::fixed(Fixed::Ready, req.method());
+            ready(state)
+        }
         path if state.config.api.serves(path) => {
+            let label = if path == "/docs" {
+                Fixed::Docs
+            } else {
+                Fixed::OpenApi
+            };
+            *stats = metrics::fixed(label, req.method());
             let path = path.to_owned();
             let scope = Scope {
                 path: Some(&path),
@@ -117,6 +203,7 @@ async fn serve_request(
         }
         path @ ("/ws" | "/ws/echo") if ws::is_upgrade(&req) => {
             let echo = path == "/ws/echo";
+            *stats = metrics::fixed(if echo { Fixed::WsEcho } else { Fixed::Ws }, req.method());
             let token = state.middleware.ws_token(req.headers(), req.uri().query());
             let path = path.to_owned();
             let scope = Scope {
@@ -128,7 +215,7 @@ async fn serve_request(
                 Err(refusal) => state.middleware.refuse(&refusal),
             }
         }
-        _ => route(state, client, req).await,
+        _ => route(state, client, req, stats).await,
     };
     state.middleware.secure(reply.headers_mut());
     reply.map(Either::Left)
@@ -214,7 +301,12 @@ fn ready(state: &State) -> Reply {
     json(status, body)
 }
 
-async fn route(state: &State, client: IpAddr, mut req: Request<RequestBody>) -> Reply {
+async fn route(
+    state: &State,
+    client: IpAddr,
+    mut req: Request<RequestBody>,
+    stats: &mut &'static metrics::RouteStats,
+) -> Reply {
     let routes = state.pool.routes();
     let method = req.method().clone();
     let mut lookup = routes.lookup(method.as_str(), req.uri().path());
@@ -224,6 +316,10 @@ async fn route(state: &State, client: IpAddr, mut req: Request<RequestBody>) -> 
         lookup = routes.lookup(Method::GET.as_str(), req.uri().path());
     }
     drop(routes);
+    if let Lookup::Found(m) = &lookup {
+        // Refused by the middleware or not, it counts as this route's.
+        *stats = m.stats;
+    }
     // Admitted before a 404 or 405 too: a client probing paths counts
     // against its limits like any other.
     let event = match &lookup {

@@ -50,6 +50,10 @@
 //!   - `body`: response bodies (whole or read from a pipe), `Range` parsing.
 //!   - `state`: what every request shares; request bodies placed in shared
 //!     memory.
+//!   - `metrics`: request counters per route for the admin endpoint's
+//!     `/metrics` (atomics found with the route, nothing per request).
+//!   - `access`: the access log, written by a thread of its own.
+//!   - `trace`: W3C `traceparent`, taken or made, carried in the meta.
 //!   - `pipes`: the pool of return pipes to the broker, the pending map and
 //!     the sessions (WebSocket, gRPC streams) with their subscriptions.
 //!   - `routes`: the route table, merged from the router's announcements.
@@ -58,6 +62,7 @@
 
 #![forbid(unsafe_code)]
 
+mod access;
 pub mod api;
 mod body;
 mod conn;
@@ -67,15 +72,18 @@ mod exchange;
 mod grpc;
 mod http;
 mod identity;
+pub mod metrics;
 mod middleware;
 mod pipes;
 mod reply;
 mod routes;
 mod state;
 pub mod tls;
+mod trace;
 mod upload;
 mod ws;
 
+pub use access::{AccessLogConfig, AccessTarget};
 pub use context::RequestIdConfig;
 pub use middleware::check as check_middleware;
 pub use middleware::config::{
@@ -84,6 +92,7 @@ pub use middleware::config::{
     TokenSource, WsAuthConfig,
 };
 pub use routes::percent_decode;
+pub use trace::TracingConfig;
 
 /// A request body as the listener's code reads it: decoded by its
 /// `Content-Encoding` (the middleware's request decoding) as it is read.
@@ -176,6 +185,13 @@ pub struct Config {
     pub tls: Option<TlsConfig>,
     /// `/openapi.json` and `/docs` (`[api]`).
     pub api: api::ApiConfig,
+    /// W3C trace context and `Server-Timing` (`[tracing]`).
+    pub tracing: TracingConfig,
+    /// Whether requests are counted by route for `/metrics`
+    /// (`[metrics] enabled`).
+    pub metrics: bool,
+    /// The access log (`[log] access`, `[log] format`).
+    pub access_log: AccessLogConfig,
 }
 
 /// WebSocket limits (`[listener.ws]` in switchyard.toml).
@@ -338,7 +354,13 @@ pub async fn run(
     // Before the pipes are ready: a certificate that cannot be used stops
     // the listener at start, not at its first handshake.
     let middleware = middleware::Middleware::new(&config.middleware).map_err(Error::Config)?;
-    let mut current = Generation::new(state::State::start(pool.clone(), config.clone(), middleware))?;
+    let access = access::AccessLog::open(&config.access_log)?;
+    let mut current = Generation::new(state::State::start(
+        pool.clone(),
+        config.clone(),
+        middleware,
+        access,
+    ))?;
     pool.wait_ready().await;
     let _ = ready.send(());
     let scheme = if config.tls.is_some() { "https" } else { "http" };
@@ -418,7 +440,8 @@ fn reconfigure(current: &Generation, mut config: Config) -> Result<Generation, E
     config.validate()?;
     // Rate-limit buckets start afresh with a reloaded configuration.
     let middleware = middleware::Middleware::new(&config.middleware).map_err(Error::Config)?;
-    Generation::new(current.state.reconfigured(Arc::new(config), middleware))
+    let access = access::AccessLog::open(&config.access_log)?;
+    Generation::new(current.state.reconfigured(Arc::new(config), middleware, access))
 }
 
 /// `configured`, or less when the descriptor limit would not allow it: a

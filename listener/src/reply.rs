@@ -121,8 +121,19 @@ fn download(status: StatusCode, meta: &Meta, handle: StreamHandle, range: Option
     reply
 }
 
+/// The microseconds the manager spent on a request, as it said.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ManagerTime(pub(crate) u64);
+
 /// The response event's meta as HTTP headers (invalid ones are skipped).
 fn copy_headers(meta: &Meta, reply: &mut Reply) {
+    // Asked for by `[tracing] server_timing`: for `Server-Timing`.
+    if let Some(us) = meta
+        .get(switchyard_proto::event::META_MANAGER_MICROS)
+        .and_then(|v| v.parse().ok())
+    {
+        reply.extensions_mut().insert(ManagerTime(us));
+    }
     let headers = reply.headers_mut();
     // The request's context (`:request-id`) never becomes a header.
     for (name, value) in meta

@@ -11,11 +11,15 @@ use std::sync::Arc;
 use switchyard_proto::EventType;
 use switchyard_proto::control::{RequestNeeds, RouteEntry, RouteTable};
 
+use crate::metrics::RouteStats;
+
 /// A snapshot of the routes, swapped whole on every change.
 #[derive(Default)]
 pub(crate) struct Routes {
     known: BTreeMap<(String, String), Arc<RouteEntry>>,
-    by_method: HashMap<String, matchit::Router<Arc<RouteEntry>>>,
+    /// Each route with its request counters (`metrics`), found here once
+    /// rather than per request.
+    by_method: HashMap<String, matchit::Router<Routed>>,
     /// What each request type reads of its request; merged, never
     /// forgotten, like the routes.
     needs: HashMap<EventType, Arc<RequestNeeds>>,
@@ -23,9 +27,17 @@ pub(crate) struct Routes {
     pub(crate) table: RouteTable,
 }
 
+#[derive(Clone)]
+struct Routed {
+    entry: Arc<RouteEntry>,
+    stats: &'static RouteStats,
+}
+
 /// A matched route and its path parameters.
 pub(crate) struct Matched {
     pub(crate) entry: Arc<RouteEntry>,
+    /// Its request counters.
+    pub(crate) stats: &'static RouteStats,
     pub(crate) params: Vec<(String, String)>,
     /// What its type reads of the request (`None`: nothing).
     pub(crate) needs: Option<Arc<RequestNeeds>>,
@@ -55,10 +67,14 @@ impl Routes {
             needs.insert(declared.event_type, Arc::new(declared.needs.clone()));
         }
         known.retain(|_, entry| !table.retired.contains(&entry.manager));
-        let mut by_method: HashMap<String, matchit::Router<Arc<RouteEntry>>> = HashMap::new();
+        let mut by_method: HashMap<String, matchit::Router<Routed>> = HashMap::new();
         for ((method, path), entry) in &known {
             let router = by_method.entry(method.clone()).or_default();
-            if let Err(err) = router.insert(path.clone(), entry.clone()) {
+            let routed = Routed {
+                entry: entry.clone(),
+                stats: crate::metrics::route(method, path),
+            };
+            if let Err(err) = router.insert(path.clone(), routed) {
                 tracing::error!(%method, %path, %err, "route conflicts with another; ignored");
             }
         }
@@ -103,9 +119,10 @@ impl Routes {
                 return Lookup::NulInParam(name.clone());
             }
             return Lookup::Found(Matched {
-                entry: m.value.clone(),
+                entry: m.value.entry.clone(),
+                stats: m.value.stats,
                 params,
-                needs: self.needs(m.value.event_type),
+                needs: self.needs(m.value.entry.event_type),
             });
         }
         let allowed: Vec<String> = self

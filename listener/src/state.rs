@@ -9,6 +9,7 @@ use switchyard_proto::Payload;
 use switchyard_proto::pool::SegmentPool;
 
 use crate::Config;
+use crate::access::AccessLog;
 use crate::middleware::Middleware;
 use crate::pipes::Pool;
 
@@ -22,6 +23,9 @@ pub(crate) struct State {
     /// Reusable shared memory for large request bodies (decision 0011);
     /// shared by every generation of the configuration.
     pub(crate) segments: Arc<Mutex<SegmentPool>>,
+    /// The access log, opened (a file: reopened) per generation; `None`
+    /// when off.
+    pub(crate) access: Option<AccessLog>,
 }
 
 /// Shared memory a listener process keeps for reuse by request bodies.
@@ -36,7 +40,12 @@ impl State {
     /// The state of a listener process whose pipes are `pool`; idle request
     /// segments go back to the kernel after a while, for as long as the
     /// state lives.
-    pub(crate) fn start(pool: Arc<Pool>, config: Arc<Config>, middleware: Middleware) -> Arc<State> {
+    pub(crate) fn start(
+        pool: Arc<Pool>,
+        config: Arc<Config>,
+        middleware: Middleware,
+        access: Option<AccessLog>,
+    ) -> Arc<State> {
         let segments = Arc::new(Mutex::new(SegmentPool::new(SEGMENT_POOL_BYTES, SEGMENT_LEASE)));
         // A weak reference: the task must not keep the segments alive.
         let trimmed = Arc::downgrade(&segments);
@@ -56,17 +65,24 @@ impl State {
             config,
             middleware,
             segments,
+            access,
         })
     }
 
     /// The state of a reloaded configuration: the same pipes and request
     /// body memory, the new settings (see [`crate::Update`]).
-    pub(crate) fn reconfigured(&self, config: Arc<Config>, middleware: Middleware) -> Arc<State> {
+    pub(crate) fn reconfigured(
+        &self,
+        config: Arc<Config>,
+        middleware: Middleware,
+        access: Option<AccessLog>,
+    ) -> Arc<State> {
         Arc::new(State {
             pool: self.pool.clone(),
             config,
             middleware,
             segments: self.segments.clone(),
+            access,
         })
     }
 

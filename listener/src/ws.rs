@@ -129,6 +129,7 @@ pub(crate) fn upgrade(
             .max_frame_size(Some(cfg.max_message_bytes));
         let io = FrameGuard::new(TokioIo::new(upgraded));
         let ws = WebSocketStream::from_raw_socket(io, Role::Server, Some(config)).await;
+        let _open = crate::metrics::WsSession::open();
         if echo {
             echo_session(state, conn, ws, opener).await
         } else {

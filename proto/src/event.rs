@@ -122,6 +122,16 @@ pub fn now_micros() -> u64 {
 /// `:`, which no HTTP header name can, so a response's meta never turns
 /// one into a header and no client can send one.
 pub const META_REQUEST_ID: &str = ":request-id";
+/// The request's W3C trace context (`traceparent`): taken from the client
+/// or made by the listener, carried through every hop into the log lines
+/// the request causes (docs/operations.md#tracing).
+pub const META_TRACEPARENT: &str = ":traceparent";
+/// Asks the manager that answers to time its handler: the listener sets it
+/// when `[tracing] server_timing` is on.
+pub const META_TIMING: &str = ":timing";
+/// On a response: the microseconds the manager spent on the request
+/// (when [`META_TIMING`] asked).
+pub const META_MANAGER_MICROS: &str = ":t-manager";
 /// The request method.
 pub const META_METHOD: &str = ":method";
 /// The request path, as received.
@@ -161,6 +171,11 @@ impl Meta {
     /// The request id the listener gave the request, if any.
     pub fn request_id(&self) -> Option<&str> {
         self.get(META_REQUEST_ID)
+    }
+
+    /// The request's trace id (the 32 hex digits of its `traceparent`), if any.
+    pub fn trace_id(&self) -> Option<&str> {
+        self.get(META_TRACEPARENT).and_then(|tp| tp.get(3..35))
     }
 
     /// Iterates over the entries.

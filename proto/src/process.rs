@@ -9,6 +9,9 @@ use std::path::{Path, PathBuf};
 pub const ENV_SUPERVISOR_PID: &str = "SWITCHYARD_SUPERVISOR_PID";
 /// Environment variable with the log filter (`tracing` env-filter syntax).
 pub const ENV_LOG: &str = "SWITCHYARD_LOG";
+/// Environment variable the supervisor sets for its children from
+/// `[log] format`: `json` makes every log line a JSON object.
+pub const ENV_LOG_FORMAT: &str = "SWITCHYARD_LOG_FORMAT";
 /// The fd a child's control channel is inherited on.
 pub const CONTROL_FD: i32 = 3;
 /// The fd a child's listening socket (if any) is inherited on.
@@ -51,10 +54,25 @@ impl RuntimePaths {
 }
 
 /// Installs the `tracing` subscriber of a child process: compact lines on
-/// stderr without timestamps (the supervisor prefixes role and pid).
+/// stderr without timestamps (the supervisor prefixes role and pid), or
+/// with `SWITCHYARD_LOG_FORMAT=json` one JSON object per line, with its
+/// time and the fields of the span it is in (a request's id and trace id);
+/// the supervisor adds the process to each.
 pub fn init_child_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env(ENV_LOG)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    if json_logs() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .with_span_list(false)
+            .with_target(false)
+            .try_init();
+        return;
+    }
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -63,6 +81,11 @@ pub fn init_child_logging() {
         .with_target(false)
         .compact()
         .try_init();
+}
+
+/// Whether this process logs JSON lines (`SWITCHYARD_LOG_FORMAT=json`).
+pub fn json_logs() -> bool {
+    std::env::var_os(ENV_LOG_FORMAT).is_some_and(|v| v == "json")
 }
 
 /// A process of the group as something to signal: a pidfd, which keeps

@@ -41,6 +41,9 @@ pub enum ToSupervisor {
     },
     /// The child's load, sent when it changes (at most once a second).
     Load(Load),
+    /// What `/metrics` shows of the child beyond its load, sent like the
+    /// load: what changed, at most once a second.
+    Figures(Figures),
     /// The answer to [`ToChild::Reconfigure`]: applied, or why not (the
     /// child then runs on with its previous configuration).
     Reconfigured {
@@ -60,6 +63,72 @@ pub struct Load {
     pub cluster: Option<crate::control::ClusterLink>,
 }
 
+/// A child's figures for the admin endpoint's `/metrics`, cumulative
+/// since the child started (the supervisor adds a restarted child's last
+/// figures to the group's totals).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Figures {
+    /// The [`Extra`] gauges, by [`Extra::name`], whenever one changed.
+    #[serde(default)]
+    pub gauges: Vec<(String, u64)>,
+    /// A listener's HTTP requests per route: only the routes whose figures
+    /// changed since the last report.
+    #[serde(default)]
+    pub routes: Vec<RouteFigures>,
+}
+
+/// The HTTP requests one listener process served on one route.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RouteFigures {
+    /// The route's template (`/hello/{name}`), or one of the listener's
+    /// fixed labels (`/health`, `unmatched`, ...): never a raw path.
+    pub route: String,
+    pub method: String,
+    /// Requests answered, by status.
+    pub statuses: Vec<(u16, u64)>,
+    /// Requests per latency bucket ([`LATENCY_BUCKETS`], then one past the
+    /// last bound): not cumulative.
+    pub buckets: Vec<u64>,
+    /// Sum of the latencies, in microseconds.
+    pub sum_us: u64,
+}
+
+/// Upper bounds of the request latency histogram, in seconds.
+pub const LATENCY_BUCKETS: [f64; 16] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// The gauges a role may set besides its load (see [`Gauges::set_extra`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Extra {
+    /// A listener's open WebSocket sessions.
+    WsConnections = 0,
+    /// The broker's WebSocket subscriptions.
+    WsSubscriptions = 1,
+    /// A manager's jobs running on its workers.
+    WorkersBusy = 2,
+    /// A manager's workers (threads or processes).
+    WorkersSize = 3,
+}
+
+impl Extra {
+    pub const ALL: [Extra; 4] = [
+        Extra::WsConnections,
+        Extra::WsSubscriptions,
+        Extra::WorkersBusy,
+        Extra::WorkersSize,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Extra::WsConnections => "ws_connections",
+            Extra::WsSubscriptions => "ws_subscriptions",
+            Extra::WorkersBusy => "workers_busy",
+            Extra::WorkersSize => "workers_size",
+        }
+    }
+}
+
 /// This process's load gauges: the role's code sets them, the child's
 /// control loop reports them. One role per process, so process-wide.
 pub struct Gauges {
@@ -68,6 +137,7 @@ pub struct Gauges {
     /// The cluster link: 0 none, else state (low byte, 1 + the
     /// [`LinkState`](crate::control::LinkState) index) and peers (above).
     cluster: AtomicU64,
+    extra: [AtomicU64; 4],
 }
 
 /// The gauges of this process.
@@ -75,6 +145,7 @@ pub static GAUGES: Gauges = Gauges {
     in_flight: AtomicU64::new(0),
     queued: AtomicU64::new(0),
     cluster: AtomicU64::new(0),
+    extra: [const { AtomicU64::new(0) }; 4],
 };
 
 impl Gauges {
@@ -112,6 +183,15 @@ impl Gauges {
                 peers: (c >> 8) as u32,
             }),
         }
+    }
+
+    pub fn set_extra(&self, gauge: Extra, value: u64) {
+        self.extra[gauge as usize].store(value, Ordering::Relaxed);
+    }
+
+    /// The extra gauges a role has set (never-set ones read 0).
+    pub fn read_extra(&self) -> [(Extra, u64); 4] {
+        Extra::ALL.map(|g| (g, self.extra[g as usize].load(Ordering::Relaxed)))
     }
 }
 
@@ -238,6 +318,13 @@ impl ChildChannel {
     /// Reports the process's load (best effort, like phases).
     pub async fn report_load(&self, load: Load) {
         let mut line = serde_json::to_vec(&ToSupervisor::Load(load)).unwrap_or_default();
+        line.push(b'\n');
+        let _ = self.writer.lock().await.write_all(&line).await;
+    }
+
+    /// Reports figures for `/metrics` (best effort, like phases).
+    pub async fn report_figures(&self, figures: &Figures) {
+        let mut line = serde_json::to_vec(&ToSupervisor::Figures(figures.clone())).unwrap_or_default();
         line.push(b'\n');
         let _ = self.writer.lock().await.write_all(&line).await;
     }

@@ -250,7 +250,7 @@ impl Table {
         let key = (env.origin, env.correlation);
         let Some(id) = self.pick(env.event_type) else {
             let (status, detail) = self.unroutable(&env);
-            tracing::debug!(request_id = env.meta.request_id(), status, %detail, "request not routed");
+            tracing::debug!(request_id = env.meta.request_id(), trace_id = env.meta.trace_id(), status, %detail, "request not routed");
             let mut err = Envelope::error_to(&env, status, &detail);
             if status == 503 {
                 // Its manager is restarting (or crash-looping): come back.
@@ -260,13 +260,13 @@ impl Table {
         };
         let inst = self.instances.get_mut(&id).expect("picked instances exist");
         tracing::debug!(
-            request_id = env.meta.request_id(),
+            request_id = env.meta.request_id(), trace_id = env.meta.trace_id(),
             manager = %inst.name,
             instance = id,
             "request routed"
         );
         if inst.outstanding >= self.max_outstanding {
-            tracing::debug!(request_id = env.meta.request_id(), manager = %inst.name, "manager at capacity");
+            tracing::debug!(request_id = env.meta.request_id(), trace_id = env.meta.trace_id(), manager = %inst.name, "manager at capacity");
             let mut err = Envelope::error_to(&env, 503, &format!("manager `{}` is at capacity", inst.name));
             err.meta.push("retry-after", "1");
             return self.deliver(err);
@@ -285,7 +285,7 @@ impl Table {
             }
             Err(refused) => {
                 tracing::debug!(
-                    request_id = refused.envelope.meta.request_id(),
+                    request_id = refused.envelope.meta.request_id(), trace_id = refused.envelope.meta.trace_id(),
                     manager = %inst.name,
                     "manager not keeping up; request refused"
                 );
@@ -491,7 +491,7 @@ impl Table {
         let Some(flight) = self.in_flight.remove(&(env.origin, env.correlation)) else {
             return tracing::debug!(
                 origin = ?env.origin,
-                request_id = env.meta.request_id(),
+                request_id = env.meta.request_id(), trace_id = env.meta.trace_id(),
                 "late response dropped"
             );
         };
@@ -578,12 +578,13 @@ impl Table {
             Some(sink) => {
                 if let Err(refused) = sink.send(env) {
                     let request_id = refused.envelope.meta.request_id();
-                    tracing::warn!(%refused, request_id, "response dropped");
+                    let trace_id = refused.envelope.meta.trace_id();
+                    tracing::warn!(%refused, request_id, trace_id, "response dropped");
                 }
             }
             None => tracing::debug!(
                 origin = ?env.origin,
-                request_id = env.meta.request_id(),
+                request_id = env.meta.request_id(), trace_id = env.meta.trace_id(),
                 "response to a gone origin dropped"
             ),
         }

@@ -8,12 +8,13 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures_util::StreamExt;
 use nix::fcntl::{FcntlArg, fcntl};
 use nix::sys::memfd::{MFdFlags, memfd_create};
 use switchyard_proto::process::{
-    CONTROL_FD, ENV_SUPERVISOR_PID, EXIT_WATCHDOG, GRPC_LISTEN_FD, LISTEN_FD, Pidfd, SPEC_FD,
+    CONTROL_FD, ENV_LOG_FORMAT, ENV_SUPERVISOR_PID, EXIT_WATCHDOG, GRPC_LISTEN_FD, LISTEN_FD, Pidfd, SPEC_FD,
 };
 use switchyard_proto::supervision::{ToChild, ToSupervisor, line_error, lines};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
@@ -106,6 +107,7 @@ pub(crate) fn spawn(
         .arg("--instance")
         .arg(launch.instance.to_string())
         .env(ENV_SUPERVISOR_PID, supervisor.to_string())
+        .env(ENV_LOG_FORMAT, if json_logs() { "json" } else { "text" })
         // systemd talks to the supervisor alone: a child (a plugin) must
         // not be able to say READY or STOPPING for the service.
         .env_remove("NOTIFY_SOCKET")
@@ -243,6 +245,13 @@ async fn read_reports(
                     load,
                 });
             }
+            Ok(ToSupervisor::Figures(figures)) => {
+                let _ = events.send(Event::Figures {
+                    child,
+                    generation,
+                    figures,
+                });
+            }
             Ok(ToSupervisor::Reconfigured { error }) => {
                 let _ = events.send(Event::Reconfigured {
                     child,
@@ -291,21 +300,71 @@ async fn forward_lines(stream: impl AsyncRead + Unpin, prefix: String) {
     }
 }
 
+/// `[log] format = "json"`, as the group started (a reload keeps it).
+static JSON_LOGS: AtomicBool = AtomicBool::new(false);
+
+/// Sets the format of the merged log, before the first child starts.
+pub(crate) fn set_json_logs(json: bool) {
+    JSON_LOGS.store(json, Ordering::Relaxed);
+}
+
+fn json_logs() -> bool {
+    JSON_LOGS.load(Ordering::Relaxed)
+}
+
 /// Writes one line of a child's output on ours. A failing stdout (a closed
 /// pipe, a full disk) loses the line but never panics the supervisor.
 fn print_line(prefix: &str, line: &[u8]) {
     let line = line.strip_suffix(b"\n").unwrap_or(line);
+    let line = String::from_utf8_lossy(line);
     let _ = writeln!(
         std::io::stdout().lock(),
-        "{prefix} | {}",
-        String::from_utf8_lossy(line)
+        "{}",
+        merged_line(prefix, &line, json_logs())
     );
+}
+
+/// A child's line as the merged log shows it: `prefix | line`, or in JSON
+/// the child's object with `"process"` added first (a line that is not a
+/// JSON object, such as a plugin's own print, becomes its `message`).
+fn merged_line(prefix: &str, line: &str, json: bool) -> String {
+    if !json {
+        return format!("{prefix} | {line}");
+    }
+    let process = serde_json::Value::from(prefix).to_string();
+    let trimmed = line.trim();
+    if trimmed.starts_with('{')
+        && trimmed.ends_with('}')
+        && serde_json::from_str::<serde::de::IgnoredAny>(trimmed).is_ok()
+    {
+        let rest = trimmed[1..].trim_start();
+        let sep = if rest.starts_with('}') { "" } else { "," };
+        return format!("{{\"process\":{process}{sep}{rest}");
+    }
+    serde_json::json!({ "process": prefix, "message": line }).to_string()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::io::Read;
+
+    #[test]
+    fn merged_lines() {
+        assert_eq!(merged_line("router[7]", "hello", false), "router[7] | hello");
+        let j: serde_json::Value = serde_json::from_str(&merged_line(
+            "router[7]",
+            r#"{"level":"INFO","message":"x"}"#,
+            true,
+        ))
+        .unwrap();
+        assert_eq!(j["process"], "router[7]");
+        assert_eq!(j["message"], "x");
+        let j: serde_json::Value = serde_json::from_str(&merged_line("p", "{not json", true)).unwrap();
+        assert_eq!(j["message"], "{not json");
+        let j: serde_json::Value = serde_json::from_str(&merged_line("p", "{}", true)).unwrap();
+        assert_eq!(j["process"], "p");
+    }
 
     #[tokio::test]
     async fn a_child_that_sends_an_endless_line_loses_its_channel() {

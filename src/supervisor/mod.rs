@@ -44,7 +44,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use switchyard_proto::supervision::{Load, MAX_LINE, Phase, ToChild};
+use switchyard_proto::supervision::{Figures, Load, MAX_LINE, Phase, RouteFigures, ToChild};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::config::{Config, ManagerConfig, RestartConfig, WorkerKind};
@@ -65,6 +65,12 @@ pub(crate) struct Source {
     pub(crate) bind: Option<SocketAddr>,
     /// `--data-dir`.
     pub(crate) data_dir: Option<PathBuf>,
+    /// `--admin-bind`.
+    pub(crate) admin_bind: Option<SocketAddr>,
+    /// The admin endpoint's address as bound (port 0 resolved): what an
+    /// upgrade's new supervisor binds beside this one. Not applied by
+    /// [`Source::load`].
+    pub(crate) admin_bound: Option<SocketAddr>,
 }
 
 impl Source {
@@ -82,6 +88,9 @@ impl Source {
         };
         if let Some(bind) = self.bind {
             config.listener.bind = bind;
+        }
+        if let Some(admin) = self.admin_bind {
+            config.admin.bind = Some(admin);
         }
         config
             .prepare_data_dir(self.data_dir.clone())
@@ -152,6 +161,14 @@ pub(crate) enum Event {
         load: Load,
     },
     Status(oneshot::Sender<Vec<ProcessInfo>>),
+    /// A child's figures for `/metrics`.
+    Figures {
+        child: usize,
+        generation: u64,
+        figures: Figures,
+    },
+    /// The admin endpoint asks for the group's figures.
+    Metrics(oneshot::Sender<crate::admin::GroupFigures>),
     /// A child's answer to [`ToChild::Reconfigure`].
     Reconfigured {
         child: usize,
@@ -228,6 +245,8 @@ struct Child {
     pool: Option<PoolInfo>,
     /// The load it last reported.
     load: Load,
+    /// The figures it last reported for `/metrics` (this generation's).
+    figures: ChildFigures,
     /// A manager's or worker's epoch: reloads that replaced the manager
     /// before it (`Spec::epoch`).
     epoch: u64,
@@ -254,6 +273,16 @@ struct Supervisor {
     /// The TCP sockets, for an upgrade to hand over; dropped when the
     /// group stops, so that the listeners' close really closes them.
     sockets: Option<upgrade::Sockets>,
+    /// The request figures of children that exited: the group's counters
+    /// never go back when a listener restarts.
+    gone_routes: HashMap<(String, String), RouteFigures>,
+}
+
+/// What a child reported for `/metrics`, cumulative since it started.
+#[derive(Default)]
+struct ChildFigures {
+    gauges: HashMap<String, u64>,
+    routes: HashMap<(String, String), RouteFigures>,
 }
 
 /// Runs `switchyard up`. `handover`: the socket of an upgrading
@@ -265,15 +294,26 @@ pub(crate) fn main(
     runtime_dir: Option<PathBuf>,
     handover: Option<OwnedFd>,
 ) -> ExitCode {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env(switchyard_proto::process::ENV_LOG)
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stdout)
-        .with_ansi(false)
-        .without_time()
-        .try_init();
+    let filter = tracing_subscriber::EnvFilter::try_from_env(switchyard_proto::process::ENV_LOG)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let json = config.log.format == crate::config::LogFormat::Json;
+    child::set_json_logs(json);
+    if json {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stdout)
+            .json()
+            .flatten_event(true)
+            .with_target(false)
+            .try_init();
+    } else {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stdout)
+            .with_ansi(false)
+            .without_time()
+            .try_init();
+    }
     // A current-thread runtime: the spawning thread must outlive the children
     // (PR_SET_PDEATHSIG fires when the thread that forked them exits).
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
@@ -291,6 +331,17 @@ pub(crate) fn main(
             ExitCode::FAILURE
         }
     }
+}
+
+/// The admin endpoint's socket, when `[admin] bind` asks for one. Bound
+/// before any child starts: a bad address stops `up` at once. An upgrade's
+/// new supervisor binds its own (the old one still holds the port until
+/// it is gone: with a fixed port the new one retries for a while).
+fn sup_admin_bind(config: &Config) -> anyhow::Result<Option<std::net::TcpListener>> {
+    let Some(addr) = config.admin.bind else {
+        return Ok(None);
+    };
+    crate::admin::bind(addr).map(Some)
 }
 
 /// Binds the TCP ports, or takes them from the supervisor that upgrades.
@@ -377,6 +428,13 @@ async fn up(
     };
     let addr = tcp.local_addr()?;
     let grpc_addr = grpc_tcp.as_ref().map(|t| t.local_addr()).transpose()?;
+    let admin = match sup_admin_bind(&config) {
+        Ok(admin) => admin,
+        Err(err) => {
+            dir.remove();
+            return Err(err);
+        }
+    };
     let broker_sock = runtime_dir::bind_unix(&paths.broker_socket())?;
     let router_sock = runtime_dir::bind_unix(&paths.router_socket())?;
     let control_sock = runtime_dir::bind_unix(&paths.control_socket())?;
@@ -416,6 +474,7 @@ async fn up(
         started: Instant::now(),
         systemd: Systemd::from_env(),
         sockets: Some(sockets),
+        gone_routes: HashMap::new(),
     };
 
     let control = tokio::spawn(crate::status::serve(control_sock, sup.events.clone()));
@@ -502,6 +561,13 @@ async fn up(
     if let Some(grpc_addr) = grpc_addr {
         println!("switchyard gRPC (only) listening on {scheme}://{grpc_addr}");
     }
+    let admin = admin.map(|listener| {
+        if let Ok(at) = listener.local_addr() {
+            println!("admin on http://{at}");
+            sup.source.admin_bound = Some(at);
+        }
+        tokio::spawn(crate::admin::serve(listener, sup.events.clone()))
+    });
     sup.systemd.ready(&format!("serving on {addr}"));
 
     let mut watchdog = sup.systemd.watchdog_period().map(tokio::time::interval);
@@ -576,6 +642,9 @@ async fn up(
         // leaves without a word to it.
         sup.systemd.stopping(&cause);
     }
+    if let Some(admin) = admin {
+        admin.abort();
+    }
     sup.shutdown(&mut rx, &mut signals, hurry).await;
     control.abort();
     if !upgraded {
@@ -614,6 +683,7 @@ impl Child {
             crash_loop: false,
             pool: None,
             load: Load::default(),
+            figures: ChildFigures::default(),
             epoch: 0,
             retiring: false,
             retired: false,
@@ -768,12 +838,68 @@ impl Supervisor {
                     let _ = reply.send(self.snapshot());
                 }
                 // Busy: answered at once.
-                ev @ Event::Control(_) => {
+                ev @ (Event::Control(_) | Event::Figures { .. } | Event::Load { .. } | Event::Metrics(_)) => {
                     let _ = self.handle(ev);
                 }
                 _ => {}
             }
         }
+    }
+
+    /// A child's figures, once it has exited, go to the group's totals.
+    fn fold_figures(&mut self, child: usize) {
+        let figures = std::mem::take(&mut self.children[child].figures);
+        for (key, route) in figures.routes {
+            let total = self.gone_routes.entry(key).or_insert_with(|| RouteFigures {
+                route: route.route.clone(),
+                method: route.method.clone(),
+                ..RouteFigures::default()
+            });
+            crate::admin::add_route(total, &route);
+        }
+    }
+
+    /// What the admin endpoint shows: every process with its gauges, and
+    /// the requests of every listener, those that exited included.
+    fn group_figures(&self) -> crate::admin::GroupFigures {
+        let mut routes = self.gone_routes.clone();
+        for c in self.children.iter().filter(|c| !c.retired) {
+            for (key, route) in &c.figures.routes {
+                let total = routes.entry(key.clone()).or_insert_with(|| RouteFigures {
+                    route: route.route.clone(),
+                    method: route.method.clone(),
+                    ..RouteFigures::default()
+                });
+                crate::admin::add_route(total, route);
+            }
+        }
+        let mut routes: Vec<RouteFigures> = routes.into_values().collect();
+        routes.sort_by(|a, b| (&a.route, &a.method).cmp(&(&b.route, &b.method)));
+        let infos = self.snapshot();
+        let processes = infos
+            .into_iter()
+            .map(|info| {
+                let gauges = self
+                    .children
+                    .iter()
+                    .find(|c| {
+                        !c.retired
+                            && c.role.as_str() == info.role
+                            && c.name == info.name
+                            && c.instance == info.instance
+                            && c.handle.as_ref().map(|h| h.pid) == info.pid
+                    })
+                    .map(|c| {
+                        let mut g: Vec<(String, u64)> =
+                            c.figures.gauges.iter().map(|(k, v)| (k.clone(), *v)).collect();
+                        g.sort();
+                        g
+                    })
+                    .unwrap_or_default();
+                crate::admin::ProcessFigures { info, gauges }
+            })
+            .collect();
+        crate::admin::GroupFigures { processes, routes }
     }
 
     fn snapshot(&self) -> Vec<ProcessInfo> {
@@ -820,6 +946,7 @@ impl Supervisor {
                 if generation != self.children[child].generation {
                     return Ok(());
                 }
+                self.fold_figures(child);
                 if self.children[child].retiring {
                     let c = &mut self.children[child];
                     tracing::info!(role = c.role.as_str(), name = %c.name, instance = c.instance, %status, "stopped (replaced)");
@@ -920,6 +1047,24 @@ impl Supervisor {
             }
             Event::Status(reply) => {
                 let _ = reply.send(self.snapshot());
+            }
+            Event::Figures {
+                child,
+                generation,
+                figures,
+            } => {
+                let c = &mut self.children[child];
+                if generation == c.generation {
+                    c.figures.gauges.extend(figures.gauges);
+                    for route in figures.routes {
+                        c.figures
+                            .routes
+                            .insert((route.route.clone(), route.method.clone()), route);
+                    }
+                }
+            }
+            Event::Metrics(reply) => {
+                let _ = reply.send(self.group_figures());
             }
             // Outside a reload: a late answer, already given up on.
             Event::Reconfigured { .. } => {}

@@ -111,6 +111,10 @@ const RESTART_KEYS: &[&str] = &[
     "group.shm_budget_bytes",
     "group.handler_timeout_ms",
     "data.dir",
+    // The supervisor binds the admin endpoint and sets the children's log
+    // format at start.
+    "admin.bind",
+    "log.format",
 ];
 
 /// The outcome of comparing two configurations.
@@ -148,6 +152,26 @@ pub(crate) fn plan(running: &Config, running_prints: &HashMap<String, Fingerprin
             serde_json::to_value(&running.data),
             serde_json::to_value(&new.data),
         ),
+        (
+            "admin",
+            serde_json::to_value(&running.admin),
+            serde_json::to_value(&new.admin),
+        ),
+        (
+            "log",
+            serde_json::to_value(&running.log),
+            serde_json::to_value(&new.log),
+        ),
+        (
+            "tracing",
+            serde_json::to_value(&running.tracing),
+            serde_json::to_value(&new.tracing),
+        ),
+        (
+            "metrics",
+            serde_json::to_value(&running.metrics),
+            serde_json::to_value(&new.metrics),
+        ),
     ] {
         changed_keys(
             section,
@@ -184,6 +208,8 @@ pub(crate) fn plan(running: &Config, running_prints: &HashMap<String, Fingerprin
         report.restart_needed.push("cluster".to_owned());
         effective.cluster = running.cluster.clone();
     }
+    effective.admin = running.admin.clone();
+    effective.log.format = running.log.format;
 
     let fingerprints = self::fingerprints(&effective);
     let old_by_name: HashMap<&str, &ManagerConfig> =
@@ -316,5 +342,21 @@ mod tests {
         assert_eq!(changed.report.replaced, ["x", "cfg"]);
         assert_eq!(changed.report.added, ["new"]);
         assert_eq!(changed.report.removed, ["gone"]);
+    }
+
+    #[test]
+    fn the_admin_address_and_log_format_need_a_restart_the_access_log_and_tracing_do_not() {
+        let old = config("[admin]\nbind = \"127.0.0.1:0\"\n[[managers]]\nname = \"a\"\n");
+        let new = config(
+            "[admin]\nbind = \"127.0.0.1:9100\"\n[log]\nformat = \"json\"\naccess = \"stdout\"\n\
+             [tracing]\nserver_timing = true\n[[managers]]\nname = \"a\"\n",
+        );
+        let plan = plan(&old, &fingerprints(&old), new);
+        assert_eq!(plan.report.restart_needed, ["admin.bind", "log.format"]);
+        assert_eq!(plan.report.live, ["log.access", "tracing.server_timing"]);
+        assert_eq!(plan.effective.admin.bind, old.admin.bind);
+        assert_eq!(plan.effective.log.format, old.log.format);
+        assert_eq!(plan.effective.log.access, "stdout");
+        assert!(plan.effective.tracing.server_timing);
     }
 }

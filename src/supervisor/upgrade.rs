@@ -110,6 +110,11 @@ impl Sending {
         if let Some(dir) = &source.data_dir {
             cmd.arg("--data-dir").arg(dir);
         }
+        // The admin address as bound (a port 0 resolved): the new
+        // supervisor binds it beside this one (`SO_REUSEPORT`).
+        if let Some(admin) = source.admin_bound {
+            cmd.arg("--admin-bind").arg(admin.to_string());
+        }
         cmd.arg("--upgrade-fd")
             .arg(theirs.as_raw_fd().to_string())
             // systemd's watchdog names the old supervisor; the new one

@@ -107,6 +107,8 @@ pub struct GroupBuilder {
     tag: &'static str,
     env: Vec<(String, String)>,
     runtime_dir: Option<PathBuf>,
+    /// More arguments for `switchyard up`.
+    args: Vec<String>,
 }
 
 impl GroupBuilder {
@@ -126,6 +128,12 @@ impl GroupBuilder {
     /// Sets an environment variable for the group's processes.
     pub fn env(mut self, key: &str, value: &str) -> Self {
         self.env.push((key.to_owned(), value.to_owned()));
+        self
+    }
+
+    /// Passes one more argument to `switchyard up` (`--admin-bind`, ...).
+    pub fn arg(mut self, arg: &str) -> Self {
+        self.args.push(arg.to_owned());
         self
     }
 
@@ -178,6 +186,7 @@ impl GroupBuilder {
         if let Some(path) = &self.config_file {
             cmd.arg("-c").arg(path);
         }
+        cmd.args(&self.args);
         // A test may choose its own log filter (`env("SWITCHYARD_LOG", ..)`).
         cmd.env("SWITCHYARD_LOG", "info");
         cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
@@ -260,6 +269,7 @@ impl Group {
             tag,
             env: Vec::new(),
             runtime_dir: None,
+            args: Vec::new(),
         }
     }
 

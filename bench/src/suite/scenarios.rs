@@ -294,6 +294,39 @@ const COMPARISONS: &[Scenario] = &[
         },
         targets: &[],
     },
+    Scenario {
+        name: "metrics",
+        title: "metrics: GET /noop with and without request metrics and trace context",
+        about: &[
+            "- GET /noop to two groups of the demo's basics: one as by default, counting every \
+             request for `/metrics` (route, method, status, latency histogram) and carrying a W3C \
+             trace context through every hop, with its admin endpoint bound; the other with \
+             `[metrics] enabled = false` and `[tracing] enabled = false`; the access log is off in \
+             both (its default); no baseline",
+        ],
+        key: "clients",
+        loads: &[Load::http("/noop", CLIENTS)],
+        // The key decides: once `switchyard check` takes it, the feature is there.
+        contenders: Contenders::Groups {
+            groups: [
+                (
+                    "metrics + trace context",
+                    "[admin]\nbind = \"127.0.0.1:0\"\n\n[[managers]]\nname = \"basics\"\n",
+                    0,
+                ),
+                (
+                    "none",
+                    "[metrics]\nenabled = false\n\n[tracing]\nenabled = false\n\n[[managers]]\nname = \"basics\"\n",
+                    0,
+                ),
+            ],
+            refused: Some("request metrics have not landed"),
+        },
+        targets: &[Target::Ratio {
+            issue: "issue #15, the cost of metrics",
+            at: &[("1", 0.95), ("8", 0.95), ("32", 0.95)],
+        }],
+    },
 ];
 
 /// A scenario that runs the same loads against two contenders, alternating,

@@ -18,7 +18,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use switchyard_proto::backoff::Backoff;
 use switchyard_proto::control::Control;
+use switchyard_proto::event::{META_TIMING, META_TRACEPARENT};
 use switchyard_proto::link;
+use switchyard_proto::supervision::{Extra, GAUGES};
 use switchyard_proto::transport::{FrameReader, FrameSink};
 use switchyard_proto::{Deadline, Envelope, EventType, Kind, Origin, Payload, problem};
 use switchyard_worker::{Done, Job, Kind as WorkerKind, Pool};
@@ -125,6 +127,7 @@ pub async fn run(
     tokio::pin!(shutdown);
     let mut backoff = Backoff::peer();
     let (pool, mut results) = config.workers.start(&plugin, config.max_frame)?;
+    GAUGES.set_extra(Extra::WorkersSize, config.workers.size as u64);
     let watchdog = Watchdog::start(config.handler_timeout, &description).map_err(LoadError::Watchdog)?;
     let mut host = Host {
         watchdog,
@@ -207,14 +210,59 @@ async fn connect(description: &Description, config: &Config) -> Result<Connected
 /// path and without needing traffic.
 pub const IDLE_STEP: Duration = Duration::from_secs(2);
 
-/// The request id of each request in the plugin's hands that has one, by
-/// the local id the plugin knows it by: the plugin's log lines name only
-/// that, and may come from any of its threads (`HostApi::log`).
-static REQUEST_IDS: std::sync::LazyLock<std::sync::Mutex<HashMap<u64, Box<str>>>> =
+/// The request id and trace context of each request in the plugin's hands
+/// that has one, by the local id the plugin knows it by: the plugin's log
+/// lines name only that, and may come from any of its threads
+/// (`HostApi::log`).
+static REQUEST_IDS: std::sync::LazyLock<std::sync::Mutex<HashMap<u64, Tags>>> =
     std::sync::LazyLock::new(Default::default);
 
-fn request_ids() -> std::sync::MutexGuard<'static, HashMap<u64, Box<str>>> {
+fn request_ids() -> std::sync::MutexGuard<'static, HashMap<u64, Tags>> {
     REQUEST_IDS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// What names a request in log lines and its response's meta.
+#[derive(Clone, Debug, Default)]
+struct Tags {
+    request_id: Option<Box<str>>,
+    /// Its W3C `traceparent` (META_TRACEPARENT).
+    traceparent: Option<Box<str>>,
+    /// When it arrived, if the listener asked for its time
+    /// (`[tracing] server_timing`).
+    arrived: Option<std::time::Instant>,
+}
+
+impl Tags {
+    fn of(meta: &switchyard_proto::Meta) -> Option<Tags> {
+        let tags = Tags {
+            request_id: meta.request_id().map(Into::into),
+            traceparent: meta.get(META_TRACEPARENT).map(Into::into),
+            arrived: meta.get(META_TIMING).map(|_| std::time::Instant::now()),
+        };
+        (tags.request_id.is_some() || tags.traceparent.is_some()).then_some(tags)
+    }
+
+    fn trace_id(&self) -> Option<&str> {
+        self.traceparent.as_deref().and_then(|tp| tp.get(3..35))
+    }
+
+    /// Names the request in its response's meta too, for the lines the
+    /// router and broker may write about it; with its manager time when
+    /// asked.
+    fn stamp(&self, meta: &mut switchyard_proto::Meta) {
+        if let Some(id) = &self.request_id {
+            meta.push(switchyard_proto::event::META_REQUEST_ID, &**id);
+        }
+        if let Some(tp) = &self.traceparent {
+            meta.push(META_TRACEPARENT, &**tp);
+        }
+        if let Some(arrived) = self.arrived {
+            meta.push(
+                switchyard_proto::event::META_MANAGER_MICROS,
+                arrived.elapsed().as_micros().to_string(),
+            );
+        }
+    }
 }
 
 /// Set by plugin threads (`HostApi::wake`): step the plugin soon.
@@ -354,9 +402,14 @@ impl Host {
                         self.next_local += 1;
                         self.requests
                             .insert(local, (env.origin, env.correlation, env.event_type));
-                        if let Some(id) = env.meta.request_id() {
-                            tracing::debug!(request_id = id, correlation = local, "request to the plugin");
-                            request_ids().insert(local, id.into());
+                        if let Some(tags) = Tags::of(&env.meta) {
+                            tracing::debug!(
+                                request_id = tags.request_id.as_deref(),
+                                trace_id = tags.trace_id(),
+                                correlation = local,
+                                "request to the plugin"
+                            );
+                            request_ids().insert(local, tags);
                         }
                         // The return address says who sent it: only the
                         // router stamps `Manager`.
@@ -411,8 +464,10 @@ impl Host {
                 let outputs = self.step(plugin, &now)?;
                 self.dispatch(outputs, config, sink);
             }
-            switchyard_proto::supervision::GAUGES
-                .set(self.requests.len() + self.calls.len(), self.pool.queued());
+            let queued = self.pool.queued();
+            GAUGES.set(self.requests.len() + self.calls.len(), queued);
+            let out = JOBS_OUT.load(std::sync::atomic::Ordering::Relaxed);
+            GAUGES.set_extra(Extra::WorkersBusy, out.saturating_sub(queued as u64));
         }
     }
 
@@ -439,8 +494,8 @@ impl Host {
                 let mut env = Envelope::request(event_type, correlation, Bytes::new());
                 env.origin = origin;
                 let mut answer = Envelope::error_to(&env, 500, "internal error");
-                if let Some(id) = request_ids().remove(local) {
-                    answer.meta.push(switchyard_proto::event::META_REQUEST_ID, &*id);
+                if let Some(tags) = request_ids().remove(local) {
+                    tags.stamp(&mut answer.meta);
                 }
                 let _ = sink.send(answer);
             }
@@ -460,7 +515,7 @@ impl Host {
                     // Adopted first: an unknown request's stream is closed
                     // (its producer then stops), not leaked.
                     let handle = handle.map(handover::adopt_body);
-                    let request_id = request_ids().remove(&correlation);
+                    let tags = request_ids().remove(&correlation);
                     let Some((origin, correlation, event_type)) = self.requests.remove(&correlation) else {
                         tracing::warn!(correlation, "plugin answered an unknown request");
                         continue;
@@ -468,8 +523,8 @@ impl Host {
                     // The response names its request too, for the lines
                     // the router and broker may write about it.
                     let mut meta = meta;
-                    if let Some(id) = &request_id {
-                        meta.push(switchyard_proto::event::META_REQUEST_ID, &**id);
+                    if let Some(tags) = &tags {
+                        tags.stamp(&mut meta);
                     }
                     let mut env = Envelope::request(event_type, correlation, Bytes::new());
                     env.origin = origin;
@@ -553,7 +608,9 @@ impl Host {
                         body,
                         timeout,
                     });
-                    if submitted.is_err() {
+                    if submitted.is_ok() {
+                        JOBS_OUT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    } else {
                         let (status, message) = switchyard_worker::QUEUE_FULL;
                         self.immediate.push(ToPlugin::JobResult {
                             job,
@@ -604,7 +661,16 @@ impl Host {
     }
 }
 
+/// Jobs submitted to the pool whose result has not come back (queued or
+/// running): the workers' occupancy for `/metrics`.
+static JOBS_OUT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 fn job_result(done: Done) -> ToPlugin {
+    let _ = JOBS_OUT.fetch_update(
+        std::sync::atomic::Ordering::Relaxed,
+        std::sync::atomic::Ordering::Relaxed,
+        |n| Some(n.saturating_sub(1)),
+    );
     ToPlugin::JobResult {
         job: done.id,
         status: done.status,
@@ -616,14 +682,16 @@ fn job_result(done: Done) -> ToPlugin {
 /// with the request id of the request it is about, if any.
 pub(crate) fn log(level: LogLevel, correlation: u64, message: &str) {
     // Copied out: the lock is not held while the line is written.
-    let request_id = (correlation != 0)
+    let tags = (correlation != 0)
         .then(|| request_ids().get(&correlation).cloned())
-        .flatten();
-    let request_id = request_id.as_deref();
+        .flatten()
+        .unwrap_or_default();
+    let request_id = tags.request_id.as_deref();
+    let trace_id = tags.trace_id();
     match level {
-        LogLevel::Error => tracing::error!(correlation, request_id, "{message}"),
-        LogLevel::Warn => tracing::warn!(correlation, request_id, "{message}"),
-        LogLevel::Info => tracing::info!(correlation, request_id, "{message}"),
-        LogLevel::Debug => tracing::debug!(correlation, request_id, "{message}"),
+        LogLevel::Error => tracing::error!(correlation, request_id, trace_id, "{message}"),
+        LogLevel::Warn => tracing::warn!(correlation, request_id, trace_id, "{message}"),
+        LogLevel::Info => tracing::info!(correlation, request_id, trace_id, "{message}"),
+        LogLevel::Debug => tracing::debug!(correlation, request_id, trace_id, "{message}"),
     }
 }

@@ -368,10 +368,13 @@ impl Context {
     }
 
     /// A call made for a request names it: the callee's log lines carry
-    /// the same request id.
+    /// the same request id and trace id.
     fn carry_request_id(&self, meta: &mut Meta) {
         if let Some(id) = self.request.request_id() {
             meta.push(switchyard_proto::event::META_REQUEST_ID, id);
+        }
+        if let Some(tp) = self.request.get(switchyard_proto::event::META_TRACEPARENT) {
+            meta.push(switchyard_proto::event::META_TRACEPARENT, tp);
         }
     }
 
