@@ -341,6 +341,7 @@ fn listener_config(config: &Config, paths: &RuntimePaths) -> switchyard_listener
         request_id: config.request_id.to_listener(),
         middleware: config.middleware(),
         tls: l.tls.as_ref().map(TlsSettings::to_listener),
+        statics: config.static_mounts(),
     }
 }
 

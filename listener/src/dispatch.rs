@@ -9,7 +9,8 @@
 //! request id: `context`), and every answer its `x-request-id`. Each is
 //! admitted by the middleware first (rate limits, authentication, rules),
 //! except `/health`, `/ready` and gRPC health and reflection, which load
-//! balancers and tools reach without credentials.
+//! balancers and tools reach without credentials. A path under a
+//! `[[static]]` mount is a file (`static_files`), never a route.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -49,18 +50,24 @@ pub(crate) async fn serve(
         .or(peer.map(|p| p.ip()))
         .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED.into());
     req.extensions_mut().insert(client);
+    let accept = req
+        .headers()
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
     // Every line this request causes here names it.
     let span = match &request_id {
         Some(id) => tracing::info_span!("request", request_id = &**id),
         None => tracing::Span::none(),
     };
-    let mut reply = async {
+    let reply = async {
         let reply = serve_request(state, grpc, grpc_only, conn, client_ip, req).await;
         tracing::debug!(status = reply.status().as_u16(), "answered");
         reply
     }
     .instrument(span)
     .await;
+    let mut reply = crate::negotiate::error_page(accept.as_deref(), reply).await;
     if let Some(id) = request_id
         && let Ok(value) = HeaderValue::from_str(&id)
     {
@@ -97,6 +104,20 @@ async fn serve_request(
             return refusal.grpc().into_http().map(Either::Right);
         }
         return grpc.serve(req).await.map(Either::Right);
+    }
+    if let Some((mount, rest)) = crate::static_files::mount_for(&state.config.statics, req.uri().path()) {
+        let rest = rest.to_owned();
+        let path = req.uri().path().to_owned();
+        let scope = Scope {
+            path: Some(&path),
+            ..Scope::default()
+        };
+        let mut reply = match admit(state, client, &mut req, None, scope, true).await {
+            Ok(()) => crate::static_files::serve(mount, &rest, req.method(), req.headers()).await,
+            Err(refusal) => state.middleware.refuse(&refusal).map(Either::Left),
+        };
+        state.middleware.secure(reply.headers_mut());
+        return reply;
     }
     let mut reply = match req.uri().path() {
         "/health" => json(StatusCode::OK, serde_json::json!({ "status": "alive" })),

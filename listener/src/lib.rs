@@ -34,6 +34,7 @@
 //! - Leaves:
 //!   - `http`: a route whose body is taken whole → event → response.
 //!   - `upload`: a route whose body is streamed into a pipe as it arrives.
+//!   - `static_files`: `[[static]]` mounts, files served with no hop.
 //!   - `ws`: WebSocket sessions (`/ws`, `/ws/echo`) by upgrade on the port.
 //!   - `grpc`: `switchyard.v1.Events`, health and reflection, by content
 //!     type (`application/grpc*`) on the same port.
@@ -43,6 +44,9 @@
 //!     WebSocket and gRPC); client notifications.
 //!   - `reply`: response events made HTTP (whole, ranges, streamed), and
 //!     the listener's own problem+json and JSON answers.
+//!   - `negotiate`: errors as HTML pages for browsers, problem+json for
+//!     the rest.
+//!   - `conditional`: 304 and `If-Range` on a manager's answer.
 //!   - `body`: response bodies (whole or read from a pipe), `Range` parsing.
 //!   - `state`: what every request shares; request bodies placed in shared
 //!     memory.
@@ -55,6 +59,7 @@
 #![forbid(unsafe_code)]
 
 mod body;
+mod conditional;
 mod conn;
 mod context;
 mod dispatch;
@@ -63,10 +68,12 @@ mod grpc;
 mod http;
 mod identity;
 mod middleware;
+mod negotiate;
 mod pipes;
 mod reply;
 mod routes;
 mod state;
+mod static_files;
 pub mod tls;
 mod upload;
 mod ws;
@@ -79,6 +86,7 @@ pub use middleware::config::{
     TokenSource, WsAuthConfig,
 };
 pub use routes::percent_decode;
+pub use static_files::StaticMount;
 
 /// A request body as the listener's code reads it: decoded by its
 /// `Content-Encoding` (the middleware's request decoding) as it is read.
@@ -169,6 +177,8 @@ pub struct Config {
     pub middleware: MiddlewareConfig,
     /// Serve TLS on every port with these certificates (none: plaintext).
     pub tls: Option<TlsConfig>,
+    /// `[[static]]` mounts, served here with no hop (docs/web.md).
+    pub statics: Vec<StaticMount>,
 }
 
 /// WebSocket limits (`[listener.ws]` in switchyard.toml).
@@ -235,6 +245,9 @@ impl Config {
             )));
         }
         middleware::check(&self.middleware).map_err(Error::Config)?;
+        for (i, mount) in self.statics.iter().enumerate() {
+            mount.check(&format!("static[{i}]")).map_err(Error::Config)?;
+        }
         Ok(())
     }
 }
