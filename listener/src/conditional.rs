@@ -160,6 +160,62 @@ fn unsatisfiable(len: u64) -> Reply {
     reply
 }
 
+/// Marks an answer that left the listener's own code without a content
+/// coding: if the compression middleware encodes it, its tag must change.
+#[derive(Clone, Copy)]
+pub(crate) struct Unencoded;
+
+/// An answer the compression middleware encoded on the fly has other
+/// bytes than the one its strong `ETag` names: the tag is made weak
+/// (`W/"..."`), as nginx does, so that it still revalidates (304) but never
+/// validates a range of different bytes.
+pub(crate) fn weaken_if_compressed<B>(mut reply: http::Response<B>) -> http::Response<B> {
+    let encoded_here = reply.extensions().get::<Unencoded>().is_some()
+        && reply.headers().contains_key(header::CONTENT_ENCODING);
+    if encoded_here
+        && let Some(tag) = reply.headers().get(header::ETAG)
+        && tag.as_bytes().starts_with(b"\"")
+        && let Ok(weak) = HeaderValue::from_bytes(&[b"W/", tag.as_bytes()].concat())
+    {
+        reply.headers_mut().insert(header::ETAG, weak);
+    }
+    reply
+}
+
+/// [`weaken_if_compressed`] around the compression middleware.
+#[derive(Clone, Copy)]
+pub(crate) struct WeakenLayer;
+
+impl<S> tower::Layer<S> for WeakenLayer {
+    type Service = Weaken<S>;
+    fn layer(&self, inner: S) -> Weaken<S> {
+        Weaken(inner)
+    }
+}
+
+#[derive(Clone)]
+pub(crate) struct Weaken<S>(S);
+
+impl<S, R, B> tower::Service<R> for Weaken<S>
+where
+    S: tower::Service<R, Response = http::Response<B>>,
+{
+    type Response = http::Response<B>;
+    type Error = S::Error;
+    // A fn pointer, not a closure: a closure here makes the connection
+    // task's future fail the `Send` check on the body's trait object.
+    type Future = futures_util::future::MapOk<S::Future, fn(http::Response<B>) -> http::Response<B>>;
+
+    fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), S::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: R) -> Self::Future {
+        use futures_util::TryFutureExt;
+        self.0.call(req).map_ok(weaken_if_compressed::<B> as fn(_) -> _)
+    }
+}
+
 fn secs(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }

@@ -537,6 +537,7 @@ impl Serve {
         let service = hyper_util::service::TowerToHyperService::new(
             tower::ServiceBuilder::new()
                 .option_layer(layers.cors.clone())
+                .layer(conditional::WeakenLayer)
                 .layer(layers.compression.clone())
                 .layer(layers.decompression.clone())
                 .service(respond),
@@ -621,6 +622,10 @@ impl Serve {
             reply
         };
         let conn = conn.clone();
+        let mut reply = reply;
+        if !reply.headers().contains_key(::http::header::CONTENT_ENCODING) {
+            reply.extensions_mut().insert(conditional::Unencoded);
+        }
         reply.map(|body| Tracked::new(body, conn, piece, held))
     }
 }

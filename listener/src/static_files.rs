@@ -55,7 +55,12 @@ impl StaticMount {
                 self.prefix
             ));
         }
-        if safe_relative(&self.prefix[1..]).is_none() && self.prefix != "/" {
+        if self.prefix == "/" {
+            return Err(format!(
+                "{key}.prefix: `/` would hide every route, /health and /ready; mount under a prefix"
+            ));
+        }
+        if safe_relative(&self.prefix[1..]).is_none() {
             return Err(format!(
                 "{key}.prefix: `{}` has an empty, `.`, `..` or encoded segment",
                 self.prefix

@@ -301,7 +301,12 @@ impl<M: Manager> Runtime<M> {
                 Err(Error::not_found("this manager has no handler for the event type")),
             );
         }
-        let template = self.registry.templates.get(&event_type).copied();
+        let template = self
+            .registry
+            .templates
+            .get(&event_type)
+            .copied()
+            .filter(|_| self.shared.templates.available());
         let format = match crate::web::choose(meta.get("accept"), template) {
             Ok(crate::web::Choice::Encoded(format)) => {
                 if template.is_some() {

@@ -70,6 +70,8 @@ pub(crate) fn choose(accept: Option<&str>, template: Option<&'static str>) -> Re
 /// with `url_for(event, **params)` for the routes this plugin knows.
 pub(crate) struct Templates {
     env: RefCell<Environment<'static>>,
+    /// Whether a directory is configured: without one no event offers HTML.
+    available: bool,
     /// Development mode: read again before every render.
     reload: bool,
 }
@@ -96,8 +98,15 @@ impl Templates {
         });
         Templates {
             env: RefCell::new(env),
+            available: dir.is_some(),
             reload,
         }
+    }
+
+    /// Whether this manager has a template directory (else its events
+    /// offer no HTML, whatever templates they name).
+    pub(crate) fn available(&self) -> bool {
+        self.available
     }
 
     /// Renders `name` with `context`.
