@@ -137,9 +137,18 @@ pub(crate) async fn serve(mount: &StaticMount, rest: &str, method: &Method, head
     let ask = Ask::of(headers, mount.precompressed);
     let dir = mount.dir.clone();
     let index = mount.index.clone();
-    let opened =
-        tokio::task::spawn_blocking(move || open(&dir, &relative, index.as_deref(), &ask).map(|e| (e, ask)))
-            .await;
+    // One trip through the blocking pool: the open, and for a small file
+    // that will be sent, its bytes.
+    let opened = tokio::task::spawn_blocking(move || {
+        let mut entity = open(&dir, &relative, index.as_deref(), &ask)?;
+        if !head && entity.len <= WHOLE && ask.verdict(&entity).is_none() {
+            let mut buf = BytesMut::zeroed(entity.len as usize);
+            entity.file.read_exact(&mut buf)?;
+            entity.whole = Some(buf.freeze());
+        }
+        Ok::<_, io::Error>((entity, ask))
+    })
+    .await;
     let (entity, ask) = match opened {
         Ok(Ok(found)) => found,
         Ok(Err(err)) => {
@@ -202,10 +211,35 @@ impl Ask {
     }
 }
 
+impl Ask {
+    /// The answer the preconditions give without the body (RFC 9110
+    /// §13.2.2: `If-Match`, else `If-Unmodified-Since` → 412; then
+    /// `If-None-Match`, else `If-Modified-Since` → 304), if any.
+    fn verdict(&self, entity: &Entity) -> Option<StatusCode> {
+        let modified = secs(entity.modified);
+        let failed = match (&self.if_match, self.if_unmodified_since) {
+            (Some(tags), _) => !etag_matches(tags, &entity.etag, true),
+            (None, Some(date)) => modified > secs(date),
+            (None, None) => false,
+        };
+        if failed {
+            return Some(StatusCode::PRECONDITION_FAILED);
+        }
+        let unchanged = match (&self.if_none_match, self.if_modified_since) {
+            (Some(tags), _) => etag_matches(tags, &entity.etag, false),
+            (None, Some(date)) => modified <= secs(date),
+            (None, None) => false,
+        };
+        unchanged.then_some(StatusCode::NOT_MODIFIED)
+    }
+}
+
 /// What is sent: the open file (or its precompressed sibling) and what
 /// describes it.
 struct Entity {
     file: File,
+    /// The whole file, read with its open (a small file that is sent).
+    whole: Option<Bytes>,
     len: u64,
     modified: SystemTime,
     etag: String,
@@ -290,6 +324,7 @@ fn entity(file: File, meta: &std::fs::Metadata, name: PathBuf, encoding: Option<
     };
     Entity {
         file,
+        whole: None,
         len: meta.len(),
         modified,
         etag,
@@ -334,7 +369,6 @@ fn open_beneath(root: &File, dir: &Path, relative: &Path) -> io::Result<File> {
 /// The answer for `entity`, after the conditional headers of `ask`.
 async fn respond(mount: &StaticMount, entity: Entity, ask: &Ask, head: bool) -> Answer {
     let mut headers = HeaderMap::new();
-    let modified_secs = secs(entity.modified);
     if let Ok(v) = HeaderValue::from_str(&entity.etag) {
         headers.insert(header::ETAG, v);
     }
@@ -351,27 +385,18 @@ async fn respond(mount: &StaticMount, entity: Entity, ask: &Ask, head: bool) -> 
     if mount.precompressed {
         headers.insert(header::VARY, HeaderValue::from_static("accept-encoding"));
     }
-    // RFC 9110 §13.2.2: If-Match, else If-Unmodified-Since; then
-    // If-None-Match, else If-Modified-Since; then Range with If-Range.
-    let precondition_failed = match (&ask.if_match, ask.if_unmodified_since) {
-        (Some(tags), _) => !etag_matches(tags, &entity.etag, true),
-        (None, Some(date)) => modified_secs > secs(date),
-        (None, None) => false,
-    };
-    if precondition_failed {
-        let reply = error(StatusCode::PRECONDITION_FAILED, "the file has changed");
-        return reply.map(Either::Left);
-    }
-    let not_modified = match (&ask.if_none_match, ask.if_modified_since) {
-        (Some(tags), _) => etag_matches(tags, &entity.etag, false),
-        (None, Some(date)) => modified_secs <= secs(date),
-        (None, None) => false,
-    };
-    if not_modified {
-        let mut reply = Response::new(Either::Left(Either::Left(Full::new(Bytes::new()))));
-        *reply.status_mut() = StatusCode::NOT_MODIFIED;
-        *reply.headers_mut() = headers;
-        return reply;
+    // RFC 9110 §13.2.2: the preconditions, then Range with If-Range.
+    match ask.verdict(&entity) {
+        Some(StatusCode::PRECONDITION_FAILED) => {
+            return error(StatusCode::PRECONDITION_FAILED, "the file has changed").map(Either::Left);
+        }
+        Some(status) => {
+            let mut reply = Response::new(Either::Left(Either::Left(Full::new(Bytes::new()))));
+            *reply.status_mut() = status;
+            *reply.headers_mut() = headers;
+            return reply;
+        }
+        None => {}
     }
     headers.insert(header::CONTENT_TYPE, content_type(&entity.name));
     headers.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
@@ -412,6 +437,9 @@ async fn respond(mount: &StaticMount, entity: Entity, ask: &Ask, head: bool) -> 
     headers.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
     let body = if head {
         Either::Left(Either::Left(Full::new(Bytes::new())))
+    } else if let Some(whole) = &entity.whole {
+        let slice = whole.slice(start as usize..(start + len) as usize);
+        Either::Left(Either::Left(Full::new(slice)))
     } else {
         match body(entity.file, start, len).await {
             Ok(body) => body,
