@@ -59,6 +59,13 @@ pub(crate) struct Config {
     pub(crate) tracing: TracingSettings,
     /// `[metrics]`: the listener's request counters.
     pub(crate) metrics: MetricsConfig,
+    // ---- The web side (docs/web.md). A file never inherits the demo's
+    // static mount.
+    /// `[[static]]`: URL prefix → directory, served by the listener.
+    #[serde(default, rename = "static")]
+    pub(crate) statics: Vec<StaticConfig>,
+    /// `[web]`: the group's template directory and development mode.
+    pub(crate) web: WebConfig,
 }
 
 /// `[metrics]` (docs/operations.md#metrics).
@@ -164,6 +171,101 @@ impl TracingSettings {
         }
     }
 }
+
+// ---- The web side (docs/web.md) ----
+
+/// One `[[static]]` mount.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct StaticConfig {
+    /// The URL prefix, starting and ending with `/` (`/static/`).
+    pub(crate) prefix: String,
+    /// The directory served (relative: to the configuration file).
+    pub(crate) dir: PathBuf,
+    /// The file answered for a directory, e.g. `index.html`; default none
+    /// (a directory is 404: no listings).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) index: Option<String>,
+    /// `Cache-Control` of every answer. Default `no-cache` (caches keep
+    /// the file but revalidate it, a 304 when unchanged); `""` sends none.
+    #[serde(default = "no_cache")]
+    pub(crate) cache_control: String,
+    /// Whether `NAME.br` / `NAME.gz` beside a file is sent to clients
+    /// that accept that coding. Default true.
+    #[serde(default = "yes")]
+    pub(crate) precompressed: bool,
+}
+
+fn no_cache() -> String {
+    "no-cache".to_owned()
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl StaticConfig {
+    fn to_listener(&self) -> switchyard_listener::StaticMount {
+        switchyard_listener::StaticMount {
+            prefix: self.prefix.clone(),
+            dir: self.dir.clone(),
+            index: self.index.clone(),
+            cache_control: (!self.cache_control.is_empty()).then(|| self.cache_control.clone()),
+            precompressed: self.precompressed,
+        }
+    }
+}
+
+/// `[web]`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct WebConfig {
+    /// The group's template directory, for managers without their own
+    /// `managers[].templates` (relative: to the configuration file).
+    /// Default none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) templates: Option<PathBuf>,
+    /// Development mode: templates are read again on every render, so
+    /// an edit shows on the next request. Default false (read once).
+    pub(crate) development: bool,
+}
+
+impl Config {
+    /// The listener's `[[static]]` mounts.
+    pub(crate) fn static_mounts(&self) -> Vec<switchyard_listener::StaticMount> {
+        self.statics.iter().map(StaticConfig::to_listener).collect()
+    }
+
+    /// The template directory of manager `m`: its own, else the group's.
+    pub(crate) fn templates_of<'a>(&'a self, m: &'a ManagerConfig) -> Option<&'a Path> {
+        m.templates.as_deref().or(self.web.templates.as_deref())
+    }
+
+    fn validate_web(&self, problems: &mut Vec<String>) {
+        for (i, mount) in self.statics.iter().enumerate() {
+            if let Err(problem) = mount.to_listener().check(&format!("static[{i}]")) {
+                problems.push(problem);
+            }
+        }
+        if let Some(dir) = &self.web.templates
+            && !dir.is_dir()
+        {
+            problems.push(format!("web.templates: `{}` is not a directory", dir.display()));
+        }
+        for (i, m) in self.managers.iter().enumerate() {
+            if let Some(dir) = &m.templates
+                && !dir.is_dir()
+            {
+                problems.push(format!(
+                    "managers[{i}].templates: `{}` is not a directory",
+                    dir.display()
+                ));
+            }
+        }
+    }
+}
+
+// ---- end of the web side ----
 
 /// `[request_id]` (docs/http.md#request-ids).
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -592,6 +694,10 @@ pub(crate) struct ManagerConfig {
     /// The manager's worker pool, for `cx.spawn_job`.
     #[serde(default)]
     pub(crate) workers: WorkersConfig,
+    /// The manager's template directory (docs/web.md); relative paths are
+    /// relative to the configuration file. Default: `web.templates`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) templates: Option<PathBuf>,
 }
 
 fn one() -> u32 {
@@ -804,6 +910,13 @@ impl Config {
     /// a built-in the data directory.
     pub(crate) fn manager_config_json(&self, m: &ManagerConfig) -> Result<String, serde_json::Error> {
         let mut value = serde_json::to_value(&m.config)?;
+        if let (Some(dir), serde_json::Value::Object(map)) = (self.templates_of(m), &mut value) {
+            // Taken out again by the SDK before `create` sees its config.
+            map.insert(
+                switchyard_manager::WEB_CONFIG_KEY.to_owned(),
+                serde_json::json!({ "templates": dir, "development": self.web.development }),
+            );
+        }
         if m.builtin.is_some()
             && let (Some(dir), serde_json::Value::Object(map)) = (&self.data.dir, &mut value)
         {
@@ -831,6 +944,7 @@ fn default_builtins() -> impl Iterator<Item = ManagerConfig> {
             size: Some(1),
             ..WorkersConfig::default()
         },
+        templates: None,
     })
 }
 
@@ -852,6 +966,7 @@ impl Default for Config {
                     instances: 1,
                     config: toml::Table::new(),
                     workers: demo_workers(name),
+                    templates: demo_dir(switchyard_demo::TEMPLATES_DIR),
                 }))
                 .collect(),
             data: DataConfig::default(),
@@ -868,8 +983,27 @@ impl Default for Config {
             log: Default::default(),
             tracing: Default::default(),
             metrics: Default::default(),
+            statics: demo_dir(switchyard_demo::STATIC_DIR)
+                .map(|dir| StaticConfig {
+                    prefix: "/static/".to_owned(),
+                    dir,
+                    index: Some("index.html".to_owned()),
+                    cache_control: no_cache(),
+                    precompressed: true,
+                })
+                .into_iter()
+                .collect(),
+            web: WebConfig::default(),
         }
     }
+}
+
+/// A directory of the demo's source tree, when this binary runs where it
+/// was built (the zero-configuration group serves its templates and
+/// static files from there; elsewhere it goes without).
+fn demo_dir(dir: &str) -> Option<PathBuf> {
+    let dir = PathBuf::from(dir);
+    dir.is_dir().then_some(dir)
 }
 
 /// The demo's pools: `compute` runs `/cpu` and `/crash` jobs in two worker
@@ -949,6 +1083,17 @@ impl Config {
             && Path::new(&config.log.access).is_relative()
         {
             config.log.access = base.join(&config.log.access).to_string_lossy().into_owned();
+        }
+        for dir in config
+            .statics
+            .iter_mut()
+            .map(|s| &mut s.dir)
+            .chain(config.web.templates.as_mut())
+            .chain(config.managers.iter_mut().filter_map(|m| m.templates.as_mut()))
+        {
+            if dir.is_relative() {
+                *dir = base.join(&*dir);
+            }
         }
         if let Some(tls) = &mut config.listener.tls {
             for path in [Some(&mut tls.cert), Some(&mut tls.key), tls.client_ca.as_mut()]
@@ -1118,6 +1263,7 @@ impl Config {
         }
         self.validate_builtins(&mut problems);
         problems.extend(self.cluster.problems());
+        self.validate_web(&mut problems);
         // The listener's own builder, run here: key files are read and
         // every middleware key checked before any process starts.
         if let Err(problem) = switchyard_listener::check_middleware(&self.middleware()) {

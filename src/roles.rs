@@ -384,6 +384,7 @@ fn listener_config(config: &Config, paths: &RuntimePaths) -> switchyard_listener
         tracing: config.tracing.to_listener(),
         metrics: config.metrics.enabled,
         access_log: config.log.to_listener(),
+        statics: config.static_mounts(),
     }
 }
 

@@ -137,6 +137,19 @@ enum Route {
     Echo,
     Hello(String),
     Payload(String),
+    /// A file of [`set_static_dir`]'s directory, by its name.
+    Static(String),
+}
+
+/// Where `/static/{name}` reads its files (none: no such route).
+static STATIC_DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+
+/// Serves `/static/{name}` from `dir`, as a `[[static]]` mount of the same
+/// directory would: each request reads the file (`tokio::fs::read`), the
+/// simplest an in-process server does, to compare the listener's mounts
+/// with (docs/web.md). One path segment; no index, ranges or validators.
+pub fn set_static_dir(dir: std::path::PathBuf) {
+    let _ = STATIC_DIR.set(dir);
 }
 
 impl Route {
@@ -152,6 +165,13 @@ impl Route {
             _ => {
                 if let Some(name) = path.strip_prefix("/hello/").and_then(one_segment) {
                     Some((Route::Hello(name), Method::GET))
+                } else if let Some(name) = path
+                    .strip_prefix("/static/")
+                    .filter(|_| STATIC_DIR.get().is_some())
+                    .and_then(one_segment)
+                    .filter(|n| !n.starts_with('.'))
+                {
+                    Some((Route::Static(name), Method::GET))
                 } else {
                     let size = path.strip_prefix("/payload/").and_then(one_segment)?;
                     Some((Route::Payload(size), Method::GET))
@@ -196,6 +216,13 @@ async fn handle(payloads: Arc<Payloads>, req: Request<Incoming>) -> Result<Reply
                 &format!("size must be at most {MAX_PAYLOAD} bytes"),
             ),
             Ok(size) => reply(OCTET_STREAM, payloads.get(size as usize)),
+        },
+        Route::Static(name) => match STATIC_DIR.get() {
+            Some(dir) => match tokio::fs::read(dir.join(name)).await {
+                Ok(bytes) => reply(OCTET_STREAM, bytes),
+                Err(_) => problem(StatusCode::NOT_FOUND, "no such file"),
+            },
+            None => problem(StatusCode::NOT_FOUND, "no route matches this path"),
         },
     })
 }

@@ -9,7 +9,8 @@
 //! request id: `context`), and every answer its `x-request-id`. Each is
 //! admitted by the middleware first (rate limits, authentication, rules),
 //! except `/health`, `/ready` and gRPC health and reflection, which load
-//! balancers and tools reach without credentials.
+//! balancers and tools reach without credentials. A path under a
+//! `[[static]]` mount is a file (`static_files`), never a route.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -70,19 +71,25 @@ pub(crate) async fn serve(
         .map(|_| (req.method().clone(), req.uri().clone(), client.ip));
     let mut stats = metrics::fixed(metrics::Fixed::Unmatched, req.method());
     req.extensions_mut().insert(client);
+    let accept = req
+        .headers()
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
     // Every line this request causes here names it.
     let trace_id = traceparent.as_deref().and_then(|tp| tp.get(3..35));
     let span = match (&request_id, trace_id) {
         (None, None) => tracing::Span::none(),
         (id, trace_id) => tracing::info_span!("request", request_id = id.as_deref(), trace_id),
     };
-    let mut reply = async {
+    let reply = async {
         let reply = serve_request(state, grpc, grpc_only, conn, client_ip, req, &mut stats).await;
         tracing::debug!(status = reply.status().as_u16(), "answered");
         reply
     }
     .instrument(span)
     .await;
+    let mut reply = crate::negotiate::error_page(accept.as_deref(), reply).await;
     let elapsed = started.elapsed();
     let status = reply.status().as_u16();
     if config.metrics {
@@ -171,6 +178,21 @@ async fn serve_request(
             return refusal.grpc().into_http().map(Either::Right);
         }
         return grpc.serve(req).await.map(Either::Right);
+    }
+    if let Some((mount, rest)) = crate::static_files::mount_for(&state.config.statics, req.uri().path()) {
+        *stats = metrics::fixed(Fixed::Static, req.method());
+        let rest = rest.to_owned();
+        let path = req.uri().path().to_owned();
+        let scope = Scope {
+            path: Some(&path),
+            ..Scope::default()
+        };
+        let mut reply = match admit(state, client, &mut req, None, scope, true).await {
+            Ok(()) => crate::static_files::serve(mount, &rest, req.method(), req.headers()).await,
+            Err(refusal) => state.middleware.refuse(&refusal).map(Either::Left),
+        };
+        state.middleware.secure(reply.headers_mut());
+        return reply;
     }
     let mut reply = match req.uri().path() {
         "/health" => {

@@ -99,6 +99,23 @@ pub(crate) fn request_meta(
     {
         env.meta.push("content-type", ct);
     }
+    // The manager picks the representation (decision 0065) and checks
+    // `If-Match` before an unsafe change (`Context::if_match`).
+    if let Some(accept) = parts
+        .headers
+        .get(http::header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+    {
+        env.meta.push("accept", accept);
+    }
+    if !matches!(parts.method, http::Method::GET | http::Method::HEAD)
+        && let Some(tags) = parts
+            .headers
+            .get(http::header::IF_MATCH)
+            .and_then(|v| v.to_str().ok())
+    {
+        env.meta.push("if-match", tags);
+    }
     if let Some(query) = parts.uri.query() {
         env.meta.push("query", query);
     }

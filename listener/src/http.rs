@@ -9,6 +9,7 @@ use http::{HeaderValue, Request, StatusCode, header};
 use http_body_util::BodyExt;
 use switchyard_proto::{Deadline, Envelope};
 
+use crate::conditional::Conditions;
 use crate::exchange::{exchange, request_meta};
 use crate::reply::{Reply, error, shm_budget_exhausted};
 use crate::routes::Matched;
@@ -29,16 +30,9 @@ pub(crate) async fn forward(state: &State, req: Request<RequestBody>, matched: M
         );
     }
     let (parts, body) = req.into_parts();
-    // A single byte range of a GET is served from the whole response.
-    let range = (parts.method == http::Method::GET)
-        .then(|| {
-            parts
-                .headers
-                .get(header::RANGE)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned)
-        })
-        .flatten();
+    // A single byte range of a GET is served from the whole response;
+    // with `If-Range`, once the answer's validators are known.
+    let conditions = Conditions::of(&parts.method, &parts.headers);
     let body = match read_body(body, limit, state.config.body_read_timeout).await {
         Ok(body) => body,
         Err(BodyError::TooLarge) => {
@@ -64,7 +58,8 @@ pub(crate) async fn forward(state: &State, req: Request<RequestBody>, matched: M
     };
     env.deadline = Deadline::after(state.config.request_timeout);
     request_meta(&mut env, &parts, matched.params, matched.needs.as_deref());
-    exchange(state, env, range.as_deref()).await
+    let reply = exchange(state, env, conditions.range_now()).await;
+    conditions.apply(reply).await
 }
 
 /// Why a request body could not be read whole.

@@ -37,6 +37,7 @@
 //! - Leaves:
 //!   - `http`: a route whose body is taken whole → event → response.
 //!   - `upload`: a route whose body is streamed into a pipe as it arrives.
+//!   - `static_files`: `[[static]]` mounts, files served with no hop.
 //!   - `ws`: WebSocket sessions (`/ws`, `/ws/echo`) by upgrade on the port.
 //!   - `grpc`: `switchyard.v1.Events`, health and reflection, by content
 //!     type (`application/grpc*`) on the same port; `grpc::typed`, the
@@ -47,6 +48,9 @@
 //!     WebSocket and gRPC); client notifications.
 //!   - `reply`: response events made HTTP (whole, ranges, streamed), and
 //!     the listener's own problem+json and JSON answers.
+//!   - `negotiate`: errors as HTML pages for browsers, problem+json for
+//!     the rest.
+//!   - `conditional`: 304 and `If-Range` on a manager's answer.
 //!   - `body`: response bodies (whole or read from a pipe), `Range` parsing.
 //!   - `state`: what every request shares; request bodies placed in shared
 //!     memory.
@@ -65,6 +69,7 @@
 mod access;
 pub mod api;
 mod body;
+mod conditional;
 mod conn;
 mod context;
 mod dispatch;
@@ -74,10 +79,12 @@ mod http;
 mod identity;
 pub mod metrics;
 mod middleware;
+mod negotiate;
 mod pipes;
 mod reply;
 mod routes;
 mod state;
+mod static_files;
 pub mod tls;
 mod trace;
 mod upload;
@@ -92,6 +99,7 @@ pub use middleware::config::{
     TokenSource, WsAuthConfig,
 };
 pub use routes::percent_decode;
+pub use static_files::StaticMount;
 pub use trace::TracingConfig;
 
 /// A request body as the listener's code reads it: decoded by its
@@ -192,6 +200,8 @@ pub struct Config {
     pub metrics: bool,
     /// The access log (`[log] access`, `[log] format`).
     pub access_log: AccessLogConfig,
+    /// `[[static]]` mounts, served here with no hop (docs/web.md).
+    pub statics: Vec<StaticMount>,
 }
 
 /// WebSocket limits (`[listener.ws]` in switchyard.toml).
@@ -258,6 +268,9 @@ impl Config {
             )));
         }
         middleware::check(&self.middleware).map_err(Error::Config)?;
+        for (i, mount) in self.statics.iter().enumerate() {
+            mount.check(&format!("static[{i}]")).map_err(Error::Config)?;
+        }
         Ok(())
     }
 }
@@ -554,6 +567,7 @@ impl Serve {
         let service = hyper_util::service::TowerToHyperService::new(
             tower::ServiceBuilder::new()
                 .option_layer(layers.cors.clone())
+                .layer(conditional::WeakenLayer)
                 .layer(layers.compression.clone())
                 .layer(layers.decompression.clone())
                 .service(respond),
@@ -638,6 +652,10 @@ impl Serve {
             reply
         };
         let conn = conn.clone();
+        let mut reply = reply;
+        if !reply.headers().contains_key(::http::header::CONTENT_ENCODING) {
+            reply.extensions_mut().insert(conditional::Unencoded);
+        }
         reply.map(|body| Tracked::new(body, conn, piece, held))
     }
 }

@@ -107,6 +107,8 @@ pub(crate) enum Fixed {
     Unmatched = 5,
     OpenApi = 6,
     Docs = 7,
+    /// Any file of a `[[static]]` mount: one label, however many files.
+    Static = 8,
 }
 
 impl Fixed {
@@ -120,6 +122,7 @@ impl Fixed {
             Fixed::Unmatched => "unmatched",
             Fixed::OpenApi => "/openapi.json",
             Fixed::Docs => "/docs",
+            Fixed::Static => "static",
         }
     }
 }
@@ -140,8 +143,8 @@ const METHODS: [Method; 9] = [
 /// The counters of a fixed label for `method`: after the first request of
 /// its kind, one atomic load.
 pub(crate) fn fixed(label: Fixed, method: &Method) -> &'static RouteStats {
-    static FIXED: [[OnceLock<&'static RouteStats>; METHODS.len() + 1]; 8] =
-        [const { [const { OnceLock::new() }; METHODS.len() + 1] }; 8];
+    static FIXED: [[OnceLock<&'static RouteStats>; METHODS.len() + 1]; 9] =
+        [const { [const { OnceLock::new() }; METHODS.len() + 1] }; 9];
     let m = METHODS.iter().position(|m| m == method).unwrap_or(METHODS.len());
     FIXED[label as usize][m].get_or_init(|| {
         let name = METHODS.get(m).map_or("OTHER", Method::as_str);

@@ -30,6 +30,8 @@
 //! - [`pipe`]: streaming shared-memory pipes (a ring and a wake socket).
 //! - [`problem`]: `application/problem+json` bodies for synthesized errors.
 //! - [`process`]: what every child process shares: logging, runtime paths.
+//! - [`web`]: `Accept` negotiation and entity-tag comparison, shared by the
+//!   listener and the SDK.
 //!
 //! # Features
 //! - `runtime`: the parts only the group's processes need (the tokio
@@ -57,6 +59,7 @@ pub mod shm;
 pub mod supervision;
 #[cfg(feature = "runtime")]
 pub mod transport;
+pub mod web;
 
 mod error;
 #[cfg(feature = "runtime")]

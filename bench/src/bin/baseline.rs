@@ -24,10 +24,17 @@ struct Cli {
     /// The PEM private key of --tls-cert.
     #[arg(long, requires = "tls_cert")]
     tls_key: Option<std::path::PathBuf>,
+    /// Serve `/static/{name}` from this directory (to compare with a
+    /// `[[static]]` mount of it).
+    #[arg(long)]
+    static_dir: Option<std::path::PathBuf>,
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    if let Some(dir) = cli.static_dir.clone() {
+        switchyard_bench::baseline::set_static_dir(dir);
+    }
     let threads = match cli.threads {
         Some(n) => usize::from(n),
         None => std::thread::available_parallelism().map_or(1, |n| n.get()),

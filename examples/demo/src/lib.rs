@@ -44,9 +44,10 @@ impl Event for Echo {
     }
 }
 
-/// `GET /hello/{name}` → `{"message":"Hello, NAME!"}`.
+/// `GET /hello/{name}` → `{"message":"Hello, NAME!"}`; a browser gets
+/// the page `templates/hello.html` renders from it (docs/web.md).
 #[derive(Deserialize, Serialize, Event)]
-#[event(name = "demo.Hello", http = "GET /hello/{name}")]
+#[event(name = "demo.Hello", http = "GET /hello/{name}", template = "hello.html")]
 pub struct Hello {
     #[validate(length(min = 1, max = 100))]
     pub name: String,
@@ -130,18 +131,123 @@ pub struct Greeting {
     pub message: String,
 }
 
+/// `GET /upload`: the upload form (`templates/upload.html`); as JSON,
+/// what the form posts to.
+#[derive(Deserialize, Serialize, Event)]
+#[event(name = "demo.UploadForm", http = "GET /upload", template = "upload.html")]
+pub struct UploadForm {}
+
+#[derive(Serialize, Deserialize, Reply)]
+pub struct UploadPage {
+    pub action: String,
+}
+
+/// `POST /files` (`multipart/form-data`): for each file part, its field
+/// name, file name, content type, length and SHA-256; `note` from the
+/// form's text field before the files.
+#[derive(Deserialize, Serialize, Event)]
+#[event(name = "demo.Files", http = "POST /files")]
+pub struct Files {
+    #[serde(default)]
+    #[validate(length(max = 200))]
+    pub note: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Debug, PartialEq, Eq)]
+pub struct FilePart {
+    pub field: Option<String>,
+    pub filename: Option<String>,
+    pub content_type: Option<String>,
+    pub length: u64,
+    pub sha256: String,
+}
+
+#[derive(Serialize, Deserialize, Reply)]
+pub struct FilesReceived {
+    pub note: Option<String>,
+    pub files: Vec<FilePart>,
+}
+
+/// The demo's limits for `POST /files`: parts up to 8 MiB (the body as a
+/// whole is bounded by `listener.max_upload_bytes`).
+pub const FILES_LIMITS: switchyard_manager::MultipartLimits = switchyard_manager::MultipartLimits {
+    max_part_bytes: 8 << 20,
+    max_field_bytes: 64 << 10,
+    max_parts: 32,
+};
+
+/// `POST /greet` with a JSON body or an HTML form (`name=Ada&excited=true`).
+#[derive(Deserialize, Serialize, Event)]
+#[event(name = "demo.Greet", http = "POST /greet", template = "hello.html")]
+pub struct Greet {
+    #[validate(length(min = 1, max = 100))]
+    pub name: String,
+    #[serde(default)]
+    pub excited: bool,
+}
+
+/// `GET /note` → `{"text": ..}` with an entity tag; `PUT /note` replaces
+/// it, refused with 412 when its `If-Match` names an older note (a lost
+/// update).
+#[derive(Deserialize, Serialize, Event)]
+#[event(name = "demo.GetNote", http = "GET /note")]
+pub struct GetNote {}
+
+#[derive(Deserialize, Serialize, Event)]
+#[event(name = "demo.PutNote", http = "PUT /note")]
+pub struct PutNote {
+    #[validate(length(max = 1000))]
+    pub text: String,
+}
+
+#[derive(Serialize, Deserialize, Reply, Clone)]
+pub struct Note {
+    pub text: String,
+}
+
+/// Reads every part of the form as it streams in, hashing it: nothing is
+/// held whole, nothing is written to disk.
+fn files(ev: Files, form: &mut switchyard_manager::Multipart) -> Result<FilesReceived, Error> {
+    use sha2::Digest;
+    let mut files = Vec::new();
+    while let Some(mut part) = form.next_part()? {
+        let mut hash = sha2::Sha256::new();
+        while let Some(chunk) = part.chunk()? {
+            hash.update(&chunk);
+        }
+        files.push(FilePart {
+            field: part.name().map(str::to_owned),
+            filename: part.filename().map(str::to_owned),
+            content_type: part.content_type().map(str::to_owned),
+            length: part.bytes_read(),
+            sha256: hash.finalize().iter().map(|b| format!("{b:02x}")).collect(),
+        });
+    }
+    Result::Ok(FilesReceived { note: ev.note, files })
+}
+
 /// The `basics` manager.
-pub struct Basics;
+pub struct Basics {
+    /// `GET`/`PUT /note`.
+    note: Note,
+}
 
 impl Manager for Basics {
     const NAME: &'static str = "basics";
     fn create(_: &Config) -> Result<Self, Error> {
-        Result::Ok(Basics)
+        Result::Ok(Basics {
+            note: Note { text: String::new() },
+        })
     }
     fn register(r: &mut Registry<Self>) {
         r.request(Self::noop)
             .request(Self::echo)
             .request(Self::hello)
+            .request(Self::upload_form)
+            .request(Self::greet)
+            .request(Self::get_note)
+            .request(Self::put_note)
+            .multipart_with(FILES_LIMITS, files)
             .request(Self::panic)
             .request(Self::whoami)
             .request(Self::hi)
@@ -167,9 +273,36 @@ impl Basics {
         Result::Ok(Json(ev.0))
     }
 
-    fn hello(&mut self, ev: Hello, _: &mut Context) -> Result<Greeting, Error> {
-        Result::Ok(Greeting {
+    /// Revalidated by its client on every use (`no-cache`), with a tag
+    /// from the reply's bytes: an unchanged greeting is a 304.
+    fn hello(&mut self, ev: Hello, _: &mut Context) -> Result<impl Reply + use<>, Error> {
+        let greeting = Greeting {
             message: format!("Hello, {}!", ev.name),
+        };
+        Result::Ok(greeting.with_auto_etag().with_cache_control("no-cache"))
+    }
+
+    fn greet(&mut self, ev: Greet, _: &mut Context) -> Result<Greeting, Error> {
+        let end = if ev.excited { "!!!" } else { "!" };
+        Result::Ok(Greeting {
+            message: format!("Hello, {}{end}", ev.name),
+        })
+    }
+
+    fn get_note(&mut self, _: GetNote, _: &mut Context) -> Result<impl Reply + use<>, Error> {
+        Result::Ok(self.note.clone().with_auto_etag())
+    }
+
+    fn put_note(&mut self, ev: PutNote, cx: &mut Context) -> Result<impl Reply + use<>, Error> {
+        let current = serde_json::to_vec(&self.note).map_err(|e| Error::internal(e.to_string()))?;
+        cx.if_match(&switchyard_manager::etag_of(&current))?;
+        self.note = Note { text: ev.text };
+        Result::Ok(self.note.clone().with_auto_etag())
+    }
+
+    fn upload_form(&mut self, _: UploadForm, _: &mut Context) -> Result<UploadPage, Error> {
+        Result::Ok(UploadPage {
+            action: Files::ROUTE.map_or("/files", |(_, path)| path).to_owned(),
         })
     }
 
@@ -520,6 +653,12 @@ impl Compute {
 switchyard_manager::export_managers!(Basics, Payloads, Compute, Ticker);
 
 /// The manager types of this plugin, as `switchyard.toml` names them.
+/// The demo's templates (`hello.html`, `upload.html`, `error.html`), read
+/// from the source tree this crate was built in (docs/web.md).
+pub const TEMPLATES_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/templates");
+/// The demo's `/static/` mount.
+pub const STATIC_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/static");
+
 pub const MANAGERS: &[&str] = &[Basics::NAME, Payloads::NAME, Compute::NAME, Ticker::NAME];
 
 /// The notification the `ticker` manager emits: `{"n":1,"at_ms":...}`.

@@ -21,6 +21,9 @@ use syn::{Data, DeriveInput, Fields, LitInt, LitStr, parse_macro_input, spanned:
 /// }
 /// ```
 ///
+/// `#[event(template = "hello.html")]` names the template that renders the
+/// reply as HTML for clients that prefer it (docs/web.md).
+///
 /// `#[event(body)]` takes the whole request body as the event (for newtypes
 /// over arbitrary JSON); otherwise the event's fields come from the path
 /// parameters, the query string and the JSON body's fields.
@@ -101,6 +104,7 @@ fn expand_event(input: &DeriveInput) -> syn::Result<Tokens> {
     let mut route = quote!(::core::option::Option::None);
     let mut route_path = String::new();
     let mut whole_body = false;
+    let mut template = quote!(::core::option::Option::None);
     let mut declared = Declared::default();
     for attr in input.attrs.iter().filter(|a| a.path().is_ident("event")) {
         attr.parse_nested_meta(|meta| {
@@ -119,6 +123,12 @@ fn expand_event(input: &DeriveInput) -> syn::Result<Tokens> {
                 route = quote!(::core::option::Option::Some((#method, #path)));
             } else if meta.path.is_ident("body") {
                 whole_body = true;
+            } else if meta.path.is_ident("template") {
+                let lit: LitStr = meta.value()?.parse()?;
+                if lit.value().is_empty() {
+                    return Err(syn::Error::new(lit.span(), "expected a template name"));
+                }
+                template = quote!(::core::option::Option::Some(#lit));
             } else if meta.path.is_ident("request") {
                 meta.parse_nested_meta(|item| {
                     if item.path.is_ident("method") {
@@ -149,7 +159,7 @@ fn expand_event(input: &DeriveInput) -> syn::Result<Tokens> {
                     Ok(())
                 })?;
             } else {
-                return Err(meta.error("expected `name`, `http`, `body` or `request(..)`"));
+                return Err(meta.error("expected `name`, `http`, `body`, `template` or `request(..)`"));
             }
             Ok(())
         })?;
@@ -231,6 +241,7 @@ fn expand_event(input: &DeriveInput) -> syn::Result<Tokens> {
         impl #impl_generics ::switchyard_manager::Event for #ident #ty_generics #where_clause {
             const NAME: &'static str = #name;
             const ROUTE: ::core::option::Option<(&'static str, &'static str)> = #route;
+            const TEMPLATE: ::core::option::Option<&'static str> = #template;
             #request_info
             #from_request
             fn validate(&self) -> ::core::result::Result<(), ::switchyard_manager::Invalid> {

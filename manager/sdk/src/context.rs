@@ -45,6 +45,11 @@ pub(crate) struct Shared {
     pub(crate) after: RefCell<HashMap<u64, crate::runtime::After>>,
     /// Whether 5xx messages may reach clients.
     pub(crate) expose_errors: bool,
+    /// The manager's templates (docs/web.md).
+    pub(crate) templates: crate::web::Templates,
+    /// Requests in progress of templated events: the template when the
+    /// answer is HTML, `None` when it is JSON or bincode.
+    pub(crate) html: RefCell<HashMap<u64, Option<&'static str>>>,
 }
 
 impl Shared {
@@ -118,6 +123,23 @@ impl Context {
     /// a `#[from(header)]` field); several lines joined with `, `.
     pub fn header(&self, name: &str) -> Option<&str> {
         crate::event::header(&self.request, name)
+    }
+
+    /// Checks the request's `If-Match` (which the listener forwards on
+    /// unsafe methods) against `current`, the resource's entity tag now:
+    /// `Err(412)` when the client's copy is stale, so a handler refuses
+    /// a lost update before changing anything. No `If-Match`: `Ok`.
+    ///
+    /// ```ignore
+    /// cx.if_match(&etag_of_item)?;   // then update the item
+    /// ```
+    pub fn if_match(&self, current: &str) -> Result<(), Error> {
+        match self.request.get("if-match") {
+            Some(header) if !switchyard_proto::web::etag_matches(header, current, true) => Err(
+                Error::precondition_failed("the resource has changed since it was read (If-Match)"),
+            ),
+            _ => Ok(()),
+        }
     }
 
     /// A cookie the event declares (`request(cookies = [..])` or a

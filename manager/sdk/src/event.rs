@@ -13,6 +13,9 @@ use switchyard_proto::{Meta, codec};
 use crate::extract;
 use crate::reply::{BINCODE, Error, FieldError};
 
+/// Content type of HTML form bodies.
+pub const FORM: &str = "application/x-www-form-urlencoded";
+
 /// An event type a manager can receive or send. Derive it:
 ///
 /// ```
@@ -39,6 +42,10 @@ pub trait Event: DeserializeOwned + Serialize + 'static {
     /// with `#[from(...)]` declare it. Only this travels with the event
     /// (docs/http.md).
     const REQUEST: RequestInfo = RequestInfo::NONE;
+    /// The template that renders this event's reply as HTML, for clients
+    /// whose `Accept` prefers `text/html` (`#[event(template =
+    /// "hello.html")]`; docs/web.md). None: JSON and bincode only.
+    const TEMPLATE: Option<&'static str> = None;
 
     /// Builds the event from a request. From another manager: the bincode
     /// body. From HTTP: the fields of a JSON-object body, the query string
@@ -242,6 +249,11 @@ impl<'a> Request<'a> {
         }
     }
 
+    /// Who sent it.
+    pub(crate) fn caller(&self) -> Caller {
+        self.caller
+    }
+
     /// Whether a client sent it (through a listener), rather than another
     /// manager of the group.
     pub fn from_client(&self) -> bool {
@@ -295,7 +307,34 @@ impl<'a> Request<'a> {
         cookie(self.meta, name)
     }
 
+    /// Whether the body is an HTML form (`application/x-www-form-urlencoded`).
+    pub fn is_form(&self) -> bool {
+        self.meta.get("content-type").is_some_and(|ct| {
+            ct.split(';')
+                .next()
+                .is_some_and(|t| t.trim().eq_ignore_ascii_case(FORM))
+        })
+    }
+
+    /// The body as JSON: parsed, or for a form its fields as an object of
+    /// strings (a name given several times: an array), which the event's
+    /// fields take like a query string's, coerced to numbers and bools.
     fn json_value(&self) -> Result<serde_json::Value, Error> {
+        if self.is_form() {
+            let pairs: Vec<(String, String)> = serde_urlencoded::from_bytes(self.body)
+                .map_err(|e| Error::bad_request(format!("body is not a valid form: {e}")))?;
+            let mut object = serde_json::Map::new();
+            for (name, value) in pairs {
+                match object.get_mut(&name) {
+                    None => {
+                        object.insert(name, serde_json::Value::String(value));
+                    }
+                    Some(serde_json::Value::Array(values)) => values.push(value.into()),
+                    Some(first) => *first = serde_json::Value::Array(vec![first.take(), value.into()]),
+                }
+            }
+            return Ok(serde_json::Value::Object(object));
+        }
         serde_json::from_slice(self.body)
             .map_err(|e| Error::bad_request(format!("body is not valid JSON: {e}")))
     }

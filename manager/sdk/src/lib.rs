@@ -20,11 +20,16 @@
 //!   client address, request id, identity, scope, declared headers and
 //!   cookies), notifications, calls to other managers, jobs, config, logs.
 //! - [`Middleware`]: user code around a manager's handlers (`middleware`).
+//! - [`Multipart`]: `multipart/form-data` bodies, fields into the event
+//!   and files as streams (`Registry::multipart`).
 //! - [`Streamed`], [`BodyReader`]: bodies streamed through shared-memory
 //!   pipes (downloads and uploads of any size, on their own threads).
 //! - `runtime`: one manager instance and a small executor for async handlers.
 //! - `export`: the plugin side of the C ABI and [`export_managers!`] (all
 //!   the unsafe code of the SDK).
+//! - `web`: the representation a request gets by `Accept` (JSON, HTML
+//!   through the event's template, bincode; 406 otherwise) and the
+//!   templates (minijinja) that render HTML.
 //! - [`store`], [`scheduler`]: the events of the built-in Store and
 //!   Scheduler managers and their typed handles (`cx.store()`,
 //!   `cx.scheduler()`), shared with `switchyard-client`.
@@ -44,11 +49,13 @@ mod event;
 pub mod export;
 mod extract;
 mod middleware;
+mod multipart;
 mod registry;
 mod reply;
 mod runtime;
 pub mod schema;
 mod stream;
+mod web;
 
 /// The plugin ABI (`switchyard-manager-abi`), re-exported for
 /// [`export_managers!`] and for hosts of other kinds.
@@ -57,14 +64,17 @@ pub use switchyard_manager_abi as abi;
 pub use context::{Context, DEFAULT_CALL_TIMEOUT};
 /// The `cookie` crate, for [`Response::with_cookie`] and [`Reply::with_cookie`].
 pub use cookie;
-pub use event::{Event, Identity, Invalid, Request, RequestInfo, Source, bound, validate};
+pub use event::{Event, FORM, Identity, Invalid, Request, RequestInfo, Source, bound, validate};
 pub use middleware::{Flow, Incoming, Middleware, Replacement, RequestHead};
+pub use multipart::{Multipart, MultipartLimits, Part};
 pub use registry::{Config, Manager, Registry, State, TICK_PERIOD};
 pub use reply::{
-    BINCODE, Binary, Created, Error, FieldError, Format, JSON, Json, Redirect, Reply, Response, WithHeaders,
+    AutoEtag, BINCODE, Binary, Created, Error, FieldError, Format, JSON, Json, Redirect, Reply, Response,
+    WithHeaders,
 };
 pub use schema::JsonSchema;
 pub use stream::{BodyReader, BodyWriter, MAX_STREAMS, STREAM_IDLE_TIMEOUT, Streamed};
 pub use switchyard_manager_abi::messages::LogLevel;
 pub use switchyard_manager_macros::{Event, Reply};
 pub use switchyard_proto::EventType;
+pub use web::{HTML, WEB_CONFIG_KEY, builtin_page, etag_of};

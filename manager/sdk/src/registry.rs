@@ -128,6 +128,11 @@ pub(crate) type NotificationHandler<M> = Box<dyn Fn(&mut M, &Request<'_>, &mut C
 pub struct Registry<M> {
     pub(crate) requests: HashMap<EventType, RequestHandler<M>>,
     pub(crate) uploads: HashMap<EventType, UploadHandler>,
+    /// The template of each request type that names one.
+    pub(crate) templates: HashMap<EventType, &'static str>,
+    /// Routes `url_for` knows besides the handled types': event name →
+    /// path (`link`).
+    pub(crate) links: HashMap<String, String>,
     pub(crate) notifications: HashMap<EventType, NotificationHandler<M>>,
     pub(crate) handles: Vec<HandledType>,
     pub(crate) subscribes: Vec<EventType>,
@@ -189,6 +194,8 @@ impl<M: Manager> Registry<M> {
         Registry {
             requests: HashMap::new(),
             uploads: HashMap::new(),
+            templates: HashMap::new(),
+            links: HashMap::new(),
             notifications: HashMap::new(),
             handles: Vec::new(),
             subscribes: Vec::new(),
@@ -273,8 +280,33 @@ impl<M: Manager> Registry<M> {
         self.declare_with::<E>(false)
     }
 
+    /// Lets templates link to `E`'s route with `url_for("E's name", ...)`
+    /// though this manager does not handle `E` (another manager of the
+    /// group does). The routes of handled types are known already.
+    pub fn link<E: Event>(&mut self) -> &mut Self {
+        if let Some((_, path)) = E::ROUTE {
+            self.links.insert(E::NAME.to_owned(), path.to_owned());
+        }
+        self
+    }
+
+    /// Event name → route path, for `url_for`: handled types and links.
+    pub(crate) fn routes(&self) -> HashMap<String, String> {
+        let mut routes = self.links.clone();
+        for h in &self.handles {
+            if let Some(route) = &h.route {
+                routes.insert(h.name.clone(), route.path.clone());
+            }
+        }
+        routes
+    }
+
     fn declare_with<E: Event>(&mut self, stream_body: bool) -> EventType {
         let event_type = EventType::of(E::NAME);
+        match E::TEMPLATE {
+            Some(template) => self.templates.insert(event_type, template),
+            None => self.templates.remove(&event_type),
+        };
         self.handles.retain(|h| h.event_type != event_type);
         self.handles.push(HandledType {
             name: E::NAME.to_owned(),
@@ -374,6 +406,79 @@ impl<M: Manager> Registry<M> {
             Box::new(move |request, mut body, format| {
                 let event = decode::<E>(request)?;
                 Ok(Box::new(move || handler(event, &mut body)?.into_response(format)))
+            }),
+        );
+        self
+    }
+
+    /// A handler for `multipart/form-data` bodies of `E` (HTML forms with
+    /// files; docs/web.md). The body streams in like an
+    /// [`upload`](Self::upload)'s, on a thread of its own; the form's text
+    /// fields up to its first file fill `E`'s fields (with the path and the
+    /// query, as a JSON body's would), and the handler reads the rest, file
+    /// by file, from the [`Multipart`](crate::Multipart). Browsers send a
+    /// form's fields in document order: put file inputs last. Limits are
+    /// [`MultipartLimits::default`](crate::MultipartLimits); a body that is
+    /// not multipart is 415.
+    ///
+    /// ```
+    /// # use serde::{Deserialize, Serialize};
+    /// # use switchyard_manager::{Config, Error, Event, Manager, Multipart, Registry, Reply};
+    /// #[derive(Serialize, Deserialize, Event)]
+    /// #[event(name = "files.Post", http = "POST /files")]
+    /// struct Post { title: Option<String> }
+    ///
+    /// #[derive(Serialize, Reply)]
+    /// struct Stored { files: usize }
+    ///
+    /// fn post(ev: Post, form: &mut Multipart) -> Result<Stored, Error> {
+    ///     let mut files = 0;
+    ///     while let Some(mut part) = form.next_part()? {
+    ///         std::io::copy(&mut part, &mut std::io::sink())?;
+    ///         files += 1;
+    ///     }
+    ///     Ok(Stored { files })
+    /// }
+    /// # struct Files;
+    /// # impl Manager for Files {
+    /// #     const NAME: &'static str = "files";
+    /// #     fn create(_: &Config) -> Result<Self, Error> { Ok(Files) }
+    /// fn register(r: &mut Registry<Self>) { r.multipart(post); }
+    /// # }
+    /// ```
+    pub fn multipart<E: Event + Send, R: Reply + 'static>(
+        &mut self,
+        handler: fn(E, &mut crate::Multipart) -> Result<R, Error>,
+    ) -> &mut Self {
+        self.multipart_with(crate::MultipartLimits::default(), handler)
+    }
+
+    /// [`multipart`](Self::multipart) with other limits.
+    pub fn multipart_with<E: Event + Send, R: Reply + 'static>(
+        &mut self,
+        limits: crate::MultipartLimits,
+        handler: fn(E, &mut crate::Multipart) -> Result<R, Error>,
+    ) -> &mut Self {
+        let event_type = self.declare_with::<E>(true);
+        self.requests.remove(&event_type);
+        self.uploads.insert(
+            event_type,
+            Box::new(move |request, body, format| {
+                // The event needs the form's fields: it is decoded on the
+                // upload's thread, from a copy of the request's meta.
+                let mut meta = request.meta.clone();
+                let content_type = meta.get("content-type").map(str::to_owned);
+                let caller = request.caller();
+                Ok(Box::new(move || {
+                    let mut form = crate::multipart::Multipart::new(body, content_type.as_deref(), limits)?;
+                    let fields = form.leading_fields()?;
+                    meta.0.retain(|(k, _)| k != "content-type");
+                    meta.push("content-type", crate::JSON);
+                    let body = serde_json::to_vec(&fields)
+                        .map_err(|e| Error::internal(format!("cannot re-encode form fields: {e}")))?;
+                    let event = decode::<E>(&Request::from_caller(&meta, &body, caller))?;
+                    handler(event, &mut form)?.into_response(format)
+                }))
             }),
         );
         self

@@ -273,6 +273,55 @@ pub trait Reply {
         }
         .with_cookie(cookie)
     }
+
+    /// This reply with the entity tag `tag` (quoted here if it is not; a
+    /// `W/` prefix makes it weak). A `GET` or `HEAD` whose `If-None-Match`
+    /// names it is answered 304 by the listener, without the body.
+    fn with_etag(self, tag: &str) -> WithHeaders<Self>
+    where
+        Self: Sized,
+    {
+        let tag = if tag.starts_with('"') || tag.starts_with("W/\"") {
+            tag.to_owned()
+        } else {
+            format!("\"{tag}\"")
+        };
+        self.with_header("etag", &tag)
+    }
+
+    /// This reply with an entity tag derived from its body's bytes (so
+    /// equal bodies share a tag, and any change makes a new one): the
+    /// simplest way to let clients revalidate with `If-None-Match`.
+    fn with_auto_etag(self) -> AutoEtag<Self>
+    where
+        Self: Sized,
+    {
+        AutoEtag(self)
+    }
+
+    /// This reply with `Cache-Control: value` (`no-cache`,
+    /// `public, max-age=60`...).
+    fn with_cache_control(self, value: &str) -> WithHeaders<Self>
+    where
+        Self: Sized,
+    {
+        self.with_header("cache-control", value)
+    }
+}
+
+/// A reply whose entity tag is derived from its body ([`Reply::with_auto_etag`]).
+pub struct AutoEtag<R>(R);
+
+impl<R: Reply> Reply for AutoEtag<R> {
+    fn into_response(self, format: Format) -> Result<Response, Error> {
+        let mut response = self.0.into_response(format)?;
+        if response.stream.is_none() && (200..300).contains(&response.status) {
+            response.meta.0.retain(|(k, _)| k != "etag");
+            let tag = crate::web::etag_of(&response.body);
+            response.meta.push("etag", tag);
+        }
+        Ok(response)
+    }
 }
 
 /// A serializable body, 200.
@@ -382,6 +431,11 @@ impl Error {
     /// configured to expose error details (`group.expose_errors`).
     pub fn internal(message: impl Into<String>) -> Self {
         Error::new(500, message)
+    }
+    /// 412: a precondition (`If-Match`) does not hold: the resource has
+    /// changed since the client read it.
+    pub fn precondition_failed(message: impl Into<String>) -> Self {
+        Error::new(412, message)
     }
     /// 503: try again later.
     pub fn unavailable(message: impl Into<String>) -> Self {

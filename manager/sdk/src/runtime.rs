@@ -154,11 +154,16 @@ impl<M: Manager> Runtime<M> {
         log: Option<LogSink>,
         wake: Option<WakeHost>,
     ) -> Result<(Self, Description), Error> {
-        let value: serde_json::Value = if args.config_json.is_empty() {
+        let mut value: serde_json::Value = if args.config_json.is_empty() {
             serde_json::Value::Null
         } else {
             serde_json::from_str(&args.config_json)
                 .map_err(|e| Error::internal(format!("manager config is not JSON: {e}")))?
+        };
+        // The supervisor's web settings are the SDK's, not the manager's.
+        let web = match &mut value {
+            serde_json::Value::Object(map) => map.remove(crate::web::WEB_CONFIG_KEY),
+            _ => None,
         };
         let config = Config {
             name: args.name.clone(),
@@ -200,6 +205,8 @@ impl<M: Manager> Runtime<M> {
             middleware: RefCell::new(std::mem::take(&mut registry.middleware)),
             after: RefCell::new(HashMap::new()),
             expose_errors: args.expose_errors,
+            templates: crate::web::Templates::new(web.as_ref(), registry.routes()),
+            html: RefCell::new(HashMap::new()),
         });
         let names = registry
             .handles
@@ -336,7 +343,26 @@ impl<M: Manager> Runtime<M> {
                 Err(Error::not_found("this manager has no handler for the event type")),
             );
         }
-        let format = Format::from_meta(&meta);
+        let template = self
+            .registry
+            .templates
+            .get(&event_type)
+            .copied()
+            .filter(|_| self.shared.templates.available());
+        let format = match crate::web::choose(meta.get("accept"), template) {
+            Ok(crate::web::Choice::Encoded(format)) => {
+                if template.is_some() {
+                    self.shared.html.borrow_mut().insert(correlation, None);
+                }
+                format
+            }
+            Ok(crate::web::Choice::Html(template)) => {
+                // The handler encodes JSON; `respond` renders it.
+                self.shared.html.borrow_mut().insert(correlation, Some(template));
+                Format::Json
+            }
+            Err(not_acceptable) => return self.respond(correlation, Ok(not_acceptable)),
+        };
         let mut meta = Rc::new(meta);
         if !self.shared.middleware.borrow().is_empty() {
             match self.before(correlation, event_type, &mut meta, &body, caller, format) {
@@ -745,6 +771,15 @@ fn respond(shared: &Rc<Shared>, correlation: u64, result: Result<Response, Error
     let expose_errors = shared.expose_errors;
     let mut response = result.unwrap_or_else(|err| err.to_response(expose_errors));
     after(shared, correlation, &mut response);
+    let templated = shared.html.borrow_mut().remove(&correlation);
+    if let Some(template) = templated {
+        if let Some(template) = template {
+            response = shared.templates.html(template, response, |message| {
+                shared.log(LogLevel::Error, correlation, message);
+            });
+        }
+        crate::web::Templates::vary(&mut response);
+    }
     if let Some(problem) = invalid_header(&response.meta) {
         // A handler's (or middleware's) bug: answered, never written out.
         shared.log(
