@@ -244,10 +244,10 @@ fn calls_bodies_and_notifications_cross_groups_and_a_group_that_leaves_gets_503(
     let started = Instant::now();
     let r = get(a.addr, "/payload/100").unwrap();
     assert_eq!(r.status, 503);
-    // Not a wall-clock budget: far below the 30 s request deadline, which
-    // is what a call held for responders would wait.
+    // The bound (503 within 1 s), not a performance budget: a call
+    // held for responders would wait for the 30 s request deadline.
     assert!(
-        started.elapsed() < Duration::from_secs(10),
+        started.elapsed() < Duration::from_secs(1),
         "no responders is immediate, took {:?}",
         started.elapsed()
     );
@@ -283,9 +283,9 @@ fn local_traffic_survives_nats_and_the_link_comes_back() {
     let started = Instant::now();
     let r = get(a.addr, "/payload/100").unwrap();
     assert_eq!(r.status, 503, "{}", r.text());
-    // Far below the 30 s request deadline a held call would wait.
+    // As above: at once (the 1 s), not after the 30 s deadline.
     assert!(
-        started.elapsed() < Duration::from_secs(10),
+        started.elapsed() < Duration::from_secs(1),
         "took {:?}",
         started.elapsed()
     );

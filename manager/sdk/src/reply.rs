@@ -313,6 +313,10 @@ pub trait Reply {
 pub struct AutoEtag<R>(R);
 
 impl<R: Reply> Reply for AutoEtag<R> {
+    fn describe(generator: &mut crate::schema::SchemaGenerator) -> Option<switchyard_proto::api::ReplyDoc> {
+        R::describe(generator)
+    }
+
     fn into_response(self, format: Format) -> Result<Response, Error> {
         let mut response = self.0.into_response(format)?;
         if response.stream.is_none() && (200..300).contains(&response.status) {
