@@ -1330,6 +1330,30 @@ impl Supervisor {
         }
     }
 
+    /// Retires a manager's old members: its instances drain (finishing
+    /// what they hold within `grace`), then its workers stop.
+    async fn retire_manager(
+        &mut self,
+        instances: &[usize],
+        workers: &[usize],
+        grace: Duration,
+        rx: &mut mpsc::UnboundedReceiver<Event>,
+        signals: &mut Signals,
+    ) -> Result<(), Interrupted> {
+        self.retire(
+            instances,
+            ToChild::Drain {
+                grace_ms: grace.as_millis() as u64,
+            },
+            grace + Duration::from_secs(2),
+            rx,
+            signals,
+        )
+        .await?;
+        self.retire(workers, ToChild::Stop, Duration::from_secs(3), rx, signals)
+            .await
+    }
+
     /// Tells `members` to stop (`command`) and waits until they have
     /// exited, killing what is left after `patience`.
     async fn retire(
@@ -1561,17 +1585,7 @@ impl Supervisor {
         }
         for name in &retire_first {
             let (instances, workers) = self.members_of(name);
-            self.retire(
-                &instances,
-                ToChild::Drain {
-                    grace_ms: grace.as_millis() as u64,
-                },
-                grace + Duration::from_secs(2),
-                rx,
-                signals,
-            )
-            .await?;
-            self.retire(&workers, ToChild::Stop, Duration::from_secs(3), rx, signals)
+            self.retire_manager(&instances, &workers, grace, rx, signals)
                 .await?;
         }
         let mut failure = None;
@@ -1648,17 +1662,7 @@ impl Supervisor {
             old_instances.extend(instances);
             old_workers.extend(workers);
         }
-        self.retire(
-            &old_instances,
-            ToChild::Drain {
-                grace_ms: grace.as_millis() as u64,
-            },
-            grace + Duration::from_secs(2),
-            rx,
-            signals,
-        )
-        .await?;
-        self.retire(&old_workers, ToChild::Stop, Duration::from_secs(3), rx, signals)
+        self.retire_manager(&old_instances, &old_workers, grace, rx, signals)
             .await?;
 
         // The listeners: limits, timeouts and certificates, live.
