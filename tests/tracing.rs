@@ -34,6 +34,8 @@ fn a_traceparent_reaches_every_hop_and_the_manager_log() {
         ("router[", "request routed"),
         ("payload[", "request to the plugin"),
         ("payload[", "sleeping 1 ms"),
+        // The job's line from the worker thread that ran it.
+        ("payload[", "job done"),
         ("listener[", "\"GET /sleep/1\" 200"),
     ];
     eventually("a line with the trace id from every hop", PATIENCE, || {
@@ -48,6 +50,60 @@ fn a_traceparent_reaches_every_hop_and_the_manager_log() {
             Err(format!("missing {missing:?} in {lines:#?}"))
         }
     });
+}
+
+/// A job in a worker process: the worker's own line about it (a panic)
+/// and the manager's line when its worker dies under it name the trace of
+/// the request that submitted it.
+#[test]
+fn a_jobs_lines_in_worker_processes_name_the_trace() {
+    let group = Group::builder("trace-jobs").start();
+    let reply = request_with(
+        group.addr,
+        "GET",
+        "/crash/panic",
+        &[("traceparent", TRACEPARENT)],
+        b"",
+    )
+    .unwrap();
+    assert_eq!(reply.status, 500, "{}", reply.text());
+    eventually("the worker's line about the panicked job", PATIENCE, || {
+        let lines = group.lines_with(TRACE_ID);
+        if lines
+            .iter()
+            .any(|l| l.starts_with("compute[") && l.contains("job failed") && l.contains("panicked"))
+        {
+            Ok(())
+        } else {
+            Err(format!("no worker line in {lines:#?}"))
+        }
+    });
+
+    const ABORTED: &str = "0af7651916cd43dd8448eb211c80319c";
+    let reply = request_with(
+        group.addr,
+        "GET",
+        "/crash/abort",
+        &[("traceparent", &format!("00-{ABORTED}-b7ad6b7169203331-01"))],
+        b"",
+    )
+    .unwrap();
+    assert_eq!(reply.status, 502, "{}", reply.text());
+    eventually(
+        "the manager's line about the job its worker died under",
+        PATIENCE,
+        || {
+            let lines = group.lines_with(ABORTED);
+            if lines
+                .iter()
+                .any(|l| l.starts_with("compute[") && l.contains("died while running the job"))
+            {
+                Ok(())
+            } else {
+                Err(format!("no line in {lines:#?}"))
+            }
+        },
+    );
 }
 
 #[test]

@@ -30,7 +30,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use switchyard_proto::EventType;
+use switchyard_proto::{EventType, Meta};
 use tokio::sync::mpsc;
 
 /// Runs one job: its type and bincode input in, a [`JobOutput`] out. Must
@@ -64,6 +64,45 @@ pub struct Job {
     pub body: Bytes,
     /// From submission to result, queueing included.
     pub timeout: Duration,
+    /// The request the job serves, for log lines: its
+    /// [`META_REQUEST_ID`](switchyard_proto::event::META_REQUEST_ID) and
+    /// [`META_TRACEPARENT`](switchyard_proto::event::META_TRACEPARENT)
+    /// entries, empty when it serves none. A process pool sends them with
+    /// the job, so the worker's lines name the trace too.
+    pub tags: Meta,
+}
+
+impl Job {
+    /// The span a job runs in, wherever it runs: every line written while
+    /// it runs names the request's id and trace id (issue 15 §2).
+    pub fn span(&self) -> tracing::Span {
+        job_span(self.id, self.job_type, &self.tags)
+    }
+}
+
+/// The span of job `id` tagged with `tags` (see [`Job::tags`]).
+pub fn job_span(id: u64, job_type: EventType, tags: &Meta) -> tracing::Span {
+    tracing::info_span!(
+        "job",
+        job = id,
+        job_type = ?job_type,
+        request_id = tags.request_id(),
+        trace_id = tags.trace_id(),
+    )
+}
+
+/// Writes the line a job's result deserves: a failure (5xx) at warn with
+/// its message, any other result at debug. Call inside the job's span.
+pub fn log_result(output: &JobOutput) {
+    if output.status >= 500 {
+        tracing::warn!(
+            status = output.status,
+            "job failed: {}",
+            String::from_utf8_lossy(&output.body[..output.body.len().min(512)])
+        );
+    } else {
+        tracing::debug!(status = output.status, "job done");
+    }
 }
 
 /// A job's result, exactly one per accepted job.

@@ -75,6 +75,9 @@ struct Worker {
     pidfd: Pidfd,
     /// The job it is running.
     running: Option<u64>,
+    /// That job's span, for the lines its deadline or its worker's death
+    /// write.
+    running_span: tracing::Span,
     /// Killed for a deadline: it gets no more jobs.
     doomed: bool,
 }
@@ -138,7 +141,10 @@ fn feed(state: &mut State, worker: u64) {
         return;
     };
     match w.sink.send(job_frame(&job)) {
-        Ok(()) => w.running = Some(job.id),
+        Ok(()) => {
+            w.running = Some(job.id);
+            w.running_span = job.span();
+        }
         Err(_) => {
             // Its connection is closing (the reader will remove it): the
             // job waits for another worker.
@@ -150,6 +156,7 @@ fn feed(state: &mut State, worker: u64) {
 
 fn job_frame(job: &Job) -> Envelope {
     let mut env = Envelope::request(job.job_type, job.id, job.body.clone());
+    env.meta = job.tags.clone();
     // A large job crosses in shared memory; if none can be had it goes
     // inline and the frame limit decides.
     if let Ok(payload) = Payload::for_body(job.body.clone(), switchyard_proto::shm::DEFAULT_THRESHOLD) {
@@ -210,6 +217,7 @@ impl ProcessPool {
             match w.sink.send(job_frame(&j)) {
                 Ok(()) => {
                     w.running = Some(id);
+                    w.running_span = j.span();
                     break;
                 }
                 Err(_) => {
@@ -248,11 +256,15 @@ fn expire(shared: &Shared, id: u64, timeout: Duration) {
         return; // finished meanwhile
     }
     if let Some(at) = state.queue.iter().position(|j| j.id == id) {
-        state.queue.remove(at);
+        if let Some(job) = state.queue.remove(at) {
+            job.span()
+                .in_scope(|| tracing::warn!("job past its deadline while queued"));
+        }
     } else if let Some(w) = state.workers.values_mut().find(|w| w.running == Some(id)) {
         w.running = None;
         w.doomed = true;
-        tracing::warn!(pid = w.pid, job = id, "job past its deadline; killing its worker");
+        let _job = w.running_span.enter();
+        tracing::warn!(pid = w.pid, "job past its deadline; killing its worker");
         if let Err(err) = w.pidfd.kill() {
             tracing::error!(pid = w.pid, %err, "cannot kill a runaway worker");
         }
@@ -304,6 +316,7 @@ async fn accept(listener: tokio::net::UnixListener, shared: Arc<Shared>, max_fra
                     pid,
                     pidfd,
                     running: None,
+                    running_span: tracing::Span::none(),
                     doomed: false,
                 },
             );
@@ -359,6 +372,8 @@ async fn read_worker(
         tracing::info!(pid = w.pid, "worker disconnected");
         if let Some(job) = w.running {
             let (status, message) = WORKER_DIED;
+            w.running_span
+                .in_scope(|| tracing::warn!(pid = w.pid, "the worker process died while running the job"));
             shared.finish(
                 &mut state,
                 Done {
@@ -447,10 +462,15 @@ pub async fn serve(
                 if env.kind != Kind::Request {
                     continue;
                 }
-                let output = match env.payload.clone().into_bytes() {
-                    Ok(body) => runner(env.event_type, &body),
-                    Err(err) => crate::JobOutput::error(503, format!("job input unavailable: {err}")),
-                };
+                let span = crate::job_span(env.correlation, env.event_type, &env.meta);
+                let output = span.in_scope(|| {
+                    let output = match env.payload.clone().into_bytes() {
+                        Ok(body) => runner(env.event_type, &body),
+                        Err(err) => crate::JobOutput::error(503, format!("job input unavailable: {err}")),
+                    };
+                    crate::log_result(&output);
+                    output
+                });
                 let mut answer =
                     Envelope::response_to(&env, output.status, Meta::default(), output.body.clone());
                 if let Ok(payload) = Payload::for_body(output.body, switchyard_proto::shm::DEFAULT_THRESHOLD)

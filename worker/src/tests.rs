@@ -31,6 +31,7 @@ fn job(id: u64, body: &'static [u8], timeout: Duration) -> Job {
         job_type: EventType::of("t.Job"),
         body: Bytes::from_static(body),
         timeout,
+        tags: Default::default(),
     }
 }
 

@@ -15,13 +15,19 @@ use crossbeam_channel::{Receiver, Sender};
 use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 
+use switchyard_proto::EventType;
+
 use crate::{Done, Job, Refused, Runner, timed_out};
 
 enum Slot {
     /// Waiting for a thread (the timer is set right after submission).
     Queued { job: Job, timer: Option<AbortHandle> },
-    /// On a thread.
-    Running { timer: Option<AbortHandle> },
+    /// On a thread; `tags` name its request in the deadline's line.
+    Running {
+        timer: Option<AbortHandle>,
+        job_type: EventType,
+        tags: switchyard_proto::Meta,
+    },
 }
 
 #[derive(Default)]
@@ -88,17 +94,25 @@ impl ThreadPool {
         let timer = tokio::spawn(async move {
             tokio::time::sleep(timeout).await;
             let mut slots = lock(&slots);
-            match slots.jobs.remove(&id) {
-                Some(Slot::Queued { .. }) => slots.queued -= 1,
-                Some(Slot::Running { .. }) => {}
+            let (job_type, tags, what) = match slots.jobs.remove(&id) {
+                Some(Slot::Queued { job, .. }) => {
+                    slots.queued -= 1;
+                    (job.job_type, job.tags, "job past its deadline while queued")
+                }
+                Some(Slot::Running { job_type, tags, .. }) => (
+                    job_type,
+                    tags,
+                    "job past its deadline; its thread runs on and its result will be dropped",
+                ),
                 None => return,
-            }
+            };
             drop(slots);
+            crate::job_span(id, job_type, &tags).in_scope(|| tracing::warn!("{what}"));
             let _ = results.send(timed_out(id, timeout));
         });
         // The job may have finished already; then its timer is not needed.
         match lock(&self.slots).jobs.get_mut(&id) {
-            Some(Slot::Queued { timer: slot, .. } | Slot::Running { timer: slot }) => {
+            Some(Slot::Queued { timer: slot, .. } | Slot::Running { timer: slot, .. }) => {
                 *slot = Some(timer.abort_handle())
             }
             None => timer.abort(),
@@ -126,16 +140,26 @@ fn work(ids: Receiver<u64>, runner: Runner, slots: Shared, results: mpsc::Unboun
             let Slot::Queued { timer, .. } = slot else {
                 continue;
             };
-            let running = Slot::Running { timer: timer.take() };
+            let running = Slot::Running {
+                timer: timer.take(),
+                job_type: EventType::CONTROL,
+                tags: Default::default(),
+            };
             let Slot::Queued { job, .. } = std::mem::replace(slot, running) else {
                 unreachable!("checked above")
             };
+            if let Slot::Running { job_type, tags, .. } = slot {
+                (*job_type, *tags) = (job.job_type, job.tags.clone());
+            }
             slots.queued -= 1;
             job
         };
+        let span = job.span();
+        let _running = span.enter();
         let output = runner(job.job_type, &job.body);
+        crate::log_result(&output);
         let slot = lock(&slots).jobs.remove(&id);
-        if let Some(Slot::Running { timer }) = slot {
+        if let Some(Slot::Running { timer, .. }) = slot {
             if let Some(timer) = timer {
                 timer.abort();
             }

@@ -130,6 +130,7 @@ fn a_deadline_kills_the_worker_that_connected_not_whoever_has_its_pid_now() {
         job_type: EventType::of("t.Job"),
         body: Bytes::from_static(b"never answered"),
         timeout: JOB_TIMEOUT,
+        tags: Default::default(),
     })
     .unwrap();
     let submitted = Instant::now();

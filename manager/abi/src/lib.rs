@@ -39,7 +39,9 @@ use std::ffi::c_void;
 /// `HandledType::needs` in the description (decision 0041).
 /// v6: `Description::types`, the JSON Schemas of the manager's event types
 /// (decision 0060).
-pub const ABI_VERSION: u32 = 6;
+/// v7: `FromPlugin::Job::correlation`, so a job's log lines in workers
+/// name the request's trace (issue 15 §2).
+pub const ABI_VERSION: u32 = 7;
 
 /// Symbol of `extern "C" fn() -> u32`.
 pub const ABI_SYMBOL: &[u8] = b"switchyard_plugin_abi_version\0";

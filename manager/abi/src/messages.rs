@@ -167,6 +167,10 @@ pub enum FromPlugin {
         job_type: EventType,
         body: Bytes,
         timeout_ms: u64,
+        /// The request the job serves (its correlation, as in
+        /// [`FromPlugin::Log`]), 0 outside one: the host tags the job's
+        /// log lines with that request's id and trace id.
+        correlation: u64,
     },
     Log {
         level: LogLevel,

@@ -124,14 +124,15 @@ fn from_plugin() -> impl Strategy<Value = FromPlugin> {
             meta,
             body,
         }),
-        (any::<u64>(), any::<u64>(), body(), any::<u64>()).prop_map(|(job, ty, body, timeout_ms)| {
-            FromPlugin::Job {
+        (any::<u64>(), any::<u64>(), body(), any::<u64>(), any::<u64>()).prop_map(
+            |(job, ty, body, timeout_ms, correlation)| FromPlugin::Job {
                 job,
                 job_type: EventType(ty),
                 body,
                 timeout_ms,
+                correlation,
             }
-        }),
+        ),
         (level, any::<u64>(), text()).prop_map(|(level, correlation, message)| FromPlugin::Log {
             level,
             correlation,

@@ -246,16 +246,21 @@ impl Tags {
         self.traceparent.as_deref().and_then(|tp| tp.get(3..35))
     }
 
-    /// Names the request in its response's meta too, for the lines the
-    /// router and broker may write about it; with its manager time when
-    /// asked.
-    fn stamp(&self, meta: &mut switchyard_proto::Meta) {
+    /// Adds the request's id and trace context to `meta`.
+    fn name(&self, meta: &mut switchyard_proto::Meta) {
         if let Some(id) = &self.request_id {
             meta.push(switchyard_proto::event::META_REQUEST_ID, &**id);
         }
         if let Some(tp) = &self.traceparent {
             meta.push(META_TRACEPARENT, &**tp);
         }
+    }
+
+    /// Names the request in its response's meta too, for the lines the
+    /// router and broker may write about it; with its manager time when
+    /// asked.
+    fn stamp(&self, meta: &mut switchyard_proto::Meta) {
+        self.name(meta);
         if let Some(arrived) = self.arrived {
             meta.push(
                 switchyard_proto::event::META_MANAGER_MICROS,
@@ -596,17 +601,27 @@ impl Host {
                     job_type,
                     body,
                     timeout_ms,
+                    correlation,
                 } => {
                     let timeout = if timeout_ms == 0 {
                         self.job_timeout
                     } else {
                         Duration::from_millis(timeout_ms)
                     };
+                    // The request's id and trace go with the job, so the
+                    // lines a worker writes about it name them too.
+                    let mut tags = switchyard_proto::Meta::default();
+                    if correlation != 0
+                        && let Some(request) = request_ids().get(&correlation)
+                    {
+                        request.name(&mut tags);
+                    }
                     let submitted = self.pool.submit(Job {
                         id: job,
                         job_type,
                         body,
                         timeout,
+                        tags,
                     });
                     if submitted.is_ok() {
                         JOBS_OUT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

@@ -301,6 +301,7 @@ impl Context {
                 job_type: EventType::of(J::NAME),
                 body: Bytes::from(body.clone()),
                 timeout_ms,
+                correlation: self.correlation,
             });
         }
         CallFuture {
