@@ -319,7 +319,7 @@ pub(crate) fn push(meta: &mut Meta, needs: Option<&RequestNeeds>, front: &Front<
         let value = serde_json::json!({
             "sub": identity.subject,
             "method": method_name(identity.method),
-            "claims": identity.claims,
+            "claims": &*identity.claims,
         });
         meta.push(META_IDENTITY, value.to_string());
     }
@@ -458,10 +458,12 @@ mod tests {
         };
         let identity = Identity {
             subject: "ada".into(),
-            claims: serde_json::json!({"roles": ["admin"], "sub": "ada"})
-                .as_object()
-                .cloned()
-                .unwrap(),
+            claims: std::sync::Arc::new(
+                serde_json::json!({"roles": ["admin"], "sub": "ada"})
+                    .as_object()
+                    .cloned()
+                    .unwrap(),
+            ),
             method: AuthMethod::Jwt,
         };
         let front = Front {

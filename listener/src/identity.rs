@@ -6,6 +6,8 @@
 //! `Context::identity` in handlers) reads it from there. No identity in the
 //! extensions means an anonymous request.
 
+use std::sync::Arc;
+
 use serde_json::{Map, Value};
 
 /// An authenticated caller.
@@ -15,7 +17,8 @@ pub(crate) struct Identity {
     pub(crate) subject: String,
     /// Everything known about the caller, as the handler's scope sees it: a
     /// JWT's claims, or for other methods at least `sub` and `roles`.
-    pub(crate) claims: Map<String, Value>,
+    /// Shared: a cached token's claims are not copied per request.
+    pub(crate) claims: Arc<Map<String, Value>>,
     /// How the caller proved who they are.
     pub(crate) method: AuthMethod,
 }

@@ -16,7 +16,7 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::num::NonZeroU32;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use argon2::password_hash::PasswordHash;
@@ -200,7 +200,7 @@ impl Auth {
         let Some(jwt) = &self.jwt else {
             return Err(Denied::Invalid("bearer tokens are not accepted"));
         };
-        let claims = jwt.verify(token).map_err(|r| Denied::Invalid(r.0))?;
+        let claims = jwt.verify_cached(token).map_err(|r| Denied::Invalid(r.0))?;
         let subject = match claims.get("sub") {
             Some(Value::String(s)) => s.clone(),
             _ => return Err(Denied::Invalid("the token has no `sub`")),
@@ -264,14 +264,14 @@ fn roles<'a>(claims: &'a Map<String, Value>, claim: &str) -> Vec<&'a str> {
 }
 
 /// The claims of a configured caller (API key, Basic user).
-fn claims_of(subject: &str, roles: &[String]) -> Map<String, Value> {
+fn claims_of(subject: &str, roles: &[String]) -> Arc<Map<String, Value>> {
     let mut claims = Map::new();
     claims.insert("sub".into(), Value::String(subject.to_owned()));
     claims.insert(
         "roles".into(),
         Value::Array(roles.iter().cloned().map(Value::String).collect()),
     );
-    claims
+    Arc::new(claims)
 }
 
 impl ApiKeys {

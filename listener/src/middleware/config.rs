@@ -108,6 +108,11 @@ pub struct JwtConfig {
     /// The claim that lists the caller's roles (an array of strings, or
     /// one string of space-separated roles). Default `"roles"`.
     pub roles_claim: String,
+    /// Seconds a token that verified is remembered, so that the same
+    /// token on the next requests skips its signature and claims checks;
+    /// never past the token's `exp`, and forgotten on reload. 0: verify
+    /// every request. Default 60, at most 3600 (decision 0075).
+    pub cache_s: u64,
 }
 
 impl Default for JwtConfig {
@@ -123,6 +128,7 @@ impl Default for JwtConfig {
             leeway_s: 30,
             require_exp: true,
             roles_claim: "roles".to_owned(),
+            cache_s: 60,
         }
     }
 }

@@ -7,7 +7,10 @@
 //! must be one the configuration lists, and `alg: none` is not an
 //! algorithm `jsonwebtoken` knows.
 
+use std::collections::HashMap;
 use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use jsonwebtoken::jwk::{Jwk, JwkSet};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation, errors::ErrorKind};
@@ -26,7 +29,23 @@ struct Key {
 /// The configured keys.
 pub(crate) struct Verifier {
     keys: Vec<Key>,
+    /// Tokens verified lately (`auth.jwt.cache_s`; decision 0075).
+    verified: Mutex<HashMap<Box<str>, Verified>>,
+    cache_for: Duration,
 }
+
+/// A token that verified: its claims, and until when they may be reused
+/// without verifying it again (never past its `exp`).
+struct Verified {
+    claims: Arc<Map<String, Value>>,
+    until: Instant,
+}
+
+/// At most this many tokens are remembered: at the bound, expired ones
+/// go; if none has, all do (the signatures then get checked again).
+/// Only tokens that verified get in, so a flood of forged ones cannot
+/// push the good ones out.
+const VERIFIED_MAX: usize = 10_000;
 
 /// Why a token was refused: the `error_description` of the 401.
 #[derive(Debug, PartialEq, Eq)]
@@ -38,6 +57,9 @@ impl Verifier {
     pub(crate) fn new(config: &JwtConfig) -> Result<Verifier, String> {
         if config.algorithms.is_empty() {
             return Err("auth.jwt.algorithms: list the algorithms accepted (e.g. [\"RS256\"])".into());
+        }
+        if config.cache_s > 3600 {
+            return Err("auth.jwt.cache_s: at most 3600 seconds".into());
         }
         let mut algorithms = Vec::new();
         for name in &config.algorithms {
@@ -114,7 +136,58 @@ impl Verifier {
                 "auth.jwt: give a key: `secret`, `secret_file`, `public_key_file` or `jwks_file`".into(),
             );
         }
-        Ok(Verifier { keys })
+        Ok(Verifier {
+            keys,
+            verified: Mutex::default(),
+            cache_for: Duration::from_secs(config.cache_s),
+        })
+    }
+
+    /// [`Verifier::verify`], remembering a token that verified for up to
+    /// `auth.jwt.cache_s` seconds and never past its `exp`, so a client
+    /// that sends the same token on every request pays for its signature
+    /// and claims once. A reload builds a new verifier: rotated keys and
+    /// changed rules never meet an old verdict.
+    pub(crate) fn verify_cached(&self, token: &str) -> Result<Arc<Map<String, Value>>, Refused> {
+        if self.cache_for.is_zero() {
+            return self.verify(token).map(Arc::new);
+        }
+        let now = Instant::now();
+        {
+            let verified = self.verified.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(hit) = verified.get(token)
+                && hit.until > now
+            {
+                return Ok(hit.claims.clone());
+            }
+        }
+        let claims = Arc::new(self.verify(token)?);
+        let mut keep = self.cache_for;
+        if let Some(exp) = claims.get("exp").and_then(Value::as_u64) {
+            // Wall-clock seconds to a monotonic instant; the leeway is not
+            // extended from memory: past `exp` the token is verified anew.
+            let unix_now = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            keep = keep.min(Duration::from_secs(exp.saturating_sub(unix_now)));
+        }
+        if !keep.is_zero() {
+            let mut verified = self.verified.lock().unwrap_or_else(|p| p.into_inner());
+            if verified.len() >= VERIFIED_MAX {
+                verified.retain(|_, v| v.until > now);
+                if verified.len() >= VERIFIED_MAX {
+                    verified.clear();
+                }
+            }
+            verified.insert(
+                token.into(),
+                Verified {
+                    claims: claims.clone(),
+                    until: now + keep,
+                },
+            );
+        }
+        Ok(claims)
     }
 
     /// The token's claims, once its signature, algorithm and registered
@@ -264,6 +337,67 @@ mod tests {
             &EncodingKey::from_secret(secret.as_bytes()),
         )
         .unwrap()
+    }
+
+    /// A token that verified is remembered (the same claims come back, not
+    /// verified again), a forgery of it is not, the memory is off with
+    /// `cache_s = 0`, and it never outlives the token's `exp`.
+    #[test]
+    fn verified_tokens_are_remembered_until_their_exp_at_most() {
+        let v = Verifier::new(&JwtConfig {
+            leeway_s: 0,
+            ..hs_config()
+        })
+        .unwrap();
+        let good = token(serde_json::json!({"sub": "ada", "exp": now() + 600}), SECRET);
+        let first = v.verify_cached(&good).unwrap();
+        assert!(Arc::ptr_eq(&first, &v.verify_cached(&good).unwrap()), "a hit");
+        let mut forged = good.clone();
+        forged.pop();
+        forged.push(if good.ends_with('A') { 'B' } else { 'A' });
+        assert!(
+            v.verify_cached(&forged).is_err(),
+            "a tampered signature is checked"
+        );
+
+        let off = Verifier::new(&JwtConfig {
+            cache_s: 0,
+            ..hs_config()
+        })
+        .unwrap();
+        assert!(!Arc::ptr_eq(
+            &off.verify_cached(&good).unwrap(),
+            &off.verify_cached(&good).unwrap()
+        ));
+        assert_eq!(
+            Verifier::new(&JwtConfig {
+                cache_s: 3601,
+                ..hs_config()
+            })
+            .err()
+            .unwrap(),
+            "auth.jwt.cache_s: at most 3600 seconds"
+        );
+
+        // Expiring in a second or two: accepted now, refused once `exp`
+        // has passed, although it was remembered for up to 60 s.
+        let exp = now() + 2;
+        let short = token(serde_json::json!({"sub": "ada", "exp": exp}), SECRET);
+        assert!(v.verify_cached(&short).is_ok());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let before = now();
+            let verdict = v.verify_cached(&short);
+            if before > exp {
+                assert_eq!(verdict, Err(Refused("the token has expired")));
+                break;
+            }
+            if now() <= exp {
+                assert!(verdict.is_ok(), "refused before its exp");
+            }
+            assert!(Instant::now() < deadline, "the clock did not pass exp");
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     #[test]
