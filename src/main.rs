@@ -15,6 +15,13 @@
 //! - `apidoc`: `[api]`, the catalog of the plugins' event types handed to
 //!   the listeners, and `switchyard openapi`.
 
+
+/// Every process of the group is this binary: one allocator for all of
+/// them. mimalloc, because the request path allocates and frees many
+/// small buffers across threads (decision 0077).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod admin;
 mod apidoc;
 mod config;

@@ -8,6 +8,11 @@ use anyhow::Context;
 use clap::Parser;
 use tokio::signal::unix::{SignalKind, signal};
 
+/// The group's allocator (decision 0077): the comparison is between
+/// architectures, not allocators.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// In-process hyper server answering the Switchyard demo routes.
 #[derive(Parser)]
 #[command(name = "switchyard-baseline", version)]
