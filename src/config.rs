@@ -374,7 +374,7 @@ pub(crate) struct ListenerConfig {
     /// Listener processes sharing the port (each with its own return pipes).
     pub(crate) workers: u32,
     /// Runtime threads of each listener process (0: half the cores,
-    /// shared among the listener processes, at least one; decision 0076).
+    /// shared among the listener processes, at least one; decision 0086).
     pub(crate) threads: usize,
     /// Return pipes to the broker (0: one per thread).
     pub(crate) pipes: usize,
@@ -1280,7 +1280,7 @@ impl Config {
     /// The listener's runtime threads: as configured, or half the cores
     /// over the listener processes: the other half is for the hops the
     /// listener feeds (broker, router, managers), and a second thread on
-    /// two cores only adds cross-thread wake-ups (decision 0076).
+    /// two cores only adds cross-thread wake-ups (decision 0086).
     pub(crate) fn threads(&self) -> usize {
         if self.listener.threads > 0 {
             self.listener.threads

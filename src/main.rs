@@ -15,10 +15,9 @@
 //! - `apidoc`: `[api]`, the catalog of the plugins' event types handed to
 //!   the listeners, and `switchyard openapi`.
 
-
 /// Every process of the group is this binary: one allocator for all of
 /// them. mimalloc, because the request path allocates and frees many
-/// small buffers across threads (decision 0077).
+/// small buffers across threads (decision 0087).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

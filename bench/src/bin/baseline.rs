@@ -8,7 +8,7 @@ use anyhow::Context;
 use clap::Parser;
 use tokio::signal::unix::{SignalKind, signal};
 
-/// The group's allocator (decision 0077): the comparison is between
+/// The group's allocator (decision 0087): the comparison is between
 /// architectures, not allocators.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;

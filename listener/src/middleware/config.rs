@@ -111,7 +111,7 @@ pub struct JwtConfig {
     /// Seconds a token that verified is remembered, so that the same
     /// token on the next requests skips its signature and claims checks;
     /// never past the token's `exp`, and forgotten on reload. 0: verify
-    /// every request. Default 60, at most 3600 (decision 0075).
+    /// every request. Default 60, at most 3600 (decision 0085).
     pub cache_s: u64,
 }
 

@@ -29,7 +29,7 @@ struct Key {
 /// The configured keys.
 pub(crate) struct Verifier {
     keys: Vec<Key>,
-    /// Tokens verified lately (`auth.jwt.cache_s`; decision 0075).
+    /// Tokens verified lately (`auth.jwt.cache_s`; decision 0085).
     verified: Mutex<HashMap<Box<str>, Verified>>,
     cache_for: Duration,
 }
