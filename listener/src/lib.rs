@@ -326,7 +326,9 @@ impl Generation {
         builder
             .http2()
             .timer(TokioTimer::new())
-            .max_header_list_size(config.max_header_bytes as u32);
+            .max_header_list_size(config.max_header_bytes as u32)
+            // WebSocket over h2 (RFC 8441), served by the same session code.
+            .enable_connect_protocol();
         let layers = Arc::new(middleware::layers(&config.middleware).map_err(Error::Config)?);
         Ok(Generation {
             builder: Arc::new(builder),
