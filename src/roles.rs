@@ -260,6 +260,12 @@ async fn serve(role: Role, name: String, instance: u32, spec: Spec) -> anyhow::R
                 .is_some()
                 .then(inherit::grpc_listener)
                 .transpose()?;
+            // One listener process reads the UDP socket, so every packet of
+            // a QUIC connection reaches the process that holds it
+            // (docs/decisions/0076-one-listener-reads-quic.md).
+            let quic = (config.listener.http3.enabled && instance == 0)
+                .then(inherit::quic_socket)
+                .transpose()?;
             let cfg = listener_config(config, &paths);
             let (updates_tx, updates) = tokio::sync::mpsc::channel(1);
             live = Some(Live::Listener(updates_tx));
@@ -271,7 +277,7 @@ async fn serve(role: Role, name: String, instance: u32, spec: Spec) -> anyhow::R
                 }
             };
             Box::pin(async move {
-                Ok(switchyard_listener::run(tcp, grpc_tcp, cfg, ready_tx, drain, updates).await?)
+                Ok(switchyard_listener::run(tcp, grpc_tcp, quic, cfg, ready_tx, drain, updates).await?)
             })
         }
     };
@@ -380,6 +386,7 @@ fn listener_config(config: &Config, paths: &RuntimePaths) -> switchyard_listener
         request_id: config.request_id.to_listener(),
         middleware: config.middleware(),
         tls: l.tls.as_ref().map(TlsSettings::to_listener),
+        http3: l.http3.to_listener(),
         api: config.api.to_listener(crate::apidoc::read(&paths.dir)),
         tracing: config.tracing.to_listener(),
         metrics: config.metrics.enabled,

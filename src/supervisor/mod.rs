@@ -230,6 +230,8 @@ struct Child {
     socket: Option<OwnedFd>,
     /// A listener's gRPC-only socket (`listener.grpc_bind`).
     grpc_socket: Option<OwnedFd>,
+    /// The UDP socket of HTTP/3 (`[listener.http3]`): listener 0's alone.
+    quic_socket: Option<OwnedFd>,
     generation: u64,
     state: State,
     handle: Option<ChildHandle>,
@@ -344,6 +346,28 @@ fn sup_admin_bind(config: &Config) -> anyhow::Result<Option<std::net::TcpListene
     crate::admin::bind(addr).map(Some)
 }
 
+/// The UDP socket of HTTP/3, bound at `listener.http3.bind` or beside
+/// `tcp` (same IP, same port number), or taken over from the supervisor
+/// that upgrades.
+fn quic_socket(
+    config: &Config,
+    tcp: std::net::SocketAddr,
+    handover: Option<&mut upgrade::Receiving>,
+) -> anyhow::Result<Option<std::net::UdpSocket>> {
+    if let Some(handover) = handover
+        && let Some(socket) = handover.take_quic()
+    {
+        return Ok(Some(socket));
+    }
+    if !config.listener.http3.enabled {
+        return Ok(None);
+    }
+    let at = config.listener.http3.bind.unwrap_or(tcp);
+    let socket = std::net::UdpSocket::bind(at)
+        .map_err(|e| anyhow::anyhow!("cannot listen for HTTP/3 on udp {at}: {e}"))?;
+    Ok(Some(socket))
+}
+
 /// Binds the TCP ports, or takes them from the supervisor that upgrades.
 fn tcp_sockets(
     config: &Config,
@@ -428,6 +452,14 @@ async fn up(
     };
     let addr = tcp.local_addr()?;
     let grpc_addr = grpc_tcp.as_ref().map(|t| t.local_addr()).transpose()?;
+    let quic = match quic_socket(&config, addr, handover.as_mut()) {
+        Ok(socket) => socket,
+        Err(err) => {
+            dir.remove();
+            return Err(err);
+        }
+    };
+    let quic_addr = quic.as_ref().map(|q| q.local_addr()).transpose()?;
     let admin = match sup_admin_bind(&config) {
         Ok(admin) => admin,
         Err(err) => {
@@ -456,11 +488,18 @@ async fn up(
     let sockets = upgrade::Sockets {
         tcp: OwnedFd::from(tcp),
         grpc: grpc_tcp.map(OwnedFd::from),
+        quic: quic.map(OwnedFd::from),
     };
     for instance in 0..config.listener.workers {
         let mut child = Child::new(Role::Listener, "listener", Some(sockets.tcp.try_clone()?));
         child.instance = instance;
         child.grpc_socket = sockets.grpc.as_ref().map(|s| s.try_clone()).transpose()?;
+        // QUIC has no shared accept queue: every packet of a connection
+        // must reach the process that holds it, so one listener reads the
+        // UDP socket (docs/decisions/0076-one-listener-reads-quic.md).
+        if instance == 0 {
+            child.quic_socket = sockets.quic.as_ref().map(|s| s.try_clone()).transpose()?;
+        }
         children.push(child);
     }
     let mut sup = Supervisor {
@@ -560,6 +599,9 @@ async fn up(
     // After the main line, which scripts wait for.
     if let Some(grpc_addr) = grpc_addr {
         println!("switchyard gRPC (only) listening on {scheme}://{grpc_addr}");
+    }
+    if let Some(quic) = quic_addr {
+        println!("switchyard HTTP/3 listening on udp {quic}");
     }
     let admin = admin.map(|listener| {
         if let Ok(at) = listener.local_addr() {
@@ -673,6 +715,7 @@ impl Child {
             instance: 0,
             socket,
             grpc_socket: None,
+            quic_socket: None,
             generation: 0,
             state: State::Stopped,
             handle: None,
@@ -797,6 +840,7 @@ impl Supervisor {
                 spec: &spec,
                 socket: child.socket.as_ref().map(|s| s.as_raw_fd()),
                 grpc_socket: child.grpc_socket.as_ref().map(|s| s.as_raw_fd()),
+                quic_socket: child.quic_socket.as_ref().map(|s| s.as_raw_fd()),
             },
             self.events.clone(),
         )?;

@@ -39,6 +39,8 @@ pub(crate) struct Sockets {
     pub(crate) tcp: OwnedFd,
     /// `listener.grpc_bind`'s.
     pub(crate) grpc: Option<OwnedFd>,
+    /// HTTP/3's UDP socket (`[listener.http3]`).
+    pub(crate) quic: Option<OwnedFd>,
 }
 
 /// Old → new, with the sockets attached.
@@ -49,6 +51,9 @@ struct Offer {
     runtime_dir_created: bool,
     /// A gRPC-only socket follows the main one.
     grpc: bool,
+    /// HTTP/3's UDP socket follows (last).
+    #[serde(default)]
+    quic: bool,
 }
 
 /// New → old.
@@ -136,11 +141,13 @@ impl Sending {
         let offer = Offer {
             runtime_dir_created,
             grpc: sockets.grpc.is_some(),
+            quic: sockets.quic.is_some(),
         };
         let mut line = serde_json::to_vec(&offer)?;
         line.push(b'\n');
         let mut fds: Vec<RawFd> = vec![sockets.tcp.as_raw_fd()];
         fds.extend(sockets.grpc.as_ref().map(|s| s.as_raw_fd()));
+        fds.extend(sockets.quic.as_ref().map(|s| s.as_raw_fd()));
         sendmsg::<()>(
             ours.as_raw_fd(),
             &[IoSlice::new(&line)],
@@ -210,6 +217,7 @@ pub(crate) struct Receiving {
     socket: Option<UnixStream>,
     offer: Offer,
     sockets: Option<(std::net::TcpListener, Option<std::net::TcpListener>)>,
+    quic: Option<std::net::UdpSocket>,
 }
 
 impl Receiving {
@@ -221,7 +229,7 @@ impl Receiving {
         let socket = UnixStream::from(fd);
         socket.set_read_timeout(Some(Duration::from_secs(10)))?;
         let mut buf = [0u8; 4096];
-        let mut space = nix::cmsg_space!([RawFd; 2]);
+        let mut space = nix::cmsg_space!([RawFd; 3]);
         let (len, fds) = {
             let mut iov = [IoSliceMut::new(&mut buf)];
             let msg = recvmsg::<()>(
@@ -246,12 +254,16 @@ impl Receiving {
             .collect();
         let text = std::str::from_utf8(&buf[..len])?;
         let offer: Offer = serde_json::from_str(text.trim_end())?;
+        let expected = 1 + usize::from(offer.grpc) + usize::from(offer.quic);
         anyhow::ensure!(
-            owned.len() == 1 + usize::from(offer.grpc),
-            "the old supervisor sent {} sockets, not {}",
+            owned.len() == expected,
+            "the old supervisor sent {} sockets, not {expected}",
             owned.len(),
-            1 + usize::from(offer.grpc)
         );
+        let quic = offer
+            .quic
+            .then(|| owned.pop().map(std::net::UdpSocket::from))
+            .flatten();
         let grpc = offer.grpc.then(|| std::net::TcpListener::from(owned.remove(1)));
         let tcp = std::net::TcpListener::from(owned.remove(0));
         tracing::info!(addr = ?tcp.local_addr().ok(), "upgrade: took over the listening sockets");
@@ -260,6 +272,7 @@ impl Receiving {
             socket: Some(socket),
             offer,
             sockets: Some((tcp, grpc)),
+            quic,
         })
     }
 
@@ -272,6 +285,11 @@ impl Receiving {
         self.sockets
             .take()
             .expect("the sockets are taken once, at start-up")
+    }
+
+    /// HTTP/3's UDP socket, if the old group served it (once).
+    pub(crate) fn take_quic(&mut self) -> Option<std::net::UdpSocket> {
+        self.quic.take()
     }
 
     fn answer(&mut self, answer: &Answer) {
