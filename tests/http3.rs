@@ -311,8 +311,19 @@ struct Seen {
 /// With `answer = false` the server's datagrams are counted and dropped:
 /// the client's handshakes never complete, as from spoofed addresses.
 async fn relay(server: SocketAddr, answer: bool) -> (SocketAddr, Arc<Mutex<Seen>>) {
+    relay_holding(server, answer, None).await
+}
+
+/// [`relay`], holding the client's Handshake packets (its Finished) back
+/// for `hold`: what it sent in 0-RTT reaches the server well before the
+/// handshake completes.
+async fn relay_holding(
+    server: SocketAddr,
+    answer: bool,
+    hold: Option<std::time::Duration>,
+) -> (SocketAddr, Arc<Mutex<Seen>>) {
     let front = UdpSocket::bind("127.0.0.1:0").await.unwrap();
-    let back = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let back = Arc::new(UdpSocket::bind("127.0.0.1:0").await.unwrap());
     back.connect(server).await.unwrap();
     let at = front.local_addr().unwrap();
     let seen = Arc::new(Mutex::new(Seen::default()));
@@ -326,6 +337,15 @@ async fn relay(server: SocketAddr, answer: bool) -> (SocketAddr, Arc<Mutex<Seen>
                     let Ok((n, from)) = got else { return };
                     client = Some(from);
                     record.lock().unwrap().client_bytes += n;
+                    // Long header, type Handshake.
+                    if let Some(hold) = hold.filter(|_| a[0] & 0xf0 == 0xe0) {
+                        let (back, datagram) = (back.clone(), a[..n].to_vec());
+                        tokio::spawn(async move {
+                            tokio::time::sleep(hold).await;
+                            let _ = back.send(&datagram).await;
+                        });
+                        continue;
+                    }
                     let _ = back.send(&a[..n]).await;
                 }
                 got = back.recv(&mut b) => {
@@ -457,4 +477,70 @@ async fn sigterm_finishes_the_request_in_flight_then_goaway() {
         .unwrap();
     assert!(closed.is_h3_no_error(), "closed with {closed}");
     assert!(g.group.wait_exit().success());
+}
+
+/// A client that can resume and send early data.
+fn resuming_endpoint(ca: &CertificateDer<'static>) -> quinn::Endpoint {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.clone()).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    tls.alpn_protocols = vec![b"h3".to_vec()];
+    tls.enable_early_data = true;
+    let quic = quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap();
+    let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+    endpoint.set_default_client_config(quinn::ClientConfig::new(Arc::new(quic)));
+    endpoint
+}
+
+/// Connects once (for a session ticket), then again with 0-RTT: the
+/// second connection's sender, or none when the client may not send
+/// early data.
+async fn early(
+    endpoint: &quinn::Endpoint,
+    at: SocketAddr,
+) -> Option<(Sender, tokio::task::JoinHandle<h3::error::ConnectionError>)> {
+    let (mut first, _driver) = connect(endpoint, at).await;
+    // An answer: the tickets came with or before it.
+    assert_eq!(send(&mut first, "GET", "/noop", b"").await.status, 200);
+    drop(first);
+    let connecting = endpoint.connect(at, "localhost").unwrap();
+    let (quic, _accepted) = connecting.into_0rtt().ok()?;
+    let (mut driver, sender) = h3::client::new(h3_quinn::Connection::new(quic)).await.unwrap();
+    let driver = tokio::spawn(async move { std::future::poll_fn(|cx| driver.poll_close(cx)).await });
+    Some((sender, driver))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zero_rtt_is_off_unless_asked_and_then_only_for_safe_methods() {
+    // Off by default: the tickets do not allow early data.
+    let off = start("h3-0rtt-off", "", "", 0);
+    let endpoint = resuming_endpoint(&off.ca);
+    assert!(early(&endpoint, off.udp).await.is_none(), "no 0-RTT by default");
+    drop(off);
+
+    let on = start("h3-0rtt-on", "zero_rtt = true", "", 0);
+    let endpoint = resuming_endpoint(&on.ca);
+    let (slow_finish, _) = relay_holding(on.udp, true, Some(std::time::Duration::from_millis(500))).await;
+    let (mut h3, _driver) = early(&endpoint, slow_finish).await.expect("0-RTT offered");
+    // Sent at once, in early data: the handshake is not complete yet.
+    let mut second = h3.clone();
+    let (post, get) = tokio::join!(
+        send(&mut second, "POST", "/echo-bytes", b"replayable"),
+        send(&mut h3, "GET", "/noop", b""),
+    );
+    assert_eq!(get.status, 200, "a safe method is served from early data");
+    assert_eq!(
+        post.status,
+        425,
+        "an unsafe one is not: {}",
+        String::from_utf8_lossy(&post.body)
+    );
+    // After the handshake the same POST goes through.
+    let again = send(&mut h3, "POST", "/echo-bytes", b"replayable").await;
+    assert_eq!((again.status, &again.body[..]), (200, &b"replayable"[..]));
 }

@@ -126,16 +126,15 @@ impl H3Conn {
             match accepted {
                 Ok(Some(resolver)) => {
                     let service = service.clone();
-                    let confirmed = confirmed.clone();
                     let counted = InFlight::start(&in_flight);
+                    // A replay of early data never completes the handshake,
+                    // so a replayed request is always seen as early.
+                    let early = !confirmed.load(Ordering::Acquire);
                     tokio::spawn(async move {
                         let _counted = counted;
                         let resolved = tokio::time::timeout(header_timeout, resolver.resolve_request()).await;
                         match resolved {
-                            Ok(Ok((req, stream))) => {
-                                let early = !confirmed.load(Ordering::Acquire);
-                                request(service, req, stream, early).await
-                            }
+                            Ok(Ok((req, stream))) => request(service, req, stream, early).await,
                             Ok(Err(err)) => tracing::debug!(%err, "HTTP/3 request head refused"),
                             Err(_) => tracing::debug!("HTTP/3 request head not whole in time"),
                         }
