@@ -1515,6 +1515,42 @@ mod tests {
     }
 
     #[test]
+    fn http3_keys_are_checked_and_named() {
+        let config: Config = toml::from_str("[listener.http3]\nenabled = true\n").unwrap();
+        let err = config.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("listener.http3.enabled: needs [listener.tls]"),
+            "{err}"
+        );
+        let config: Config = toml::from_str(
+            "[listener.http3]\nenabled = true\nbind = \"127.0.0.1:0\"\nmax_concurrent_streams = 0\n\
+             idle_timeout_ms = 5\nalt_svc_max_age_s = 0\n",
+        )
+        .unwrap();
+        let err = config.validate().unwrap_err().to_string();
+        for key in [
+            "listener.http3.bind",
+            "listener.http3.max_concurrent_streams",
+            "listener.http3.idle_timeout_ms",
+            "listener.http3.alt_svc_max_age_s",
+        ] {
+            assert!(err.contains(key), "{key} not named in {err}");
+        }
+        let config: Config =
+            toml::from_str("[listener.http3]\nenabled = true\nstream_window = 8000000\nretry = \"auto\"\nretry_threshold = 0\n")
+                .unwrap();
+        let err = config.validate().unwrap_err().to_string();
+        assert!(err.contains("listener.http3.stream_window"), "{err}");
+        let err = toml::from_str::<Config>("[listener.http3]\nretry = \"sometimes\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("retry"), "{err}");
+        // Off (the default), nothing of it is checked or served.
+        let config: Config = toml::from_str("[listener.http3]\nmax_concurrent_streams = 0\n").unwrap();
+        assert!(config.listener.http3.to_listener().is_none());
+    }
+
+    #[test]
     fn middleware_keys_are_checked_and_files_never_inherit_the_demo_key() {
         let config: Config = toml::from_str("[listener]\nworkers = 1\n").unwrap();
         assert!(config.auth.jwt.is_none(), "a file got the demo's key");
