@@ -54,15 +54,22 @@ struct H3Group {
     _dir: tempfile::TempDir,
 }
 
+/// The configuration file's text: `extra` first, then TLS with the files
+/// in `dir`, then `[listener.http3]` with `http3`.
+fn config_text(dir: &Path, http3: &str, extra: &str) -> String {
+    format!(
+        "{extra}\n[listener.tls]\ncert = \"{}\"\nkey = \"{}\"\n\n[listener.http3]\nenabled = true\n{http3}\n",
+        dir.join("cert.pem").display(),
+        dir.join("key.pem").display()
+    )
+}
+
 fn start(tag: &'static str, http3: &str, extra: &str, extra_names: usize) -> H3Group {
     let dir = scratch_dir(tag);
-    let (ca, cert, key) = certificates(dir.path(), extra_names);
-    let config = format!(
-        "{extra}\n[listener.tls]\ncert = \"{}\"\nkey = \"{}\"\n\n[listener.http3]\nenabled = true\n{http3}\n",
-        cert.display(),
-        key.display()
-    );
-    let mut group = Group::builder(tag).config(&config).start();
+    let (ca, _, _) = certificates(dir.path(), extra_names);
+    let file = dir.path().join("switchyard.toml");
+    std::fs::write(&file, config_text(dir.path(), http3, extra)).unwrap();
+    let mut group = Group::builder(tag).config_file(&file).start();
     let line = group.wait_line("HTTP/3 listening on udp ");
     let udp = line.rsplit(' ').next().unwrap().parse().unwrap();
     H3Group {
@@ -543,4 +550,135 @@ async fn zero_rtt_is_off_unless_asked_and_then_only_for_safe_methods() {
     // After the handshake the same POST goes through.
     let again = send(&mut h3, "POST", "/echo-bytes", b"replayable").await;
     assert_eq!((again.status, &again.body[..]), (200, &b"replayable"[..]));
+}
+
+fn reload(g: &H3Group) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args(["reload", "--runtime-dir"])
+        .arg(&g.group.runtime_dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "reload: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_changes_quic_settings_and_certificates_for_new_connections() {
+    let g = start("h3-reload", "alt_svc_max_age_s = 100", "", 0);
+    let old_ca = g.ca.clone();
+    let old_endpoint = client_endpoint(&old_ca);
+    let (mut established, _driver) = connect(&old_endpoint, g.udp).await;
+    assert_eq!(send(&mut established, "GET", "/noop", b"").await.status, 200);
+    assert_eq!(
+        tcp(&g, "GET", "/noop", b"").await.2.as_deref(),
+        Some(&*format!("h3=\":{}\"; ma=100", g.udp.port()))
+    );
+
+    // A new certificate (from a new CA) and a new max age.
+    let dir = g._dir.path();
+    let (new_ca, _, _) = certificates(dir, 0);
+    std::fs::write(
+        dir.join("switchyard.toml"),
+        config_text(dir, "alt_svc_max_age_s = 200", ""),
+    )
+    .unwrap();
+    reload(&g);
+
+    let fresh = H3Group {
+        ca: new_ca.clone(),
+        ..g
+    };
+    assert_eq!(
+        tcp(&fresh, "GET", "/noop", b"").await.2.as_deref(),
+        Some(&*format!("h3=\":{}\"; ma=200", fresh.udp.port()))
+    );
+    // New QUIC handshakes present the new certificate...
+    let (mut renewed, _d) = connect(&client_endpoint(&new_ca), fresh.udp).await;
+    assert_eq!(send(&mut renewed, "GET", "/noop", b"").await.status, 200);
+    let refused = old_endpoint.connect(fresh.udp, "localhost").unwrap().await;
+    assert!(refused.is_err(), "the old CA no longer verifies new handshakes");
+    // ...while the established connection serves on with its own.
+    assert_eq!(send(&mut established, "GET", "/noop", b"").await.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_quic_listener_is_restarted_on_the_same_socket() {
+    let g = start("h3-workers", "", "[listener]\nworkers = 2\n", 0);
+    let endpoint = client_endpoint(&g.ca);
+    let (mut h3, _driver) = connect(&endpoint, g.udp).await;
+    assert_eq!(send(&mut h3, "GET", "/noop", b"").await.status, 200);
+    let quic_listener = || -> u32 {
+        g.group.status()["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == "listener" && p["instance"] == 0)
+            .and_then(|p| p["pid"].as_u64())
+            .expect("listener 0") as u32
+    };
+    let old = quic_listener();
+    kill(old, Signal::SIGKILL);
+    // The supervisor kept the socket: the replacement serves on it, and
+    // the other listener process served TCP meanwhile.
+    let patience = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let fresh = client_endpoint(&g.ca);
+        let attempt = tokio::time::timeout(std::time::Duration::from_secs(2), async {
+            let quic = fresh.connect(g.udp, "localhost").unwrap().await.ok()?;
+            let (mut driver, mut sender) = h3::client::new(h3_quinn::Connection::new(quic)).await.ok()?;
+            tokio::spawn(async move { std::future::poll_fn(|cx| driver.poll_close(cx)).await });
+            Some(send(&mut sender, "GET", "/noop", b"").await.status)
+        })
+        .await;
+        if let Ok(Some(200)) = attempt {
+            break;
+        }
+        assert_eq!(tcp(&g, "GET", "/noop", b"").await.0, 200, "TCP serves throughout");
+        assert!(tokio::time::Instant::now() < patience, "HTTP/3 did not come back");
+    }
+    assert_ne!(quic_listener(), old);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_and_stalled_connections_are_closed_as_over_tcp() {
+    let g = start(
+        "h3-sweep",
+        "",
+        // Long enough that a slow handshake on a loaded machine is not idle.
+        "[listener]\nidle_timeout_ms = 2000\nwrite_stall_timeout_ms = 500\n",
+        0,
+    );
+    let endpoint = client_endpoint(&g.ca);
+    // Idle after one request: a GOAWAY, then a clean close.
+    let (mut idle, idle_driver) = connect(&endpoint, g.udp).await;
+    assert_eq!(send(&mut idle, "GET", "/noop", b"").await.status, 200);
+    let closed = tokio::time::timeout(PATIENCE, idle_driver)
+        .await
+        .expect("idle closed")
+        .unwrap();
+    assert!(closed.is_h3_no_error(), "{closed}");
+
+    // A download its client stops reading: the connection is closed once
+    // nothing moves for write_stall_timeout_ms, and the group serves on.
+    let (mut stalled, stalled_driver) = connect(&endpoint, g.udp).await;
+    let req = http::Request::get("https://localhost/stream/67108864")
+        .body(())
+        .unwrap();
+    let mut stream = stalled.send_request(req).await.unwrap();
+    stream.finish().await.unwrap();
+    let response = tokio::time::timeout(PATIENCE, stream.recv_response())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    // Nothing read from here on: the flow-control windows fill up.
+    tokio::time::timeout(PATIENCE, stalled_driver)
+        .await
+        .expect("stalled closed")
+        .unwrap();
+    let (mut next, _d) = connect(&endpoint, g.udp).await;
+    assert_eq!(send(&mut next, "GET", "/noop", b"").await.status, 200);
 }
