@@ -8,7 +8,8 @@
 //! `idle_timeout`, or a response its client stops taking for
 //! `write_stall_timeout` closes it (an idle one with a GOAWAY first). When
 //! the listener drains, the connection sends GOAWAY, finishes the requests
-//! it had accepted, and closes with `H3_NO_ERROR`.
+//! it had accepted, lingers until its client has had the last bytes
+//! ([`linger`]), and closes with `H3_NO_ERROR`.
 //!
 //! With `zero_rtt`, requests may arrive in early data before the handshake
 //! completes; those of unsafe methods are answered 425 Too Early (RFC 8470)
@@ -63,8 +64,10 @@ impl H3Conn {
                 Ok((quic, accepted)) => {
                     let confirmed = confirmed.clone();
                     tokio::spawn(async move {
-                        accepted.await;
-                        confirmed.store(true, Ordering::Release);
+                        // False: the connection died before its handshake.
+                        if accepted.await {
+                            confirmed.store(true, Ordering::Release);
+                        }
                     });
                     quic
                 }
