@@ -64,10 +64,11 @@ impl H3Conn {
                 Ok((quic, accepted)) => {
                     let confirmed = confirmed.clone();
                     tokio::spawn(async move {
-                        // False: the connection died before its handshake.
-                        if accepted.await {
-                            confirmed.store(true, Ordering::Release);
-                        }
+                        // Resolves when the handshake completes (its value
+                        // says whether the client used 0-RTT), or when the
+                        // connection dies, after which nothing is served.
+                        accepted.await;
+                        confirmed.store(true, Ordering::Release);
                     });
                     quic
                 }
