@@ -337,6 +337,7 @@ async fn relay_holding(
     let record = seen.clone();
     tokio::spawn(async move {
         let mut client = None;
+        let mut sent = 0u64;
         let (mut a, mut b) = (vec![0u8; 65536], vec![0u8; 65536]);
         loop {
             tokio::select! {
@@ -344,8 +345,12 @@ async fn relay_holding(
                     let Ok((n, from)) = got else { return };
                     client = Some(from);
                     record.lock().unwrap().client_bytes += n;
-                    // Long header, type Handshake.
-                    if let Some(hold) = hold.filter(|_| a[0] & 0xf0 == 0xe0) {
+                    sent += 1;
+                    // Long header: Initial (0xc_) after the first flight,
+                    // which may carry the Handshake packet coalesced behind
+                    // an ACK, or Handshake (0xe_).
+                    let handshake = (a[0] & 0xf0 == 0xc0 && sent > 1) || a[0] & 0xf0 == 0xe0;
+                    if let Some(hold) = hold.filter(|_| handshake) {
                         let (back, datagram) = (back.clone(), a[..n].to_vec());
                         tokio::spawn(async move {
                             tokio::time::sleep(hold).await;
@@ -504,18 +509,19 @@ fn resuming_endpoint(ca: &CertificateDer<'static>) -> quinn::Endpoint {
     endpoint
 }
 
-/// Connects once (for a session ticket), then again with 0-RTT: the
-/// second connection's sender, or none when the client may not send
-/// early data.
+/// Connects once to `at` (for a session ticket), then again to `again`
+/// with 0-RTT: the second connection's sender, or none when the client may
+/// not send early data.
 async fn early(
     endpoint: &quinn::Endpoint,
     at: SocketAddr,
+    again: SocketAddr,
 ) -> Option<(Sender, tokio::task::JoinHandle<h3::error::ConnectionError>)> {
     let (mut first, _driver) = connect(endpoint, at).await;
     // An answer: the tickets came with or before it.
     assert_eq!(send(&mut first, "GET", "/noop", b"").await.status, 200);
     drop(first);
-    let connecting = endpoint.connect(at, "localhost").unwrap();
+    let connecting = endpoint.connect(again, "localhost").unwrap();
     let (quic, _accepted) = connecting.into_0rtt().ok()?;
     let (mut driver, sender) = h3::client::new(h3_quinn::Connection::new(quic)).await.unwrap();
     let driver = tokio::spawn(async move { std::future::poll_fn(|cx| driver.poll_close(cx)).await });
@@ -527,13 +533,18 @@ async fn zero_rtt_is_off_unless_asked_and_then_only_for_safe_methods() {
     // Off by default: the tickets do not allow early data.
     let off = start("h3-0rtt-off", "", "", 0);
     let endpoint = resuming_endpoint(&off.ca);
-    assert!(early(&endpoint, off.udp).await.is_none(), "no 0-RTT by default");
+    assert!(
+        early(&endpoint, off.udp, off.udp).await.is_none(),
+        "no 0-RTT by default"
+    );
     drop(off);
 
     let on = start("h3-0rtt-on", "zero_rtt = true", "", 0);
     let endpoint = resuming_endpoint(&on.ca);
-    let (slow_finish, _) = relay_holding(on.udp, true, Some(std::time::Duration::from_millis(500))).await;
-    let (mut h3, _driver) = early(&endpoint, slow_finish).await.expect("0-RTT offered");
+    let (slow_finish, _) = relay_holding(on.udp, true, Some(std::time::Duration::from_millis(1500))).await;
+    let (mut h3, _driver) = early(&endpoint, on.udp, slow_finish)
+        .await
+        .expect("0-RTT offered");
     // Sent at once, in early data: the handshake is not complete yet.
     let mut second = h3.clone();
     let (post, get) = tokio::join!(
