@@ -177,3 +177,54 @@ async fn connect_without_the_websocket_protocol_is_no_session() {
     let response = tokio::time::timeout(PATIENCE, response).await.unwrap().unwrap();
     assert_eq!(response.status(), 426);
 }
+
+#[tokio::test]
+async fn an_h2_connection_whose_session_ended_is_closed_when_idle() {
+    let g = Group::builder("ws-h2-idle")
+        .config("[listener]\nidle_timeout_ms = 1000\n")
+        .start();
+    let tcp = TcpStream::connect(g.addr).await.unwrap();
+    let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+    let connection = tokio::spawn(connection);
+    let mut client = tokio::time::timeout(PATIENCE, client.ready())
+        .await
+        .unwrap()
+        .unwrap();
+    let get = http::Request::get("http://localhost/health").body(()).unwrap();
+    let (response, _) = client.send_request(get, true).unwrap();
+    assert_eq!(
+        tokio::time::timeout(PATIENCE, response)
+            .await
+            .unwrap()
+            .unwrap()
+            .status(),
+        200
+    );
+    let (response, send) = client
+        .send_request(connect("/ws/echo", Some("websocket")), false)
+        .unwrap();
+    let response = tokio::time::timeout(PATIENCE, response).await.unwrap().unwrap();
+    assert_eq!(response.status(), 200);
+    let io = H2Stream {
+        send,
+        recv: response.into_body(),
+        pending: Bytes::new(),
+    };
+    let mut ws = WebSocketStream::from_raw_socket(io, Role::Client, None).await;
+    ws.send(Message::text("one")).await.unwrap();
+    assert!(matches!(
+        tokio::time::timeout(PATIENCE, ws.next()).await.unwrap(),
+        Some(Ok(Message::Text(_)))
+    ));
+    ws.close(None).await.unwrap();
+    while let Some(Ok(m)) = tokio::time::timeout(PATIENCE, ws.next()).await.unwrap() {
+        if m.is_close() {
+            break;
+        }
+    }
+    drop(ws);
+    // The session is over: the connection is an idle h2 connection again,
+    // and the listener closes it (GOAWAY) after idle_timeout_ms.
+    let ended = tokio::time::timeout(PATIENCE, connection).await;
+    assert!(ended.is_ok(), "the idle connection was closed");
+}

@@ -147,7 +147,11 @@ pub(crate) fn upgrade(
     let on_upgrade = hyper::upgrade::on(&mut req);
     let cfg = state.config.ws.clone();
     let session_conn = conn.clone();
+    // From now on the session's pings say whether the client is alive,
+    // until it ends.
+    let counted = conn.upgraded();
     tokio::spawn(async move {
+        let _counted = counted;
         let conn = session_conn;
         let upgraded = match on_upgrade.await {
             Ok(u) => u,
@@ -168,8 +172,6 @@ pub(crate) fn upgrade(
             session(state, conn, ws, opener).await
         }
     });
-    // From now on the session's pings say whether the client is alive.
-    conn.upgraded();
     let mut reply = Response::new(http_body_util::Either::Left(Full::new(Bytes::new())));
     // Over h2 a 2xx to the CONNECT opens the stream, and connection-level
     // headers are not allowed.
