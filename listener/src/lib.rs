@@ -506,12 +506,14 @@ pub async fn run(
     drop(main_port);
     drop(grpc_port);
     if let Some(endpoint) = &endpoint {
-        // New connections are refused from now on; the open ones get
-        // their GOAWAY with the drain below.
+        // New connections are not taken from now on; the open ones get
+        // their GOAWAY with the drain below. Their Initials are dropped
+        // rather than refused: during an upgrade the new group reads the
+        // same socket, and the client's next try may reach it.
         let endpoint = endpoint.clone();
         tokio::spawn(async move {
             while let Some(incoming) = endpoint.accept().await {
-                incoming.refuse();
+                incoming.ignore();
             }
         });
     }
