@@ -524,6 +524,7 @@ impl Http3Settings {
                 RetryMode::Never => switchyard_listener::Retry::Never,
             },
             zero_rtt: self.zero_rtt,
+            steering: None,
         })
     }
 }
@@ -1332,6 +1333,12 @@ impl Config {
             if h3.idle_timeout_ms < 100 || h3.idle_timeout_ms > 3_600_000 {
                 problems.push("listener.http3.idle_timeout_ms: must be between 100 and 3600000".to_owned());
             }
+            if l.workers > 64 {
+                problems.push(
+                    "listener.workers: at most 64 with listener.http3 (each process's index rides in its QUIC connection ids)"
+                        .to_owned(),
+                );
+            }
             if h3.alt_svc_max_age_s == 0 {
                 problems.push("listener.http3.alt_svc_max_age_s: must be positive".to_owned());
             }
@@ -1541,6 +1548,10 @@ mod tests {
                 .unwrap();
         let err = config.validate().unwrap_err().to_string();
         assert!(err.contains("listener.http3.stream_window"), "{err}");
+        let config: Config =
+            toml::from_str("[listener]\nworkers = 65\n[listener.http3]\nenabled = true\n").unwrap();
+        let err = config.validate().unwrap_err().to_string();
+        assert!(err.contains("listener.workers: at most 64"), "{err}");
         let err = toml::from_str::<Config>("[listener.http3]\nretry = \"sometimes\"\n")
             .unwrap_err()
             .to_string();

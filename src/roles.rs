@@ -260,13 +260,21 @@ async fn serve(role: Role, name: String, instance: u32, spec: Spec) -> anyhow::R
                 .is_some()
                 .then(inherit::grpc_listener)
                 .transpose()?;
-            // One listener process reads the UDP socket, so every packet of
-            // a QUIC connection reaches the process that holds it
-            // (docs/decisions/0076-one-listener-reads-quic.md).
-            let quic = (config.listener.http3.enabled && instance == 0)
+            // Each listener reads a UDP socket of its own, steered by
+            // connection id (docs/decisions/0076-quic-steered-by-connection-id.md).
+            let quic = config
+                .listener
+                .http3
+                .enabled
                 .then(inherit::quic_socket)
                 .transpose()?;
-            let cfg = listener_config(config, &paths);
+            let mut cfg = listener_config(config, &paths);
+            if let Some(http3) = &mut cfg.http3 {
+                http3.steering = Some(switchyard_listener::quic::Steering {
+                    index: instance,
+                    count: config.listener.workers,
+                });
+            }
             let (updates_tx, updates) = tokio::sync::mpsc::channel(1);
             live = Some(Live::Listener(updates_tx));
             let mut commands = control.commands();

@@ -65,11 +65,18 @@ fn config_text(dir: &Path, http3: &str, extra: &str) -> String {
 }
 
 fn start(tag: &'static str, http3: &str, extra: &str, extra_names: usize) -> H3Group {
+    start_logging(tag, http3, extra, extra_names, "info")
+}
+
+fn start_logging(tag: &'static str, http3: &str, extra: &str, extra_names: usize, log: &str) -> H3Group {
     let dir = scratch_dir(tag);
     let (ca, _, _) = certificates(dir.path(), extra_names);
     let file = dir.path().join("switchyard.toml");
     std::fs::write(&file, config_text(dir.path(), http3, extra)).unwrap();
-    let mut group = Group::builder(tag).config_file(&file).start();
+    let mut group = Group::builder(tag)
+        .config_file(&file)
+        .env("SWITCHYARD_LOG", log)
+        .start();
     let line = group.wait_line("HTTP/3 listening on udp ");
     let udp = line.rsplit(' ').next().unwrap().parse().unwrap();
     H3Group {
@@ -616,41 +623,43 @@ async fn a_reload_changes_quic_settings_and_certificates_for_new_connections() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_quic_listener_is_restarted_on_the_same_socket() {
+async fn a_killed_listener_comes_back_on_its_socket_and_no_connection_is_lost() {
     let g = start("h3-workers", "", "[listener]\nworkers = 2\n", 0);
     let endpoint = client_endpoint(&g.ca);
     let (mut h3, _driver) = connect(&endpoint, g.udp).await;
     assert_eq!(send(&mut h3, "GET", "/noop", b"").await.status, 200);
-    let quic_listener = || -> u32 {
+    let listener_0 = || -> Option<u32> {
         g.group.status()["processes"]
             .as_array()
             .unwrap()
             .iter()
-            .find(|p| p["name"] == "listener" && p["instance"] == 0)
+            .find(|p| p["name"] == "listener" && p["instance"] == 0 && p["state"] == "running")
             .and_then(|p| p["pid"].as_u64())
-            .expect("listener 0") as u32
+            .map(|pid| pid as u32)
     };
-    let old = quic_listener();
+    let old = listener_0().expect("listener 0 runs");
     kill(old, Signal::SIGKILL);
-    // The supervisor kept the socket: the replacement serves on it, and
-    // the other listener process served TCP meanwhile.
-    let patience = tokio::time::Instant::now() + PATIENCE;
-    loop {
-        let fresh = client_endpoint(&g.ca);
-        let attempt = tokio::time::timeout(std::time::Duration::from_secs(2), async {
-            let quic = fresh.connect(g.udp, "localhost").unwrap().await.ok()?;
-            let (mut driver, mut sender) = h3::client::new(h3_quinn::Connection::new(quic)).await.ok()?;
-            tokio::spawn(async move { std::future::poll_fn(|cx| driver.poll_close(cx)).await });
-            Some(send(&mut sender, "GET", "/noop", b"").await.status)
+    // New connections at once: those steered to the dead process's socket
+    // wait in it (the supervisor holds it) and are served by its
+    // replacement; the others by the live process. None is refused.
+    let connections: Vec<_> = (0..12)
+        .map(|_| {
+            let fresh = client_endpoint(&g.ca);
+            let at = g.udp;
+            tokio::spawn(async move {
+                let (mut sender, _driver) = connect(&fresh, at).await;
+                send(&mut sender, "GET", "/noop", b"").await.status
+            })
         })
-        .await;
-        if let Ok(Some(200)) = attempt {
-            break;
-        }
-        assert_eq!(tcp(&g, "GET", "/noop", b"").await.0, 200, "TCP serves throughout");
-        assert!(tokio::time::Instant::now() < patience, "HTTP/3 did not come back");
+        .collect();
+    assert_eq!(tcp(&g, "GET", "/noop", b"").await.0, 200, "TCP serves meanwhile");
+    for connection in connections {
+        assert_eq!(connection.await.unwrap(), 200);
     }
-    assert_ne!(quic_listener(), old);
+    eventually("listener 0 runs again", PATIENCE, || match listener_0() {
+        Some(pid) if pid != old => Ok(()),
+        other => Err(other),
+    });
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -696,7 +705,8 @@ async fn idle_and_stalled_connections_are_closed_as_over_tcp() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upgrade_hands_the_udp_socket_to_the_new_group() {
-    let mut g = start("h3-upgrade", "", "", 0);
+    // Two listener processes: both UDP sockets go over, in steering order.
+    let mut g = start("h3-upgrade", "", "[listener]\nworkers = 2\n", 0);
     let endpoint = client_endpoint(&g.ca);
     let (mut before, _driver) = connect(&endpoint, g.udp).await;
     assert_eq!(send(&mut before, "GET", "/noop", b"").await.status, 200);
@@ -730,13 +740,50 @@ async fn an_upgrade_hands_the_udp_socket_to_the_new_group() {
     }
     let _new_group = Stop(new);
     assert!(g.group.wait_exit().success(), "the old group exits cleanly");
-    // The port never closed: a new HTTP/3 connection reaches the new group.
-    let (mut after, _driver) = connect(&endpoint, g.udp).await;
-    assert_eq!(send(&mut after, "GET", "/noop", b"").await.status, 200);
+    // The port never closed: new HTTP/3 connections reach the new group,
+    // on either socket.
+    for _ in 0..8 {
+        let fresh = client_endpoint(&g.ca);
+        let (mut after, _driver) = connect(&fresh, g.udp).await;
+        assert_eq!(send(&mut after, "GET", "/noop", b"").await.status, 200);
+    }
     let (status, _, alt_svc) = tcp(&g, "GET", "/noop", b"").await;
     assert_eq!(status, 200);
     assert_eq!(
         alt_svc.as_deref(),
         Some(&*format!("h3=\":{}\"; ma=86400", g.udp.port()))
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listener_processes_share_the_port_and_a_migrating_client_stays_with_its_own() {
+    let g = start_logging(
+        "h3-steer",
+        "",
+        "[listener]\nworkers = 2\n",
+        0,
+        "info,switchyard_listener::http3=debug",
+    );
+    let mut clients = Vec::new();
+    for _ in 0..16 {
+        let endpoint = client_endpoint(&g.ca);
+        let (mut h3, driver) = connect(&endpoint, g.udp).await;
+        assert_eq!(send(&mut h3, "GET", "/noop", b"").await.status, 200);
+        clients.push((endpoint, h3, driver));
+    }
+    // A client whose address changes (NAT rebinding, another network)
+    // keeps its connection: its packets still reach the process that
+    // holds it, which the kernel's hash of the new address would not.
+    for (endpoint, h3, _) in &mut clients {
+        endpoint
+            .rebind(std::net::UdpSocket::bind("127.0.0.1:0").unwrap())
+            .unwrap();
+        assert_eq!(send(h3, "GET", "/noop", b"").await.status, 200, "after migrating");
+    }
+    // Both listener processes took connections (16 random first ids:
+    // all on one process would happen once in 32768 runs).
+    let lines = g.group.lines_with("HTTP/3 connection established");
+    let processes: std::collections::HashSet<&str> =
+        lines.iter().filter_map(|l| l.split(" |").next()).collect();
+    assert_eq!(processes.len(), 2, "{processes:?}");
 }

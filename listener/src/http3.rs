@@ -85,6 +85,7 @@ impl H3Conn {
             }
         };
         drop(handshake);
+        tracing::debug!(peer = %quic.remote_address(), "HTTP/3 connection established");
         let max_field_section = serve.state.config.max_header_bytes as u64;
         let header_timeout = serve.state.config.header_read_timeout;
         let h3 = h3::server::builder()

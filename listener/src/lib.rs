@@ -427,7 +427,7 @@ pub async fn run(
     )?;
     let endpoint = match (quic, &current.quic) {
         (Some(socket), Some(server)) => Some(quinn::Endpoint::new(
-            quinn::EndpointConfig::default(),
+            quic::endpoint_config(config.http3.as_ref().expect("a QUIC config comes from http3")),
             Some(server.clone()),
             socket,
             Arc::new(quinn::TokioRuntime),
@@ -605,9 +605,11 @@ fn reconfigure(current: &Generation, mut config: Config) -> Result<Generation, E
     config.max_frame = running.max_frame;
     config.queue_capacity = running.queue_capacity;
     config.shm_threshold = running.shm_threshold;
-    // The UDP port cannot change while running either.
+    // The UDP port and this process's place on it cannot change while
+    // running either.
     if let (Some(next), Some(running)) = (&mut config.http3, &running.http3) {
         next.port = running.port;
+        next.steering = running.steering;
     }
     config.validate()?;
     // Rate-limit buckets start afresh with a reloaded configuration.

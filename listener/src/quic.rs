@@ -9,6 +9,11 @@
 //! new connections while keeping the retry-token key, so a token issued
 //! just before a reload is still good after it.
 //!
+//! When several listener processes share the port, each issues connection
+//! ids whose first byte names it ([`Steering`]), which the supervisor's BPF
+//! program reads to steer every datagram to its process's socket
+//! (docs/decisions/0076-quic-steered-by-connection-id.md).
+//!
 //! Address validation (docs/decisions/0077-quic-hardening.md): an Initial
 //! from an address not yet validated is answered with a Retry when
 //! `retry = "always"`, or with `retry = "auto"` once `retry_threshold`
@@ -57,6 +62,61 @@ pub struct Http3Config {
     /// GET, HEAD and OPTIONS sent in early data are served, anything else
     /// sent in early data gets 425 Too Early.
     pub zero_rtt: bool,
+    /// Which of the listener processes sharing the UDP port this one is
+    /// (set by the process, not the configuration); none: the only one.
+    pub steering: Option<Steering>,
+}
+
+/// This process's place among the listener processes that share HTTP/3's
+/// port: the supervisor's BPF program sends a datagram to the socket of
+/// index `cid[0] % count`, so every connection id issued here has a first
+/// byte with that remainder.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Steering {
+    /// This process's index, below `count`.
+    pub index: u32,
+    /// The number of processes (sockets) sharing the port; at most 64.
+    pub count: u32,
+}
+
+/// Connection ids of 8 bytes from the TLS provider's secure random source,
+/// whose first byte names this process ([`Steering`]).
+struct SteeredIds {
+    steering: Steering,
+}
+
+impl quinn::ConnectionIdGenerator for SteeredIds {
+    fn generate_cid(&mut self) -> quinn::ConnectionId {
+        let mut bytes = [0u8; 8];
+        let random = rustls::crypto::ring::default_provider().secure_random;
+        if random.fill(&mut bytes).is_err() {
+            // The system's random source failed: ids must still be unique.
+            bytes = fastrand::u64(..).to_le_bytes();
+        }
+        let Steering { index, count } = self.steering;
+        // Any multiple of `count` that keeps the byte a byte, plus the index.
+        let spread = (256 / count).max(1);
+        bytes[0] = (index + count * (u32::from(bytes[0]) % spread)) as u8;
+        quinn::ConnectionId::new(&bytes)
+    }
+
+    fn cid_len(&self) -> usize {
+        8
+    }
+
+    fn cid_lifetime(&self) -> Option<Duration> {
+        None
+    }
+}
+
+/// The endpoint's settings: connection ids steered to this process when
+/// it shares the port.
+pub(crate) fn endpoint_config(http3: &Http3Config) -> quinn::EndpointConfig {
+    let mut config = quinn::EndpointConfig::default();
+    if let Some(steering) = http3.steering.filter(|s| s.count > 1) {
+        config.cid_generator(move || Box::new(SteeredIds { steering }));
+    }
+    config
 }
 
 /// When a client must prove its address with a retry token.
@@ -83,6 +143,7 @@ impl Default for Http3Config {
             idle_timeout: Duration::from_secs(30),
             retry: Retry::Above(64),
             zero_rtt: false,
+            steering: None,
         }
     }
 }
@@ -235,6 +296,27 @@ mod tests {
         drop(b);
         assert_eq!(h.verdict(Retry::Above(2), false, true), Verdict::Accept);
         assert_eq!(h.verdict(Retry::Always, false, true), Verdict::Retry);
+    }
+
+    #[test]
+    fn steered_ids_name_their_process() {
+        use quinn::ConnectionIdGenerator;
+        for count in [2, 3, 7, 64] {
+            for index in 0..count {
+                let mut ids = SteeredIds {
+                    steering: Steering { index, count },
+                };
+                let mut firsts = std::collections::HashSet::new();
+                for _ in 0..200 {
+                    let id = ids.generate_cid();
+                    assert_eq!(id.len(), 8);
+                    assert_eq!(u32::from(id[0]) % count, index, "{count} processes");
+                    firsts.insert(id[0]);
+                }
+                // The rest of the byte is still random.
+                assert!(count == 64 || firsts.len() > 1);
+            }
+        }
     }
 
     #[test]

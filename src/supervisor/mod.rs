@@ -26,10 +26,13 @@
 //! - `signals`: every signal that would otherwise end the group silently.
 //! - `reload`: what a new configuration changes.
 //! - `upgrade`: handing the listening sockets to a new supervisor.
+//! - `quic_port`: HTTP/3's UDP sockets, one per listener process, steered
+//!   by connection id.
 //! - `systemd`: `sd_notify` readiness, reload, stop and watchdog.
 //! - this module: the event loop, restart policy, reload and shutdown.
 
 mod child;
+mod quic_port;
 pub(crate) mod reload;
 pub(crate) mod runtime_dir;
 mod signals;
@@ -346,26 +349,36 @@ fn sup_admin_bind(config: &Config) -> anyhow::Result<Option<std::net::TcpListene
     crate::admin::bind(addr).map(Some)
 }
 
-/// The UDP socket of HTTP/3, bound at `listener.http3.bind` or beside
-/// `tcp` (same IP, same port number), or taken over from the supervisor
-/// that upgrades.
-fn quic_socket(
+/// HTTP/3's UDP sockets, one per listener process, bound at
+/// `listener.http3.bind` or beside `tcp` (same IP, same port number), or
+/// taken over from the supervisor that upgrades; none without HTTP/3.
+fn quic_sockets(
     config: &Config,
     tcp: std::net::SocketAddr,
     handover: Option<&mut upgrade::Receiving>,
-) -> anyhow::Result<Option<std::net::UdpSocket>> {
-    if let Some(handover) = handover
-        && let Some(socket) = handover.take_quic()
-    {
-        return Ok(Some(socket));
+) -> anyhow::Result<Vec<std::net::UdpSocket>> {
+    let workers = config.listener.workers;
+    let enabled = config.listener.http3.enabled;
+    if let Some(handover) = handover {
+        // Without HTTP/3 in the new configuration they are closed here.
+        let sockets = handover.take_quic();
+        if enabled && !sockets.is_empty() {
+            // The steering program divides by the number of sockets the
+            // old group bound: another number of listeners would misroute.
+            anyhow::ensure!(
+                sockets.len() == workers as usize,
+                "listener.workers: the old group served HTTP/3 with {} listener processes; \
+                 changing their number needs a stop and a start",
+                sockets.len()
+            );
+            return Ok(sockets);
+        }
     }
-    if !config.listener.http3.enabled {
-        return Ok(None);
+    if !enabled {
+        return Ok(Vec::new());
     }
     let at = config.listener.http3.bind.unwrap_or(tcp);
-    let socket = std::net::UdpSocket::bind(at)
-        .map_err(|e| anyhow::anyhow!("cannot listen for HTTP/3 on udp {at}: {e}"))?;
-    Ok(Some(socket))
+    quic_port::bind_steered(at, workers)
 }
 
 /// Binds the TCP ports, or takes them from the supervisor that upgrades.
@@ -452,14 +465,14 @@ async fn up(
     };
     let addr = tcp.local_addr()?;
     let grpc_addr = grpc_tcp.as_ref().map(|t| t.local_addr()).transpose()?;
-    let quic = match quic_socket(&config, addr, handover.as_mut()) {
-        Ok(socket) => socket,
+    let quic = match quic_sockets(&config, addr, handover.as_mut()) {
+        Ok(sockets) => sockets,
         Err(err) => {
             dir.remove();
             return Err(err);
         }
     };
-    let quic_addr = quic.as_ref().map(|q| q.local_addr()).transpose()?;
+    let quic_addr = quic.first().map(|q| q.local_addr()).transpose()?;
     let admin = match sup_admin_bind(&config) {
         Ok(admin) => admin,
         Err(err) => {
@@ -488,18 +501,20 @@ async fn up(
     let sockets = upgrade::Sockets {
         tcp: OwnedFd::from(tcp),
         grpc: grpc_tcp.map(OwnedFd::from),
-        quic: quic.map(OwnedFd::from),
+        quic: quic.into_iter().map(OwnedFd::from).collect(),
     };
     for instance in 0..config.listener.workers {
         let mut child = Child::new(Role::Listener, "listener", Some(sockets.tcp.try_clone()?));
         child.instance = instance;
         child.grpc_socket = sockets.grpc.as_ref().map(|s| s.try_clone()).transpose()?;
-        // QUIC has no shared accept queue: every packet of a connection
-        // must reach the process that holds it, so one listener reads the
-        // UDP socket (docs/decisions/0076-one-listener-reads-quic.md).
-        if instance == 0 {
-            child.quic_socket = sockets.quic.as_ref().map(|s| s.try_clone()).transpose()?;
-        }
+        // QUIC has no shared accept queue: each listener reads a socket
+        // of its own, and the kernel steers every packet to the socket of
+        // the process that issued its connection id (`quic_port`).
+        child.quic_socket = sockets
+            .quic
+            .get(instance as usize)
+            .map(|s| s.try_clone())
+            .transpose()?;
         children.push(child);
     }
     let mut sup = Supervisor {

@@ -39,8 +39,9 @@ pub(crate) struct Sockets {
     pub(crate) tcp: OwnedFd,
     /// `listener.grpc_bind`'s.
     pub(crate) grpc: Option<OwnedFd>,
-    /// HTTP/3's UDP socket (`[listener.http3]`).
-    pub(crate) quic: Option<OwnedFd>,
+    /// HTTP/3's UDP sockets (`[listener.http3]`), one per listener
+    /// process, in their steering order.
+    pub(crate) quic: Vec<OwnedFd>,
 }
 
 /// Old → new, with the sockets attached.
@@ -51,9 +52,9 @@ struct Offer {
     runtime_dir_created: bool,
     /// A gRPC-only socket follows the main one.
     grpc: bool,
-    /// HTTP/3's UDP socket follows (last).
+    /// This many UDP sockets of HTTP/3 follow (last), in steering order.
     #[serde(default)]
-    quic: bool,
+    quic: usize,
 }
 
 /// New → old.
@@ -141,13 +142,13 @@ impl Sending {
         let offer = Offer {
             runtime_dir_created,
             grpc: sockets.grpc.is_some(),
-            quic: sockets.quic.is_some(),
+            quic: sockets.quic.len(),
         };
         let mut line = serde_json::to_vec(&offer)?;
         line.push(b'\n');
         let mut fds: Vec<RawFd> = vec![sockets.tcp.as_raw_fd()];
         fds.extend(sockets.grpc.as_ref().map(|s| s.as_raw_fd()));
-        fds.extend(sockets.quic.as_ref().map(|s| s.as_raw_fd()));
+        fds.extend(sockets.quic.iter().map(|s| s.as_raw_fd()));
         sendmsg::<()>(
             ours.as_raw_fd(),
             &[IoSlice::new(&line)],
@@ -217,7 +218,7 @@ pub(crate) struct Receiving {
     socket: Option<UnixStream>,
     offer: Offer,
     sockets: Option<(std::net::TcpListener, Option<std::net::TcpListener>)>,
-    quic: Option<std::net::UdpSocket>,
+    quic: Vec<std::net::UdpSocket>,
 }
 
 impl Receiving {
@@ -229,7 +230,8 @@ impl Receiving {
         let socket = UnixStream::from(fd);
         socket.set_read_timeout(Some(Duration::from_secs(10)))?;
         let mut buf = [0u8; 4096];
-        let mut space = nix::cmsg_space!([RawFd; 3]);
+        // The TCP sockets and at most one UDP socket per listener process.
+        let mut space = nix::cmsg_space!([RawFd; 2 + super::quic_port::MAX_PROCESSES as usize]);
         let (len, fds) = {
             let mut iov = [IoSliceMut::new(&mut buf)];
             let msg = recvmsg::<()>(
@@ -254,16 +256,17 @@ impl Receiving {
             .collect();
         let text = std::str::from_utf8(&buf[..len])?;
         let offer: Offer = serde_json::from_str(text.trim_end())?;
-        let expected = 1 + usize::from(offer.grpc) + usize::from(offer.quic);
+        let expected = 1 + usize::from(offer.grpc) + offer.quic;
         anyhow::ensure!(
             owned.len() == expected,
             "the old supervisor sent {} sockets, not {expected}",
             owned.len(),
         );
-        let quic = offer
-            .quic
-            .then(|| owned.pop().map(std::net::UdpSocket::from))
-            .flatten();
+        let quic = owned
+            .split_off(owned.len() - offer.quic)
+            .into_iter()
+            .map(std::net::UdpSocket::from)
+            .collect();
         let grpc = offer.grpc.then(|| std::net::TcpListener::from(owned.remove(1)));
         let tcp = std::net::TcpListener::from(owned.remove(0));
         tracing::info!(addr = ?tcp.local_addr().ok(), "upgrade: took over the listening sockets");
@@ -287,9 +290,9 @@ impl Receiving {
             .expect("the sockets are taken once, at start-up")
     }
 
-    /// HTTP/3's UDP socket, if the old group served it (once).
-    pub(crate) fn take_quic(&mut self) -> Option<std::net::UdpSocket> {
-        self.quic.take()
+    /// HTTP/3's UDP sockets, if the old group served it (once).
+    pub(crate) fn take_quic(&mut self) -> Vec<std::net::UdpSocket> {
+        std::mem::take(&mut self.quic)
     }
 
     fn answer(&mut self, answer: &Answer) {
