@@ -419,6 +419,115 @@ pub(crate) struct ListenerConfig {
     /// plaintext.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) tls: Option<TlsSettings>,
+    /// HTTP/3 (QUIC) on a UDP port beside the TCP one
+    /// (`[listener.http3]`, docs/http3.md). Default: off.
+    pub(crate) http3: Http3Settings,
+}
+
+/// `[listener.http3]`: HTTP/3 over QUIC, on the certificates of
+/// `[listener.tls]` (which it needs), advertised with `Alt-Svc` on every
+/// TCP reply. Every key but `enabled` and `bind` applies on reload.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct Http3Settings {
+    /// Serve HTTP/3. Default: false.
+    pub(crate) enabled: bool,
+    /// UDP address to serve it on. Default: the TCP address as bound (same
+    /// IP, same port number), which is what `Alt-Svc` then names.
+    #[serde(
+        deserialize_with = "optional_bind_address",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub(crate) bind: Option<SocketAddr>,
+    /// Seconds a client may remember the `Alt-Svc` advertisement
+    /// (`ma=`). Default: 86400 (a day).
+    pub(crate) alt_svc_max_age_s: u64,
+    /// Request streams one connection may have open at once; a client
+    /// waits for credit before opening more. Default: 100.
+    pub(crate) max_concurrent_streams: u32,
+    /// Bytes a client may send on one request stream ahead of the
+    /// listener reading them (QUIC stream flow-control window). Default:
+    /// 1048576 (1 MiB).
+    pub(crate) stream_window: u32,
+    /// Bytes a client may send on all streams of a connection ahead of the
+    /// listener reading them (connection flow-control window). Default:
+    /// 4194304 (4 MiB).
+    pub(crate) connection_window: u32,
+    /// Response bytes buffered per connection for a client that has not
+    /// acknowledged them. Default: 4194304 (4 MiB).
+    pub(crate) send_window: u32,
+    /// Milliseconds a QUIC connection may exchange no packet before it is
+    /// closed (the transport's idle timeout; `listener.idle_timeout_ms`
+    /// also closes one with no request in progress). Default: 30000.
+    pub(crate) idle_timeout_ms: u64,
+    /// When a new connection must first prove its address with a retry
+    /// token: `"auto"` (once `retry_threshold` handshakes are in
+    /// progress: a flood of Initials), `"always"`, or `"never"`.
+    /// Default: "auto".
+    pub(crate) retry: RetryMode,
+    /// With `retry = "auto"`: handshakes in progress in one listener
+    /// process from which on new ones get a Retry. Default: 64.
+    pub(crate) retry_threshold: usize,
+    /// Serve requests sent in 0-RTT early data: GET, HEAD and OPTIONS
+    /// only; other methods in early data get 425 Too Early. Early data can
+    /// be replayed by an attacker. Cannot be combined with
+    /// `listener.tls.client_ca`. Default: false.
+    pub(crate) zero_rtt: bool,
+}
+
+/// `listener.http3.retry`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum RetryMode {
+    Auto,
+    Always,
+    Never,
+}
+
+impl Default for Http3Settings {
+    fn default() -> Self {
+        let d = switchyard_listener::Http3Config::default();
+        Http3Settings {
+            enabled: false,
+            bind: None,
+            alt_svc_max_age_s: d.alt_svc_max_age.as_secs(),
+            max_concurrent_streams: d.max_concurrent_streams,
+            stream_window: d.stream_window,
+            connection_window: d.connection_window,
+            send_window: d.send_window,
+            idle_timeout_ms: d.idle_timeout.as_millis() as u64,
+            retry: RetryMode::Auto,
+            retry_threshold: 64,
+            zero_rtt: d.zero_rtt,
+        }
+    }
+}
+
+impl Http3Settings {
+    /// The listener's settings, when HTTP/3 is on. Without `bind` the port
+    /// is 0: the listener advertises its TCP port's number, where the
+    /// supervisor bound the UDP socket.
+    pub(crate) fn to_listener(&self) -> Option<switchyard_listener::Http3Config> {
+        if !self.enabled {
+            return None;
+        }
+        Some(switchyard_listener::Http3Config {
+            port: self.bind.map_or(0, |b| b.port()),
+            alt_svc_max_age: Duration::from_secs(self.alt_svc_max_age_s),
+            max_concurrent_streams: self.max_concurrent_streams,
+            stream_window: self.stream_window,
+            connection_window: self.connection_window,
+            send_window: self.send_window,
+            idle_timeout: Duration::from_millis(self.idle_timeout_ms),
+            retry: match self.retry {
+                RetryMode::Auto => switchyard_listener::Retry::Above(self.retry_threshold),
+                RetryMode::Always => switchyard_listener::Retry::Always,
+                RetryMode::Never => switchyard_listener::Retry::Never,
+            },
+            zero_rtt: self.zero_rtt,
+            steering: None,
+        })
+    }
 }
 
 /// `"10.0.0.0/8"` or a bare address (`"127.0.0.1"`, `"::1"`: one host).
@@ -504,6 +613,10 @@ fn bind_address<'de, D: serde::Deserializer<'de>>(d: D) -> Result<SocketAddr, D:
     resolve_bind(&text).map_err(serde::de::Error::custom)
 }
 
+fn optional_bind_address<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<SocketAddr>, D::Error> {
+    bind_address(d).map(Some)
+}
+
 /// `[listener.ws]`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -572,6 +685,7 @@ impl Default for ListenerConfig {
             ws: WsLimits::default(),
             trusted_proxies: Vec::new(),
             tls: None,
+            http3: Http3Settings::default(),
         }
     }
 }
@@ -1203,6 +1317,45 @@ impl Config {
                 ));
             }
         }
+        let h3 = &l.http3;
+        if h3.enabled {
+            if l.tls.is_none() {
+                problems.push(
+                    "listener.http3.enabled: needs [listener.tls] (QUIC is always encrypted; the same certificates serve both)"
+                        .to_owned(),
+                );
+            }
+            if h3.zero_rtt && l.tls.as_ref().is_some_and(|t| t.client_ca.is_some()) {
+                problems.push(
+                    "listener.http3.zero_rtt: cannot be used with listener.tls.client_ca (0.5-RTT answers would precede the client certificate check)"
+                        .to_owned(),
+                );
+            }
+            if h3.idle_timeout_ms < 100 || h3.idle_timeout_ms > 3_600_000 {
+                problems.push("listener.http3.idle_timeout_ms: must be between 100 and 3600000".to_owned());
+            }
+            if l.workers > 64 {
+                problems.push(
+                    "listener.workers: at most 64 with listener.http3 (each process's index rides in its QUIC connection ids)"
+                        .to_owned(),
+                );
+            }
+            if h3.alt_svc_max_age_s == 0 {
+                problems.push("listener.http3.alt_svc_max_age_s: must be positive".to_owned());
+            }
+            if h3.bind.is_some_and(|b| b.port() == 0) {
+                problems.push(
+                    "listener.http3.bind: needs a port (leave it out to use the TCP port's number)"
+                        .to_owned(),
+                );
+            }
+            if let Some(settings) = h3.to_listener()
+                && let Err(err) = settings.check()
+                && !err.contains("idle_timeout_ms")
+            {
+                problems.push(err);
+            }
+        }
         if self.group.max_frame_bytes < 64 * 1024 || self.group.max_frame_bytes > u32::MAX as usize {
             problems.push("group.max_frame_bytes: must be between 65536 and 4294967295".to_owned());
         }
@@ -1372,6 +1525,46 @@ mod tests {
             assert!(err.contains(key), "{key} not named in {err}");
         }
         // Plugins are checked by the validation child: tests/validation.rs.
+    }
+
+    #[test]
+    fn http3_keys_are_checked_and_named() {
+        let config: Config = toml::from_str("[listener.http3]\nenabled = true\n").unwrap();
+        let err = config.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("listener.http3.enabled: needs [listener.tls]"),
+            "{err}"
+        );
+        let config: Config = toml::from_str(
+            "[listener.http3]\nenabled = true\nbind = \"127.0.0.1:0\"\nmax_concurrent_streams = 0\n\
+             idle_timeout_ms = 5\nalt_svc_max_age_s = 0\n",
+        )
+        .unwrap();
+        let err = config.validate().unwrap_err().to_string();
+        for key in [
+            "listener.http3.bind",
+            "listener.http3.max_concurrent_streams",
+            "listener.http3.idle_timeout_ms",
+            "listener.http3.alt_svc_max_age_s",
+        ] {
+            assert!(err.contains(key), "{key} not named in {err}");
+        }
+        let config: Config =
+            toml::from_str("[listener.http3]\nenabled = true\nstream_window = 8000000\nretry = \"auto\"\nretry_threshold = 0\n")
+                .unwrap();
+        let err = config.validate().unwrap_err().to_string();
+        assert!(err.contains("listener.http3.stream_window"), "{err}");
+        let config: Config =
+            toml::from_str("[listener]\nworkers = 65\n[listener.http3]\nenabled = true\n").unwrap();
+        let err = config.validate().unwrap_err().to_string();
+        assert!(err.contains("listener.workers: at most 64"), "{err}");
+        let err = toml::from_str::<Config>("[listener.http3]\nretry = \"sometimes\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("retry"), "{err}");
+        // Off (the default), nothing of it is checked or served.
+        let config: Config = toml::from_str("[listener.http3]\nmax_concurrent_streams = 0\n").unwrap();
+        assert!(config.listener.http3.to_listener().is_none());
     }
 
     #[test]

@@ -4,7 +4,7 @@
 use std::io::{Read, Seek};
 use std::os::fd::{FromRawFd, OwnedFd};
 
-use switchyard_proto::process::{GRPC_LISTEN_FD, LISTEN_FD, SPEC_FD};
+use switchyard_proto::process::{GRPC_LISTEN_FD, LISTEN_FD, QUIC_FD, SPEC_FD};
 
 fn owned(fd: i32) -> std::io::Result<OwnedFd> {
     // Refuse a closed fd instead of adopting garbage.
@@ -63,6 +63,13 @@ pub(crate) fn tcp_listener() -> std::io::Result<tokio::net::TcpListener> {
 /// The inherited gRPC-only listening socket (listener, `listener.grpc_bind`).
 pub(crate) fn grpc_listener() -> std::io::Result<tokio::net::TcpListener> {
     tcp_listener_at(GRPC_LISTEN_FD)
+}
+
+/// The inherited UDP socket of HTTP/3 (the listener that serves it).
+pub(crate) fn quic_socket() -> std::io::Result<std::net::UdpSocket> {
+    let socket = std::net::UdpSocket::from(owned(QUIC_FD)?);
+    socket.set_nonblocking(true)?;
+    Ok(socket)
 }
 
 fn tcp_listener_at(fd: i32) -> std::io::Result<tokio::net::TcpListener> {

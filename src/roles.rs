@@ -260,7 +260,21 @@ async fn serve(role: Role, name: String, instance: u32, spec: Spec) -> anyhow::R
                 .is_some()
                 .then(inherit::grpc_listener)
                 .transpose()?;
-            let cfg = listener_config(config, &paths);
+            // Each listener reads a UDP socket of its own, steered by
+            // connection id (docs/decisions/0076-quic-steered-by-connection-id.md).
+            let quic = config
+                .listener
+                .http3
+                .enabled
+                .then(inherit::quic_socket)
+                .transpose()?;
+            let mut cfg = listener_config(config, &paths);
+            if let Some(http3) = &mut cfg.http3 {
+                http3.steering = Some(switchyard_listener::quic::Steering {
+                    index: instance,
+                    count: config.listener.workers,
+                });
+            }
             let (updates_tx, updates) = tokio::sync::mpsc::channel(1);
             live = Some(Live::Listener(updates_tx));
             let mut commands = control.commands();
@@ -271,7 +285,7 @@ async fn serve(role: Role, name: String, instance: u32, spec: Spec) -> anyhow::R
                 }
             };
             Box::pin(async move {
-                Ok(switchyard_listener::run(tcp, grpc_tcp, cfg, ready_tx, drain, updates).await?)
+                Ok(switchyard_listener::run(tcp, grpc_tcp, quic, cfg, ready_tx, drain, updates).await?)
             })
         }
     };
@@ -380,6 +394,7 @@ fn listener_config(config: &Config, paths: &RuntimePaths) -> switchyard_listener
         request_id: config.request_id.to_listener(),
         middleware: config.middleware(),
         tls: l.tls.as_ref().map(TlsSettings::to_listener),
+        http3: l.http3.to_listener(),
         api: config.api.to_listener(crate::apidoc::read(&paths.dir)),
         tracing: config.tracing.to_listener(),
         metrics: config.metrics.enabled,

@@ -40,9 +40,10 @@ use scenarios::{Ctx, Outcome};
 pub use server::{ManagerEntry, Pool, config_toml};
 
 /// Every scenario, in the order a full run takes them.
-pub const SCENARIOS: [&str; 13] = [
+pub const SCENARIOS: [&str; 14] = [
     "rest",
     "tls",
+    "http3",
     "payload",
     "routing",
     "managers",

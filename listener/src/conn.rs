@@ -120,8 +120,9 @@ pub(crate) struct Conn {
     active: AtomicUsize,
     /// A request has been received.
     served: AtomicBool,
-    /// Handed over to a WebSocket session: its pings keep it alive.
-    upgraded: AtomicBool,
+    /// WebSocket sessions it carries (an HTTP/1.1 upgrade, or h2 streams
+    /// opened by extended CONNECT): their pings keep it alive.
+    upgraded: AtomicUsize,
     /// Why the sweeper wants it closed (a [`Close`] code; 0 while it may stay).
     close: AtomicU8,
     /// The listener drains: finish what is in flight, take nothing new.
@@ -155,7 +156,7 @@ impl Conn {
             held_bytes: AtomicU64::new(0),
             active: AtomicUsize::new(0),
             served: AtomicBool::new(false),
-            upgraded: AtomicBool::new(false),
+            upgraded: AtomicUsize::new(0),
             close: AtomicU8::new(0),
             drain: AtomicBool::new(false),
             task: AtomicWaker::new(),
@@ -179,8 +180,11 @@ impl Conn {
 
     /// The connection now carries a WebSocket session, whose own pings say
     /// whether the client is alive.
-    pub(crate) fn upgraded(&self) {
-        self.upgraded.store(true, Ordering::Relaxed);
+    /// Until the returned guard is dropped (the session ends). An h2
+    /// connection is then an ordinary connection again, idle or not.
+    pub(crate) fn upgraded(self: &Arc<Self>) -> Session {
+        self.upgraded.fetch_add(1, Ordering::Relaxed);
+        Session(self.clone())
     }
 
     /// Bytes of response bodies this connection holds for its client.
@@ -240,7 +244,7 @@ impl Conn {
         if waiting && since(&self.last_progress) >= limits.write_stall {
             return Some(Close::Stalled);
         }
-        if self.upgraded.load(Ordering::Relaxed) || self.active.load(Ordering::Relaxed) > 0 {
+        if self.upgraded.load(Ordering::Relaxed) > 0 || self.active.load(Ordering::Relaxed) > 0 {
             return None;
         }
         if !self.served.load(Ordering::Relaxed)
@@ -271,6 +275,16 @@ impl Conn {
         } else {
             self.waiting_bodies.fetch_sub(1, Ordering::Relaxed);
         }
+    }
+}
+
+/// A WebSocket session on a connection ([`Conn::upgraded`]).
+pub(crate) struct Session(Arc<Conn>);
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.0.upgraded.fetch_sub(1, Ordering::Relaxed);
+        self.0.last_activity.store(now(), Ordering::Relaxed);
     }
 }
 
@@ -633,11 +647,17 @@ mod tests {
         assert_eq!(conn.verdict(t + 12_000, &l), Some(Close::Stalled));
         // An upgraded connection is kept alive by its own pings, yet a
         // stall still counts.
-        let ws = Conn::new();
-        ws.upgraded();
+        let ws = Arc::new(Conn::new());
+        let session = ws.upgraded();
         assert_eq!(ws.verdict(ws.accepted + 60_000, &l), None);
         ws.waiting_bodies.store(1, Ordering::Relaxed);
         assert_eq!(ws.verdict(ws.accepted + 60_000, &l), Some(Close::Stalled));
+        // Once its session ends, an h2 connection idles like any other.
+        ws.waiting_bodies.store(0, Ordering::Relaxed);
+        drop(session);
+        let ended = ws.last_activity.load(Ordering::Relaxed);
+        assert_eq!(ws.verdict(ended + 999, &l), None);
+        assert_eq!(ws.verdict(ended + 1000, &l), Some(Close::Idle));
     }
 
     #[tokio::test]

@@ -28,6 +28,11 @@
 //!   request; security headers.
 //! - [`tls`]: certificates from PEM files, ALPN, client certificates; the
 //!   handshake runs in the connection's task.
+//! - `quic`: HTTP/3's UDP endpoint (`[listener.http3]`): QUIC TLS and
+//!   transport limits, retry tokens under a flood of Initials.
+//! - `http3`: one QUIC connection's requests, fed to the same service as a
+//!   TCP connection's; GOAWAY on drain. `incoming`: a request body from
+//!   hyper or from an HTTP/3 stream, the one type past the accept.
 //! - [`api`]: `/openapi.json` and `/docs`, the API described from the
 //!   event types the plugins declared (rendered once per generation), and
 //!   the `.proto` of the typed gRPC services (`api::proto`).
@@ -76,11 +81,14 @@ mod dispatch;
 mod exchange;
 mod grpc;
 mod http;
+mod http3;
 mod identity;
+mod incoming;
 pub mod metrics;
 mod middleware;
 mod negotiate;
 mod pipes;
+pub mod quic;
 mod reply;
 mod routes;
 mod state;
@@ -104,7 +112,7 @@ pub use trace::TracingConfig;
 
 /// A request body as the listener's code reads it: decoded by its
 /// `Content-Encoding` (the middleware's request decoding) as it is read.
-pub(crate) type RequestBody = tower_http::decompression::DecompressionBody<hyper::body::Incoming>;
+pub(crate) type RequestBody = tower_http::decompression::DecompressionBody<incoming::Incoming>;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -122,6 +130,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::conn::{Close, Conn, Connections, Io, Signal, Tracked};
+pub use crate::quic::{Http3Config, Retry};
 pub use crate::tls::TlsConfig;
 
 /// Errors that stop the listener.
@@ -191,6 +200,9 @@ pub struct Config {
     pub middleware: MiddlewareConfig,
     /// Serve TLS on every port with these certificates (none: plaintext).
     pub tls: Option<TlsConfig>,
+    /// HTTP/3 on a UDP port beside the TCP one, on the same certificates
+    /// (`[listener.http3]`; none: not served, not advertised).
+    pub http3: Option<Http3Config>,
     /// `/openapi.json` and `/docs` (`[api]`).
     pub api: api::ApiConfig,
     /// W3C trace context and `Server-Timing` (`[tracing]`).
@@ -268,6 +280,21 @@ impl Config {
             )));
         }
         middleware::check(&self.middleware).map_err(Error::Config)?;
+        if let Some(http3) = &self.http3 {
+            http3.check().map_err(Error::Config)?;
+            let Some(tls) = &self.tls else {
+                return Err(Error::Config(
+                    "listener.http3 needs [listener.tls]: QUIC is always encrypted".into(),
+                ));
+            };
+            // 0.5-RTT answers would go out before a client certificate is
+            // checked.
+            if http3.zero_rtt && tls.client_ca.is_some() {
+                return Err(Error::Config(
+                    "listener.http3.zero_rtt cannot be used with listener.tls.client_ca".into(),
+                ));
+            }
+        }
         for (i, mount) in self.statics.iter().enumerate() {
             mount.check(&format!("static[{i}]")).map_err(Error::Config)?;
         }
@@ -306,10 +333,17 @@ struct Generation {
     /// service.
     layers: Arc<middleware::Layers>,
     tls: Option<tokio_rustls::TlsAcceptor>,
+    /// `Alt-Svc` for TCP replies, when HTTP/3 is served.
+    alt_svc: Option<::http::HeaderValue>,
+    /// The QUIC settings for new HTTP/3 connections (a process that owns
+    /// the UDP socket).
+    quic: Option<quinn::ServerConfig>,
 }
 
 impl Generation {
-    fn new(state: Arc<state::State>) -> Result<Generation, Error> {
+    /// `quic_base`: the running endpoint's settings, whose retry-token key
+    /// a reload keeps.
+    fn new(state: Arc<state::State>, quic_base: Option<&quinn::ServerConfig>) -> Result<Generation, Error> {
         let config = &state.config;
         let tls = config
             .tls
@@ -317,6 +351,13 @@ impl Generation {
             .map(tls::load)
             .transpose()?
             .map(tokio_rustls::TlsAcceptor::from);
+        let (alt_svc, quic) = match (&config.http3, &config.tls) {
+            (Some(http3), Some(tls)) => (
+                Some(http3.alt_svc()),
+                Some(quic::server_config(http3, tls, quic_base)?),
+            ),
+            _ => (None, None),
+        };
         let mut builder = auto::Builder::new(TokioExecutor::new());
         builder
             .http1()
@@ -326,7 +367,9 @@ impl Generation {
         builder
             .http2()
             .timer(TokioTimer::new())
-            .max_header_list_size(config.max_header_bytes as u32);
+            .max_header_list_size(config.max_header_bytes as u32)
+            // WebSocket over h2 (RFC 8441), served by the same session code.
+            .enable_connect_protocol();
         let layers = Arc::new(middleware::layers(&config.middleware).map_err(Error::Config)?);
         Ok(Generation {
             builder: Arc::new(builder),
@@ -334,6 +377,8 @@ impl Generation {
             grpc: Arc::new(grpc::Grpc::new(state.clone())),
             state,
             tls,
+            alt_svc,
+            quic,
         })
     }
 }
@@ -347,7 +392,8 @@ fn limits(config: &Config) -> conn::Limits {
     }
 }
 
-/// Serves HTTP on `tcp` (and gRPC alone on `grpc_tcp`, when given) until
+/// Serves HTTP on `tcp` (and gRPC alone on `grpc_tcp`, when given, and
+/// HTTP/3 on `quic`, when given and `config.http3` is set) until
 /// `drain` resolves with a grace period; then stops accepting and gives
 /// in-flight requests that long to finish. `ready` fires
 /// once every return pipe is registered and the route table is known.
@@ -355,12 +401,19 @@ fn limits(config: &Config) -> conn::Limits {
 pub async fn run(
     tcp: TcpListener,
     grpc_tcp: Option<TcpListener>,
+    quic: Option<std::net::UdpSocket>,
     config: Config,
     ready: oneshot::Sender<()>,
     drain: impl Future<Output = Duration>,
     mut updates: mpsc::Receiver<Update>,
 ) -> Result<(), Error> {
     config.validate()?;
+    let mut config = config;
+    if let Some(http3) = &mut config.http3
+        && http3.port == 0
+    {
+        http3.port = tcp.local_addr()?.port();
+    }
     let config = Arc::new(config);
     let pool = pipes::Pool::start(config.clone());
     let connections = Connections::start(limits(&config));
@@ -368,18 +421,29 @@ pub async fn run(
     // the listener at start, not at its first handshake.
     let middleware = middleware::Middleware::new(&config.middleware).map_err(Error::Config)?;
     let access = access::AccessLog::open(&config.access_log)?;
-    let mut current = Generation::new(state::State::start(
-        pool.clone(),
-        config.clone(),
-        middleware,
-        access,
-    ))?;
+    let mut current = Generation::new(
+        state::State::start(pool.clone(), config.clone(), middleware, access),
+        None,
+    )?;
+    let endpoint = match (quic, &current.quic) {
+        (Some(socket), Some(server)) => Some(quinn::Endpoint::new(
+            quic::endpoint_config(config.http3.as_ref().expect("a QUIC config comes from http3")),
+            Some(server.clone()),
+            socket,
+            Arc::new(quinn::TokioRuntime),
+        )?),
+        _ => None,
+    };
+    let handshakes = Arc::new(quic::Handshakes::default());
     pool.wait_ready().await;
     let _ = ready.send(());
     let scheme = if config.tls.is_some() { "https" } else { "http" };
     tracing::info!(addr = %tcp.local_addr()?, scheme, "accepting connections");
     if let Some(grpc_tcp) = &grpc_tcp {
         tracing::info!(addr = %grpc_tcp.local_addr()?, scheme, "accepting gRPC connections");
+    }
+    if let Some(endpoint) = &endpoint {
+        tracing::info!(addr = %endpoint.local_addr()?, "accepting HTTP/3 (QUIC) connections");
     }
     // "Drain" is told to every connection; "done" is the drop of the last
     // connection task's sender.
@@ -396,6 +460,10 @@ pub async fn run(
             Some(update) = updates.recv() => {
                 let applied = reconfigure(&current, update.config).map(|next| {
                     connections.set_limits(limits(&next.state.config));
+                    if let Some(endpoint) = &endpoint {
+                        // None stops new HTTP/3 connections (http3 turned off).
+                        endpoint.set_server_config(next.quic.clone());
+                    }
                     current = next;
                 });
                 match &applied {
@@ -407,6 +475,10 @@ pub async fn run(
             }
             stream = main_port.accept() => (stream, false),
             stream = accept_optional(grpc_port.as_mut()) => (stream, true),
+            Some(incoming) = accept_quic(endpoint.as_ref()) => {
+                accept_h3(incoming, &current, &connections, &handshakes, &done_tx);
+                continue;
+            }
         };
         let Some((conn, admission)) = connections.admit() else {
             // A TLS client cannot read a plaintext 503 (and a handshake is
@@ -427,18 +499,101 @@ pub async fn run(
             grpc_only,
             conn,
             peer,
+            alt_svc: current.alt_svc.clone(),
         };
         tokio::spawn(serve.run(io, current.tls.clone(), done_tx.clone()));
     };
     drop(main_port);
     drop(grpc_port);
+    if let Some(endpoint) = &endpoint {
+        // New connections are not taken from now on; the open ones get
+        // their GOAWAY with the drain below. Their Initials are dropped
+        // rather than refused: during an upgrade the new group reads the
+        // same socket, and the client's next try may reach it.
+        let endpoint = endpoint.clone();
+        tokio::spawn(async move {
+            while let Some(incoming) = endpoint.accept().await {
+                incoming.ignore();
+            }
+        });
+    }
     connections.drain();
     drop(done_tx);
     tracing::info!(connections = connections.count(), ?grace, "draining");
-    if tokio::time::timeout(grace, done.recv()).await.is_err() {
+    let deadline = tokio::time::Instant::now() + grace;
+    if tokio::time::timeout_at(deadline, done.recv()).await.is_err() {
         tracing::warn!("grace period over; closing remaining connections");
     }
+    if let Some(endpoint) = endpoint {
+        // What is still open is cut; the close frames leave before exit.
+        endpoint.close(quinn::VarInt::from_u32(0x100), b"shutting down");
+        let _ = tokio::time::timeout(Duration::from_secs(1), endpoint.wait_idle()).await;
+    }
     Ok(())
+}
+
+/// Accepts on the QUIC endpoint, or never when there is none.
+async fn accept_quic(endpoint: Option<&quinn::Endpoint>) -> Option<quinn::Incoming> {
+    match endpoint {
+        Some(endpoint) => endpoint.accept().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A new QUIC connection's first packet: a Retry when its address must be
+/// validated first, refused over `max_connections`, else served in a task
+/// of its own.
+fn accept_h3(
+    incoming: quinn::Incoming,
+    current: &Generation,
+    connections: &Arc<Connections>,
+    handshakes: &Arc<quic::Handshakes>,
+    done: &mpsc::Sender<()>,
+) {
+    let Some(http3) = &current.state.config.http3 else {
+        return incoming.refuse();
+    };
+    let verdict = handshakes.verdict(
+        http3.retry,
+        incoming.remote_address_validated(),
+        incoming.may_retry(),
+    );
+    if verdict == quic::Verdict::Retry {
+        if let Err(err) = incoming.retry() {
+            tracing::debug!(%err, "QUIC retry not sent");
+        }
+        return;
+    }
+    let Some((conn, admission)) = connections.admit() else {
+        return incoming.refuse();
+    };
+    let peer = incoming.remote_address();
+    let handshake = handshakes.start();
+    let connecting = match incoming.accept() {
+        Ok(connecting) => connecting,
+        Err(err) => return tracing::debug!(%err, "QUIC connection not accepted"),
+    };
+    let serve = Serve {
+        builder: current.builder.clone(),
+        state: current.state.clone(),
+        grpc: current.grpc.clone(),
+        layers: current.layers.clone(),
+        grpc_only: false,
+        conn,
+        peer: Some(peer),
+        alt_svc: None,
+    };
+    let h3 = http3::H3Conn {
+        serve,
+        handshake,
+        zero_rtt: http3.zero_rtt,
+    };
+    let done = done.clone();
+    tokio::spawn(async move {
+        // The place in `max_connections` is held while the connection is.
+        let _admission = admission;
+        h3.run(connecting, done).await
+    });
 }
 
 /// The generation `config` makes, sharing the running one's return pipes
@@ -450,11 +605,20 @@ fn reconfigure(current: &Generation, mut config: Config) -> Result<Generation, E
     config.max_frame = running.max_frame;
     config.queue_capacity = running.queue_capacity;
     config.shm_threshold = running.shm_threshold;
+    // The UDP port and this process's place on it cannot change while
+    // running either.
+    if let (Some(next), Some(running)) = (&mut config.http3, &running.http3) {
+        next.port = running.port;
+        next.steering = running.steering;
+    }
     config.validate()?;
     // Rate-limit buckets start afresh with a reloaded configuration.
     let middleware = middleware::Middleware::new(&config.middleware).map_err(Error::Config)?;
     let access = access::AccessLog::open(&config.access_log)?;
-    Generation::new(current.state.reconfigured(Arc::new(config), middleware, access))
+    Generation::new(
+        current.state.reconfigured(Arc::new(config), middleware, access),
+        current.quic.as_ref(),
+    )
 }
 
 /// `configured`, or less when the descriptor limit would not allow it: a
@@ -518,8 +682,11 @@ struct Serve {
     layers: Arc<middleware::Layers>,
     grpc_only: bool,
     conn: Arc<Conn>,
-    /// The TCP peer (the client, or a proxy in front of it).
+    /// The TCP peer (the client, or a proxy in front of it); the UDP peer
+    /// of an HTTP/3 connection.
     peer: Option<std::net::SocketAddr>,
+    /// `Alt-Svc` for this connection's replies (TCP, with HTTP/3 served).
+    alt_svc: Option<::http::HeaderValue>,
 }
 
 type Response = ::http::Response<Tracked<Either<body::Body, tonic::body::Body>>>;
@@ -555,23 +722,10 @@ impl Serve {
     {
         let conn = self.conn.clone();
         let builder = self.builder.clone();
-        let layers = self.layers.clone();
-        let this = Arc::new(self);
-        let respond = tower::service_fn(move |req| {
-            let this = this.clone();
-            async move { Ok::<_, Infallible>(this.respond(req).await) }
-        });
-        // Outermost first: CORS answers preflights and marks every answer,
-        // compressed ones too; request bodies are decoded before anything
-        // reads them (decision 0046).
-        let service = hyper_util::service::TowerToHyperService::new(
-            tower::ServiceBuilder::new()
-                .option_layer(layers.cors.clone())
-                .layer(conditional::WeakenLayer)
-                .layer(layers.compression.clone())
-                .layer(layers.decompression.clone())
-                .service(respond),
-        );
+        let service = hyper_util::service::TowerToHyperService::new(tower::ServiceExt::map_request(
+            Arc::new(self).service(),
+            |req: ::http::Request<hyper::body::Incoming>| req.map(incoming::Incoming::Tcp),
+        ));
         let connection = builder.serve_connection_with_upgrades(io, service);
         tokio::pin!(connection);
         let (mut draining, mut shut) = (false, false);
@@ -626,11 +780,46 @@ impl Serve {
         }
     }
 
+    /// The connection's service, from request to answer: the middleware's
+    /// layers around [`Serve::respond`]. TCP and HTTP/3 connections alike.
+    fn service(
+        self: Arc<Self>,
+    ) -> impl tower::Service<
+        ::http::Request<incoming::Incoming>,
+        Response = ::http::Response<
+            impl http_body::Body<
+                Data = bytes::Bytes,
+                Error: Into<tower_http::BoxError> + std::fmt::Display + Send,
+            > + Send
+            + 'static,
+        >,
+        Error = Infallible,
+        Future: Send,
+    > + Clone
+    + Send
+    + 'static {
+        let layers = self.layers.clone();
+        let respond = tower::service_fn(move |req| {
+            let this = self.clone();
+            async move { Ok::<_, Infallible>(this.respond(req).await) }
+        });
+        // Outermost first: CORS answers preflights and marks every answer,
+        // compressed ones too; request bodies are decoded before anything
+        // reads them (decision 0046).
+        tower::ServiceBuilder::new()
+            .option_layer(layers.cors.clone())
+            .layer(conditional::WeakenLayer)
+            .layer(layers.compression.clone())
+            .layer(layers.decompression.clone())
+            .service(respond)
+    }
+
     /// One request of the connection: served, then its body tracked.
     async fn respond(&self, req: ::http::Request<RequestBody>) -> Response {
         let conn = &self.conn;
         conn.request_started();
-        let piece = (req.version() == ::http::Version::HTTP_2).then_some(conn::H2_PIECE);
+        // h2 and HTTP/3 buffer what they are given past the client's window.
+        let piece = (req.version() >= ::http::Version::HTTP_2).then_some(conn::H2_PIECE);
         let reply = dispatch::serve(&self.state, &self.grpc, self.grpc_only, conn, self.peer, req).await;
         // Only a whole body is held in memory; a streamed one holds a ring.
         let held = match reply.body() {
@@ -656,6 +845,7 @@ impl Serve {
         if !reply.headers().contains_key(::http::header::CONTENT_ENCODING) {
             reply.extensions_mut().insert(conditional::Unencoded);
         }
+        http3::advertise(reply.headers_mut(), &self.alt_svc);
         reply.map(|body| Tracked::new(body, conn, piece, held))
     }
 }

@@ -3,6 +3,11 @@
 //! travels to the `demo.WsEcho` handler and back unchanged). The protocol is
 //! in docs/websocket.md.
 //!
+//! A session opens by an HTTP/1.1 upgrade (`101`) or, on an h2 connection,
+//! by an extended CONNECT (RFC 8441: `:protocol = websocket`, answered
+//! `200`); past the handshake both are the same byte stream and the same
+//! session code below.
+//!
 //! A session is one task reading the socket and one writing it. The writer
 //! drains the session's bounded outbound queue (responses, acks, errors,
 //! pushes) and writes whatever is queued before one flush. Responses wait
@@ -68,8 +73,15 @@ const MAX_WRITE_BUFFER: usize = WRITE_BUFFER + 2 * frames::FRAGMENT;
 /// Why a session closes when the sweeper flags its connection.
 const TOO_SLOW: CloseReason = Some((1008, "too slow: not reading"));
 
-/// Whether the request asks for a WebSocket upgrade.
+/// Whether the request opens a WebSocket: an HTTP/1.1 upgrade, or an h2
+/// extended CONNECT (RFC 8441). Over HTTP/3 neither exists here (RFC 9220
+/// is not served), so such a request is routed like any other.
 pub(crate) fn is_upgrade<B>(req: &Request<B>) -> bool {
+    match req.version() {
+        http::Version::HTTP_2 => return is_extended_connect(req),
+        http::Version::HTTP_3 => return false,
+        _ => {}
+    }
     let has = |name: header::HeaderName, token: &str| {
         req.headers().get_all(name).iter().any(|v| {
             v.to_str()
@@ -79,15 +91,27 @@ pub(crate) fn is_upgrade<B>(req: &Request<B>) -> bool {
     has(header::CONNECTION, "upgrade") && has(header::UPGRADE, "websocket")
 }
 
-/// Answers the upgrade (101) and serves the session once hyper hands the
-/// connection over.
+/// An h2 extended CONNECT for the `websocket` protocol. hyper passes the
+/// `:protocol` pseudo-header on only when the server enabled
+/// `SETTINGS_ENABLE_CONNECT_PROTOCOL`.
+fn is_extended_connect<B>(req: &Request<B>) -> bool {
+    req.method() == http::Method::CONNECT
+        && req
+            .extensions()
+            .get::<hyper::ext::Protocol>()
+            .is_some_and(|p| p.as_str().eq_ignore_ascii_case("websocket"))
+}
+
+/// Answers the handshake (HTTP/1.1: 101; h2 extended CONNECT: 200) and
+/// serves the session once hyper hands the stream over.
 pub(crate) fn upgrade(
     state: Arc<State>,
     conn: &Arc<Conn>,
     mut req: Request<RequestBody>,
     echo: bool,
 ) -> Reply {
-    if req.method() != http::Method::GET {
+    let h2 = req.version() == http::Version::HTTP_2;
+    if !h2 && req.method() != http::Method::GET {
         return error(StatusCode::METHOD_NOT_ALLOWED, "a WebSocket upgrade is a GET");
     }
     if req
@@ -102,10 +126,18 @@ pub(crate) fn upgrade(
             .insert(header::SEC_WEBSOCKET_VERSION, HeaderValue::from_static("13"));
         return reply;
     }
-    let Some(key) = req.headers().get(header::SEC_WEBSOCKET_KEY) else {
-        return error(StatusCode::BAD_REQUEST, "missing Sec-WebSocket-Key");
+    // RFC 8441 §5: over h2 there is no key and no accept; the stream's
+    // CONNECT already proves the client speaks the protocol.
+    let accept = if h2 {
+        None
+    } else {
+        let Some(key) = req.headers().get(header::SEC_WEBSOCKET_KEY) else {
+            return error(StatusCode::BAD_REQUEST, "missing Sec-WebSocket-Key");
+        };
+        Some(tokio_tungstenite::tungstenite::handshake::derive_accept_key(
+            key.as_bytes(),
+        ))
     };
-    let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
     // What every request of the session knows of its client: the upgrade's
     // headers (cookies, say), address and identity.
     let opener = Arc::new(Opener::of(req.headers(), req.extensions(), &state.pool.routes()));
@@ -115,7 +147,11 @@ pub(crate) fn upgrade(
     let on_upgrade = hyper::upgrade::on(&mut req);
     let cfg = state.config.ws.clone();
     let session_conn = conn.clone();
+    // From now on the session's pings say whether the client is alive,
+    // until it ends.
+    let counted = conn.upgraded();
     tokio::spawn(async move {
+        let _counted = counted;
         let conn = session_conn;
         let upgraded = match on_upgrade.await {
             Ok(u) => u,
@@ -136,16 +172,19 @@ pub(crate) fn upgrade(
             session(state, conn, ws, opener).await
         }
     });
-    // From now on the session's pings say whether the client is alive.
-    conn.upgraded();
     let mut reply = Response::new(http_body_util::Either::Left(Full::new(Bytes::new())));
-    *reply.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
-    let headers = reply.headers_mut();
-    headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-    headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
-    if let Ok(v) = HeaderValue::from_str(&accept) {
-        headers.insert(header::SEC_WEBSOCKET_ACCEPT, v);
+    // Over h2 a 2xx to the CONNECT opens the stream, and connection-level
+    // headers are not allowed.
+    if let Some(accept) = accept {
+        *reply.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+        let headers = reply.headers_mut();
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        if let Ok(v) = HeaderValue::from_str(&accept) {
+            headers.insert(header::SEC_WEBSOCKET_ACCEPT, v);
+        }
     }
+    let headers = reply.headers_mut();
     if let Some(v) = protocol {
         headers.insert(header::SEC_WEBSOCKET_PROTOCOL, v);
     }

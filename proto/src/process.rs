@@ -23,6 +23,9 @@ pub const GRPC_LISTEN_FD: i32 = 5;
 /// closes before it runs any plugin code. Never argv or the environment,
 /// which every local user can read in `/proc`.
 pub const SPEC_FD: i32 = 6;
+/// The fd the listener that serves HTTP/3 inherits its UDP socket on
+/// (`[listener.http3]`; only one listener process reads it).
+pub const QUIC_FD: i32 = 7;
 /// Exit code of a manager whose watchdog found a handler that did not
 /// return in time (`group.handler_timeout_ms`); EX_SOFTWARE.
 pub const EXIT_WATCHDOG: u8 = 70;

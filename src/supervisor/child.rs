@@ -14,7 +14,8 @@ use futures_util::StreamExt;
 use nix::fcntl::{FcntlArg, fcntl};
 use nix::sys::memfd::{MFdFlags, memfd_create};
 use switchyard_proto::process::{
-    CONTROL_FD, ENV_LOG_FORMAT, ENV_SUPERVISOR_PID, EXIT_WATCHDOG, GRPC_LISTEN_FD, LISTEN_FD, Pidfd, SPEC_FD,
+    CONTROL_FD, ENV_LOG_FORMAT, ENV_SUPERVISOR_PID, EXIT_WATCHDOG, GRPC_LISTEN_FD, LISTEN_FD, Pidfd, QUIC_FD,
+    SPEC_FD,
 };
 use switchyard_proto::supervision::{ToChild, ToSupervisor, line_error, lines};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
@@ -60,6 +61,8 @@ pub(crate) struct Launch<'a> {
     pub(crate) socket: Option<RawFd>,
     /// A listener's gRPC-only socket, inherited on fd 5.
     pub(crate) grpc_socket: Option<RawFd>,
+    /// The HTTP/3 listener's UDP socket, inherited on [`QUIC_FD`].
+    pub(crate) quic_socket: Option<RawFd>,
 }
 
 /// A memfd holding `spec`, for the child to read at [`SPEC_FD`]. Only
@@ -90,10 +93,12 @@ pub(crate) fn spawn(
     let theirs = high_dup(theirs.as_raw_fd())?;
     let socket = launch.socket.map(high_dup).transpose()?;
     let grpc_socket = launch.grpc_socket.map(high_dup).transpose()?;
+    let quic_socket = launch.quic_socket.map(high_dup).transpose()?;
     let spec = high_dup(spec_memfd(launch.spec)?.as_raw_fd())?;
     let control_src = theirs.as_raw_fd();
     let socket_src = socket.as_ref().map(|s| s.as_raw_fd());
     let grpc_src = grpc_socket.as_ref().map(|s| s.as_raw_fd());
+    let quic_src = quic_socket.as_ref().map(|s| s.as_raw_fd());
     let spec_src = spec.as_raw_fd();
     let supervisor = std::process::id();
 
@@ -135,6 +140,11 @@ pub(crate) fn spawn(
             {
                 return Err(std::io::Error::last_os_error());
             }
+            if let Some(src) = quic_src
+                && libc::dup2(src, QUIC_FD) < 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
             // Own process group: a terminal's Ctrl-C and hang-up reach
             // only the supervisor, which stops the children in order.
             libc::setpgid(0, 0);
@@ -154,6 +164,7 @@ pub(crate) fn spawn(
     drop(theirs);
     drop(socket);
     drop(grpc_socket);
+    drop(quic_socket);
     drop(spec);
     // Not reaped before `wait` below runs, so the pid is still this child's
     // and the pidfd names it for good.

@@ -26,10 +26,13 @@
 //! - `signals`: every signal that would otherwise end the group silently.
 //! - `reload`: what a new configuration changes.
 //! - `upgrade`: handing the listening sockets to a new supervisor.
+//! - `quic_port`: HTTP/3's UDP sockets, one per listener process, steered
+//!   by connection id.
 //! - `systemd`: `sd_notify` readiness, reload, stop and watchdog.
 //! - this module: the event loop, restart policy, reload and shutdown.
 
 mod child;
+mod quic_port;
 pub(crate) mod reload;
 pub(crate) mod runtime_dir;
 mod signals;
@@ -230,6 +233,8 @@ struct Child {
     socket: Option<OwnedFd>,
     /// A listener's gRPC-only socket (`listener.grpc_bind`).
     grpc_socket: Option<OwnedFd>,
+    /// The UDP socket of HTTP/3 (`[listener.http3]`): listener 0's alone.
+    quic_socket: Option<OwnedFd>,
     generation: u64,
     state: State,
     handle: Option<ChildHandle>,
@@ -344,6 +349,38 @@ fn sup_admin_bind(config: &Config) -> anyhow::Result<Option<std::net::TcpListene
     crate::admin::bind(addr).map(Some)
 }
 
+/// HTTP/3's UDP sockets, one per listener process, bound at
+/// `listener.http3.bind` or beside `tcp` (same IP, same port number), or
+/// taken over from the supervisor that upgrades; none without HTTP/3.
+fn quic_sockets(
+    config: &Config,
+    tcp: std::net::SocketAddr,
+    handover: Option<&mut upgrade::Receiving>,
+) -> anyhow::Result<Vec<std::net::UdpSocket>> {
+    let workers = config.listener.workers;
+    let enabled = config.listener.http3.enabled;
+    if let Some(handover) = handover {
+        // Without HTTP/3 in the new configuration they are closed here.
+        let sockets = handover.take_quic();
+        if enabled && !sockets.is_empty() {
+            // The steering program divides by the number of sockets the
+            // old group bound: another number of listeners would misroute.
+            anyhow::ensure!(
+                sockets.len() == workers as usize,
+                "listener.workers: the old group served HTTP/3 with {} listener processes; \
+                 changing their number needs a stop and a start",
+                sockets.len()
+            );
+            return Ok(sockets);
+        }
+    }
+    if !enabled {
+        return Ok(Vec::new());
+    }
+    let at = config.listener.http3.bind.unwrap_or(tcp);
+    quic_port::bind_steered(at, workers)
+}
+
 /// Binds the TCP ports, or takes them from the supervisor that upgrades.
 fn tcp_sockets(
     config: &Config,
@@ -428,6 +465,14 @@ async fn up(
     };
     let addr = tcp.local_addr()?;
     let grpc_addr = grpc_tcp.as_ref().map(|t| t.local_addr()).transpose()?;
+    let quic = match quic_sockets(&config, addr, handover.as_mut()) {
+        Ok(sockets) => sockets,
+        Err(err) => {
+            dir.remove();
+            return Err(err);
+        }
+    };
+    let quic_addr = quic.first().map(|q| q.local_addr()).transpose()?;
     let admin = match sup_admin_bind(&config) {
         Ok(admin) => admin,
         Err(err) => {
@@ -456,11 +501,20 @@ async fn up(
     let sockets = upgrade::Sockets {
         tcp: OwnedFd::from(tcp),
         grpc: grpc_tcp.map(OwnedFd::from),
+        quic: quic.into_iter().map(OwnedFd::from).collect(),
     };
     for instance in 0..config.listener.workers {
         let mut child = Child::new(Role::Listener, "listener", Some(sockets.tcp.try_clone()?));
         child.instance = instance;
         child.grpc_socket = sockets.grpc.as_ref().map(|s| s.try_clone()).transpose()?;
+        // QUIC has no shared accept queue: each listener reads a socket
+        // of its own, and the kernel steers every packet to the socket of
+        // the process that issued its connection id (`quic_port`).
+        child.quic_socket = sockets
+            .quic
+            .get(instance as usize)
+            .map(|s| s.try_clone())
+            .transpose()?;
         children.push(child);
     }
     let mut sup = Supervisor {
@@ -560,6 +614,9 @@ async fn up(
     // After the main line, which scripts wait for.
     if let Some(grpc_addr) = grpc_addr {
         println!("switchyard gRPC (only) listening on {scheme}://{grpc_addr}");
+    }
+    if let Some(quic) = quic_addr {
+        println!("switchyard HTTP/3 listening on udp {quic}");
     }
     let admin = admin.map(|listener| {
         if let Ok(at) = listener.local_addr() {
@@ -673,6 +730,7 @@ impl Child {
             instance: 0,
             socket,
             grpc_socket: None,
+            quic_socket: None,
             generation: 0,
             state: State::Stopped,
             handle: None,
@@ -797,6 +855,7 @@ impl Supervisor {
                 spec: &spec,
                 socket: child.socket.as_ref().map(|s| s.as_raw_fd()),
                 grpc_socket: child.grpc_socket.as_ref().map(|s| s.as_raw_fd()),
+                quic_socket: child.quic_socket.as_ref().map(|s| s.as_raw_fd()),
             },
             self.events.clone(),
         )?;

@@ -100,6 +100,9 @@ pub(crate) fn fingerprints(config: &Config) -> HashMap<String, Fingerprint> {
 const RESTART_KEYS: &[&str] = &[
     "listener.bind",
     "listener.grpc_bind",
+    // The supervisor binds HTTP/3's UDP socket at start.
+    "listener.http3.enabled",
+    "listener.http3.bind",
     "listener.workers",
     "listener.threads",
     "listener.pipes",
@@ -192,6 +195,8 @@ pub(crate) fn plan(running: &Config, running_prints: &HashMap<String, Fingerprin
     let (l, old) = (&mut effective.listener, &running.listener);
     l.bind = old.bind;
     l.grpc_bind = old.grpc_bind;
+    l.http3.enabled = old.http3.enabled;
+    l.http3.bind = old.http3.bind;
     l.workers = old.workers;
     l.threads = old.threads;
     l.pipes = old.pipes;

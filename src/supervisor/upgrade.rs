@@ -39,6 +39,9 @@ pub(crate) struct Sockets {
     pub(crate) tcp: OwnedFd,
     /// `listener.grpc_bind`'s.
     pub(crate) grpc: Option<OwnedFd>,
+    /// HTTP/3's UDP sockets (`[listener.http3]`), one per listener
+    /// process, in their steering order.
+    pub(crate) quic: Vec<OwnedFd>,
 }
 
 /// Old → new, with the sockets attached.
@@ -49,6 +52,9 @@ struct Offer {
     runtime_dir_created: bool,
     /// A gRPC-only socket follows the main one.
     grpc: bool,
+    /// This many UDP sockets of HTTP/3 follow (last), in steering order.
+    #[serde(default)]
+    quic: usize,
 }
 
 /// New → old.
@@ -136,11 +142,13 @@ impl Sending {
         let offer = Offer {
             runtime_dir_created,
             grpc: sockets.grpc.is_some(),
+            quic: sockets.quic.len(),
         };
         let mut line = serde_json::to_vec(&offer)?;
         line.push(b'\n');
         let mut fds: Vec<RawFd> = vec![sockets.tcp.as_raw_fd()];
         fds.extend(sockets.grpc.as_ref().map(|s| s.as_raw_fd()));
+        fds.extend(sockets.quic.iter().map(|s| s.as_raw_fd()));
         sendmsg::<()>(
             ours.as_raw_fd(),
             &[IoSlice::new(&line)],
@@ -210,6 +218,7 @@ pub(crate) struct Receiving {
     socket: Option<UnixStream>,
     offer: Offer,
     sockets: Option<(std::net::TcpListener, Option<std::net::TcpListener>)>,
+    quic: Vec<std::net::UdpSocket>,
 }
 
 impl Receiving {
@@ -221,7 +230,8 @@ impl Receiving {
         let socket = UnixStream::from(fd);
         socket.set_read_timeout(Some(Duration::from_secs(10)))?;
         let mut buf = [0u8; 4096];
-        let mut space = nix::cmsg_space!([RawFd; 2]);
+        // The TCP sockets and at most one UDP socket per listener process.
+        let mut space = nix::cmsg_space!([RawFd; 2 + super::quic_port::MAX_PROCESSES as usize]);
         let (len, fds) = {
             let mut iov = [IoSliceMut::new(&mut buf)];
             let msg = recvmsg::<()>(
@@ -246,12 +256,17 @@ impl Receiving {
             .collect();
         let text = std::str::from_utf8(&buf[..len])?;
         let offer: Offer = serde_json::from_str(text.trim_end())?;
+        let expected = 1 + usize::from(offer.grpc) + offer.quic;
         anyhow::ensure!(
-            owned.len() == 1 + usize::from(offer.grpc),
-            "the old supervisor sent {} sockets, not {}",
+            owned.len() == expected,
+            "the old supervisor sent {} sockets, not {expected}",
             owned.len(),
-            1 + usize::from(offer.grpc)
         );
+        let quic = owned
+            .split_off(owned.len() - offer.quic)
+            .into_iter()
+            .map(std::net::UdpSocket::from)
+            .collect();
         let grpc = offer.grpc.then(|| std::net::TcpListener::from(owned.remove(1)));
         let tcp = std::net::TcpListener::from(owned.remove(0));
         tracing::info!(addr = ?tcp.local_addr().ok(), "upgrade: took over the listening sockets");
@@ -260,6 +275,7 @@ impl Receiving {
             socket: Some(socket),
             offer,
             sockets: Some((tcp, grpc)),
+            quic,
         })
     }
 
@@ -272,6 +288,11 @@ impl Receiving {
         self.sockets
             .take()
             .expect("the sockets are taken once, at start-up")
+    }
+
+    /// HTTP/3's UDP sockets, if the old group served it (once).
+    pub(crate) fn take_quic(&mut self) -> Vec<std::net::UdpSocket> {
+        std::mem::take(&mut self.quic)
     }
 
     fn answer(&mut self, answer: &Answer) {

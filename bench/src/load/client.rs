@@ -1,5 +1,6 @@
 //! The simulated clients: one connection each (or one per request, with
-//! `--new-connection`), HTTP/1.1 or h2, over TLS for an https URL, sending
+//! `--new-connection`), HTTP/1.1 or h2, over TLS for an https URL, or
+//! HTTP/3 over QUIC (`--http3`, module `crate::h3`), sending
 //! the prepared requests round-robin, closed loop or on the open-loop
 //! schedule.
 
@@ -50,6 +51,9 @@ pub(super) struct Server {
     headers: Vec<(http::HeaderName, HeaderValue)>,
     /// https: the client side of TLS and the name the certificate must have.
     tls: Option<(tokio_rustls::TlsConnector, rustls::pki_types::ServerName<'static>)>,
+    /// `--http3`: QUIC to the same address on UDP (the probes of
+    /// `/openapi.json` and `/ready` still go over TCP).
+    http3: Option<crate::h3::Connector>,
     /// A new connection for every request (`--new-connection`).
     pub(super) new_connection: bool,
 }
@@ -66,6 +70,7 @@ impl Server {
             !(https && (opts.ws || opts.grpc || opts.grpc_bidi)),
             "--ws, --grpc and --grpc-bidi do not take an https URL yet"
         );
+        anyhow::ensure!(!opts.http3 || https, "--http3 needs an https URL");
         let tls = if https {
             let alpn: &[&[u8]] = if opts.http2 { &[b"h2"] } else { &[b"http/1.1"] };
             let config = crate::tls::client_config(opts.cacert.as_deref(), opts.insecure, alpn)?;
@@ -74,6 +79,10 @@ impl Server {
             Some((tokio_rustls::TlsConnector::from(config), name))
         } else {
             None
+        };
+        let h3_tls = match (&tls, opts.http3) {
+            (Some((connector, _)), true) => Some(connector.config().clone()),
+            _ => None,
         };
         let port = authority.port_u16().unwrap_or(if https { 443 } else { 80 });
         let addrs: Vec<SocketAddr> = timeout(PROBE_TIMEOUT, tokio::net::lookup_host((host, port)))
@@ -85,6 +94,18 @@ impl Server {
         for addr in addrs {
             match timeout(PROBE_TIMEOUT, TcpStream::connect(addr)).await {
                 Ok(Ok(_)) => {
+                    let http3 = match &h3_tls {
+                        Some(tls) => {
+                            let connector = crate::h3::Connector::new(tls, addr, host)?;
+                            // A server with no HTTP/3 fails the run here, not in every request.
+                            timeout(PROBE_TIMEOUT, connector.connect())
+                                .await
+                                .map_err(|_| anyhow!("no QUIC handshake with udp {addr} in time"))?
+                                .with_context(|| format!("cannot reach HTTP/3 on udp {addr}"))?;
+                            Some(connector)
+                        }
+                        None => None,
+                    };
                     let token = match &opts.token {
                         Some(token) => Some(
                             HeaderValue::try_from(format!("Bearer {token}"))
@@ -105,6 +126,7 @@ impl Server {
                         token,
                         headers: opts.headers.clone(),
                         tls,
+                        http3,
                         new_connection: opts.new_connection,
                     });
                 }
@@ -127,6 +149,7 @@ impl Server {
                 ..
             }) => "gRPC bidi (Session)",
             Some(_) => "WebSocket",
+            None if self.http3.is_some() => "HTTP/3",
             None if self.http2 => "h2",
             None => "HTTP/1.1",
         }
@@ -135,8 +158,10 @@ impl Server {
     /// Everything about `route`'s requests that does not change between them.
     pub(super) fn prepare(&self, route: &Route, body: Option<&Bytes>) -> anyhow::Result<Prepared> {
         let path: PathAndQuery = route.path.parse()?;
-        // h2 takes :scheme and :authority from the URI, HTTP/1.1 the origin form and `host`.
-        let uri = if self.http2 {
+        // h2 and HTTP/3 take :scheme and :authority from the URI, HTTP/1.1
+        // the origin form and `host`.
+        let absolute = self.http2 || self.http3.is_some();
+        let uri = if absolute {
             let mut parts = self.origin.clone().into_parts();
             parts.path_and_query = Some(path);
             Uri::from_parts(parts)?
@@ -149,7 +174,7 @@ impl Server {
             _ => Bytes::new(),
         };
         let mut headers = HeaderMap::new();
-        if !self.http2 {
+        if !absolute {
             let host = self.origin.authority().map_or("", |a| a.as_str());
             headers.insert(HOST, HeaderValue::from_str(host)?);
         }
@@ -177,7 +202,15 @@ impl Server {
 
     /// `GET path` on a connection of its own: status and body.
     pub(super) async fn fetch(&self, path: &str) -> anyhow::Result<(StatusCode, Bytes)> {
-        let request = self.prepare(&Route::get(path), None)?.request();
+        let mut request = self.prepare(&Route::get(path), None)?.request();
+        if self.http3.is_some() && !self.http2 {
+            // Over TCP, HTTP/1.1: the origin form and `host`.
+            if let Some(path) = request.uri().path_and_query().cloned() {
+                *request.uri_mut() = Uri::from(path);
+            }
+            let host = self.origin.authority().map_or("", |a| a.as_str());
+            request.headers_mut().insert(HOST, HeaderValue::from_str(host)?);
+        }
         let exchange = async {
             let mut conn = Conn::open_http(self).await?;
             conn.ready().await?;
@@ -205,6 +238,15 @@ pub(super) struct Prepared {
 }
 
 impl Prepared {
+    /// The head alone, for HTTP/3 (the body goes as DATA).
+    fn head(&self) -> Request<()> {
+        let mut request = Request::new(());
+        *request.method_mut() = self.method.clone();
+        *request.uri_mut() = self.uri.clone();
+        *request.headers_mut() = self.headers.clone();
+        request
+    }
+
     fn request(&self) -> Request<Full<Bytes>> {
         let mut request = Request::new(Full::new(self.body.clone()));
         *request.method_mut() = self.method.clone();
@@ -412,6 +454,15 @@ async fn attempt(
             }
         };
     }
+    if let Sender::H3(h3) = &mut open.sender {
+        return match h3.exchange(prepared.head(), prepared.body.clone()).await {
+            Ok(status) => Ok((status, sent)),
+            Err(_) => {
+                *conn = None;
+                Err(Failure::Exchange)
+            }
+        };
+    }
     match exchange(open, prepared.request()).await {
         Ok(status) => Ok((status, sent)),
         Err(_) => {
@@ -444,6 +495,7 @@ enum Sender {
     Ws(switchyard_client::Client),
     Grpc(switchyard_client::GrpcClient),
     GrpcBidi(switchyard_client::GrpcSession),
+    H3(crate::h3::Connection),
 }
 
 impl Conn {
@@ -471,6 +523,12 @@ impl Conn {
                 });
             }
             None => {}
+        }
+        if let Some(connector) = &server.http3 {
+            return Ok(Conn {
+                sender: Sender::H3(connector.connect().await?),
+                driver: None,
+            });
         }
         Conn::open_http(server).await
     }
@@ -509,8 +567,9 @@ impl Conn {
         match &mut self.sender {
             Sender::H1(sender) => sender.ready().await,
             Sender::H2(sender) => sender.ready().await,
-            // The clients reconnect on their own.
-            Sender::Ws(_) | Sender::Grpc(_) | Sender::GrpcBidi(_) => Ok(()),
+            // The clients reconnect on their own; a closed HTTP/3
+            // connection fails its next request and is replaced.
+            Sender::Ws(_) | Sender::Grpc(_) | Sender::GrpcBidi(_) | Sender::H3(_) => Ok(()),
         }
     }
 
@@ -518,8 +577,8 @@ impl Conn {
         match &mut self.sender {
             Sender::H1(sender) => sender.send_request(request).await,
             Sender::H2(sender) => sender.send_request(request).await,
-            Sender::Ws(_) | Sender::Grpc(_) | Sender::GrpcBidi(_) => {
-                unreachable!("event transports go through call_event")
+            Sender::Ws(_) | Sender::Grpc(_) | Sender::GrpcBidi(_) | Sender::H3(_) => {
+                unreachable!("event transports go through call_event, HTTP/3 through its own exchange")
             }
         }
     }

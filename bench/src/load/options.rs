@@ -66,6 +66,11 @@ pub struct Options {
     #[arg(long, conflicts_with_all = ["ws", "grpc", "grpc_bidi"])]
     pub http2: bool,
 
+    /// HTTP/3 over QUIC to the URL's host and port on UDP (an https URL;
+    /// the server's `[listener.http3]`): one QUIC connection per client.
+    #[arg(long, conflicts_with_all = ["http2", "ws", "grpc", "grpc_bidi", "new_connection"])]
+    pub http3: bool,
+
     /// WebSocket request/response (`/ws`, switchyard-client): each client
     /// one connection, calling `--event` with `--body` (or `{}`) as its data.
     #[arg(long, conflicts_with_all = ["grpc", "grpc_bidi"])]
@@ -360,6 +365,14 @@ mod tests {
         assert_eq!(o.cacert.as_deref(), Some(std::path::Path::new("ca.pem")));
         assert!(o.new_connection && !o.insecure);
         assert!(parse(&["https://h:1", "--insecure"]).unwrap().insecure);
+    }
+
+    #[test]
+    fn http3_is_one_transport_of_its_own() {
+        assert!(parse(&["https://h:1", "--http3", "--insecure"]).unwrap().http3);
+        for other in ["--http2", "--ws", "--grpc", "--new-connection"] {
+            assert!(parse(&["https://h:1", "--http3", other]).is_err(), "{other}");
+        }
     }
 
     #[test]

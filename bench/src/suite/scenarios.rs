@@ -51,13 +51,14 @@ pub(crate) enum Outcome {
 
 /// Whether scenario `name` starts Switchyard groups or the baseline.
 pub(crate) fn needs_servers(name: &str) -> bool {
-    comparison(name).is_some() || name == "middleware"
+    comparison(name).is_some() || name == "middleware" || name == "http3"
 }
 
 pub(crate) fn run(name: &str, ctx: &Ctx) -> anyhow::Result<Outcome> {
     match name {
         "routing" => routing(ctx),
         "middleware" => middleware(ctx),
+        "http3" => http3(ctx),
         other => match comparison(other) {
             Some(scenario) => scenario.run(ctx),
             None => bail!("no scenario {other}"),
@@ -479,6 +480,7 @@ impl Scenario {
                     label: "Switchyard",
                     config: None,
                     stalled: 0,
+                    transport: &[],
                 };
                 Ok(Ok(([demo, Contender::Baseline(None)], about(&verbatim))))
             }
@@ -487,6 +489,7 @@ impl Scenario {
                     label,
                     config: Some(config.to_owned()),
                     stalled,
+                    transport: &[],
                 });
                 if let Some(refused) = refused
                     && let Err(why) = accepted(ctx, &contenders, refused)?
@@ -512,6 +515,7 @@ impl Scenario {
                         label,
                         config: Some(config),
                         stalled: 0,
+                        transport: &[],
                     },
                 );
                 if let Err(why) = accepted(ctx, &contenders, refused)? {
@@ -611,11 +615,13 @@ fn middleware(ctx: &Ctx) -> anyhow::Result<Outcome> {
             label: "JWT + CORS + rate limit",
             config: Some(MIDDLEWARE_ON.to_owned()),
             stalled: 0,
+            transport: &[],
         },
         Contender::Group {
             label: "none",
             config: Some(MIDDLEWARE_BASE.to_owned()),
             stalled: 0,
+            transport: &[],
         },
     ];
     if let Err(why) = accepted(ctx, &contenders, "middleware has not landed")? {
@@ -661,6 +667,60 @@ fn middleware(ctx: &Ctx) -> anyhow::Result<Outcome> {
     ));
     Ok(Outcome::Done {
         title: "middleware: GET /noop with and without the built-in middleware".to_owned(),
+        body,
+    })
+}
+
+/// HTTP/3 against h2 over TLS, both served by one configuration (one
+/// listener process, the certificates made for the run), the client
+/// verifying them: the ratio is HTTP/3's own cost.
+fn http3(ctx: &Ctx) -> anyhow::Result<Outcome> {
+    let dir = super::tmp::scratch("http3")?;
+    let files = crate::tls::TestCertificates::create(dir.path())?;
+    let config = format!(
+        "[listener.tls]\ncert = \"{}\"\nkey = \"{}\"\n\n[listener.http3]\nenabled = true\n",
+        files.cert.display(),
+        files.key.display()
+    );
+    let contenders = [
+        Contender::Group {
+            label: "HTTP/3",
+            config: Some(config.clone()),
+            stalled: 0,
+            transport: &["--http3"],
+        },
+        Contender::Group {
+            label: "h2 over TLS",
+            config: Some(config),
+            stalled: 0,
+            transport: &["--http2"],
+        },
+    ];
+    if let Err(why) = accepted(ctx, &contenders, "HTTP/3 has not landed")? {
+        return Ok(Outcome::Skipped(why));
+    }
+    let loads = [
+        Load::http("/noop", &[("/noop 1", 1), ("/noop 8", 8), ("/noop 32", 32)]),
+        Load::http("/payload/1048576", &[("1 MiB 1", 1), ("1 MiB 8", 8)]),
+    ];
+    let trust = ["--cacert".to_owned(), files.ca.display().to_string()];
+    let comparison = compare(ctx, "http3", "route, clients", contenders, &loads, &trust)?;
+    let mut body = String::new();
+    let _ = writeln!(
+        body,
+        "- one group configuration serving both (`[listener.tls]` with an ECDSA P-256 certificate \
+         made for the run, `[listener.http3] enabled = true`, the demo's managers, one listener \
+         process), a fresh group per round; HTTP/3: `switchyard bench --http3` (quinn + h3, one \
+         QUIC connection and UDP socket per client); h2: `--http2` over TLS (ALPN h2, one \
+         connection per client); both verify the certificate"
+    );
+    let _ = writeln!(
+        body,
+        "- the ratio is HTTP/3's req/s over h2's: the hops behind the listener are the same\n"
+    );
+    body.push_str(&render_comparison(&comparison));
+    Ok(Outcome::Done {
+        title: "http3: HTTP/3 against h2 over TLS, GET /noop and GET /payload/1048576".to_owned(),
         body,
     })
 }
@@ -829,6 +889,9 @@ enum Contender {
         config: Option<String>,
         /// WebSocket subscribers opened after start that never read.
         stalled: usize,
+        /// Load generator flags for this contender alone (`--http3`),
+        /// after the load's own.
+        transport: &'static [&'static str],
     },
     /// `switchyard-baseline`, over TLS with this certificate and key.
     Baseline(Option<(PathBuf, PathBuf)>),
@@ -854,6 +917,7 @@ impl Contender {
                 label: "Switchyard",
                 config: Some(config),
                 stalled: 0,
+                transport: &[],
             },
             Contender::Baseline(Some((files.cert.clone(), files.key.clone()))),
         ]
@@ -928,6 +992,10 @@ fn compare(
                 contender.label()
             );
             let mut row = 0;
+            let mut flags = extra.to_vec();
+            if let Contender::Group { transport, .. } = contender {
+                flags.extend(transport.iter().map(|f| f.to_string()));
+            }
             for load in loads {
                 let concurrency: Vec<u32> = load.rows.iter().map(|&(_, c)| c).collect();
                 let report = ctx
@@ -938,7 +1006,7 @@ fn compare(
                         &concurrency,
                         ctx.duration,
                         load.transport,
-                        extra,
+                        &flags,
                     )?))
                     .with_context(|| format!("{} against {}", load.route, contender.label()))?;
                 anyhow::ensure!(
@@ -1073,7 +1141,7 @@ mod tests {
     fn the_table_covers_every_scenario() {
         for name in super::super::SCENARIOS {
             assert!(
-                comparison(name).is_some() || matches!(name, "routing" | "middleware"),
+                comparison(name).is_some() || matches!(name, "routing" | "middleware" | "http3"),
                 "{name} runs nothing"
             );
         }
