@@ -710,35 +710,7 @@ async fn an_upgrade_hands_the_udp_socket_to_the_new_group() {
     let endpoint = client_endpoint(&g.ca);
     let (mut before, _driver) = connect(&endpoint, g.udp).await;
     assert_eq!(send(&mut before, "GET", "/noop", b"").await.status, 200);
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
-        .args(["upgrade", "--runtime-dir"])
-        .arg(&g.group.runtime_dir)
-        .output()
-        .unwrap();
-    let said = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "upgrade failed: {said}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let new: u32 = said
-        .split("pid ")
-        .nth(1)
-        .and_then(|rest| rest.split(')').next())
-        .and_then(|pid| pid.parse().ok())
-        .unwrap_or_else(|| panic!("no pid in {said:?}"));
-    struct Stop(u32);
-    impl Drop for Stop {
-        fn drop(&mut self) {
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.0 as i32), Signal::SIGTERM);
-            let _ = std::panic::catch_unwind(|| {
-                eventually("the new supervisor exits", PATIENCE, || {
-                    if alive(self.0) { Err(self.0) } else { Ok(()) }
-                })
-            });
-        }
-    }
-    let _new_group = Stop(new);
+    let _new_group = common::upgrade(&g.group.runtime_dir);
     assert!(g.group.wait_exit().success(), "the old group exits cleanly");
     // The port never closed: new HTTP/3 connections reach the new group,
     // on either socket.

@@ -400,40 +400,9 @@ fn request_metrics_can_be_turned_off() {
 fn the_admin_endpoint_is_handed_over_by_an_upgrade() {
     let (mut group, admin) = group_with_admin("metrics-upgrade");
     let old = group.supervisor_pid();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
-        .args(["upgrade", "--runtime-dir"])
-        .arg(&group.runtime_dir)
-        .output()
-        .unwrap();
-    let said = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "upgrade failed: {said}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let new: u32 = said
-        .split("pid ")
-        .nth(1)
-        .and_then(|rest| rest.split(')').next())
-        .and_then(|pid| pid.parse().ok())
-        .unwrap_or_else(|| panic!("no pid in {said:?}"));
+    let upgraded = common::upgrade(&group.runtime_dir);
+    let new = upgraded.pid;
     assert_ne!(new, old);
-    struct Stop(u32);
-    impl Drop for Stop {
-        fn drop(&mut self) {
-            common::kill(self.0, common::Signal::SIGTERM);
-            let _ = std::panic::catch_unwind(|| {
-                eventually("the new supervisor exits", PATIENCE, || {
-                    if common::alive(self.0) {
-                        Err(self.0)
-                    } else {
-                        Ok(())
-                    }
-                })
-            });
-        }
-    }
-    let _new = Stop(new);
     assert!(group.wait_exit().success());
     // The same address, now the new supervisor's.
     eventually("the new supervisor's /api/status", PATIENCE, || {

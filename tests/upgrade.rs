@@ -58,37 +58,10 @@ fn upgrade_under_load_refuses_and_resets_nothing() {
         })
         .collect();
 
-    let out = Command::new(env!("CARGO_BIN_EXE_switchyard"))
-        .args(["upgrade", "--runtime-dir"])
-        .arg(&g.runtime_dir)
-        .output()
-        .unwrap();
-    let said = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "upgrade failed: {said}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let new: u32 = said
-        .split("pid ")
-        .nth(1)
-        .and_then(|rest| rest.split(')').next())
-        .and_then(|pid| pid.parse().ok())
-        .unwrap_or_else(|| panic!("no pid in {said:?}"));
-    assert_ne!(new, old);
     // Whatever happens next, the new supervisor is stopped at the end.
-    struct Stop(u32);
-    impl Drop for Stop {
-        fn drop(&mut self) {
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.0 as i32), Signal::SIGTERM);
-            let _ = std::panic::catch_unwind(|| {
-                eventually("the new supervisor exits", PATIENCE, || {
-                    if alive(self.0) { Err(self.0) } else { Ok(()) }
-                })
-            });
-        }
-    }
-    let new_supervisor = Stop(new);
+    let new_supervisor = common::upgrade(&g.runtime_dir);
+    let new = new_supervisor.pid;
+    assert_ne!(new, old);
 
     // The old group drains and exits cleanly while the load goes on.
     let status = g.wait_exit();

@@ -464,6 +464,47 @@ pub fn dev_shm_listing() -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// A supervisor `switchyard upgrade` started: told to stop (SIGTERM) and
+/// waited for when dropped, whatever the test did meanwhile.
+pub struct Upgraded {
+    pub pid: u32,
+}
+
+impl Drop for Upgraded {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(self::pid(self.pid), Signal::SIGTERM);
+        let _ = std::panic::catch_unwind(|| {
+            eventually("the new supervisor exits", PATIENCE, || {
+                if alive(self.pid) { Err(self.pid) } else { Ok(()) }
+            })
+        });
+    }
+}
+
+/// Runs `switchyard upgrade` on the group of `runtime_dir` and returns the
+/// new supervisor it started (the pid `upgrade` prints).
+#[track_caller]
+pub fn upgrade(runtime_dir: &Path) -> Upgraded {
+    let out = Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args(["upgrade", "--runtime-dir"])
+        .arg(runtime_dir)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "upgrade failed: {said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let pid = said
+        .split("pid ")
+        .nth(1)
+        .and_then(|rest| rest.split(')').next())
+        .and_then(|pid| pid.parse().ok())
+        .unwrap_or_else(|| panic!("no pid in {said:?}"));
+    Upgraded { pid }
+}
+
 pub fn alive(pid: u32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
         && !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z "))
