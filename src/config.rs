@@ -373,8 +373,8 @@ pub(crate) struct ListenerConfig {
     pub(crate) grpc_bind: Option<SocketAddr>,
     /// Listener processes sharing the port (each with its own return pipes).
     pub(crate) workers: u32,
-    /// Runtime threads of each listener process (0: half the cores,
-    /// shared among the listener processes, at least one; decision 0086).
+    /// Runtime threads of each listener process (0: one per core;
+    /// decision 0086 weighs one thread against two on two cores).
     pub(crate) threads: usize,
     /// Return pipes to the broker (0: one per thread).
     pub(crate) pipes: usize,
@@ -1430,16 +1430,14 @@ impl Config {
         }
     }
 
-    /// The listener's runtime threads: as configured, or half the cores
-    /// over the listener processes: the other half is for the hops the
-    /// listener feeds (broker, router, managers), and a second thread on
-    /// two cores only adds cross-thread wake-ups (decision 0086).
+    /// The listener's runtime threads: as configured, or one per core.
+    /// Fewer serve small requests faster on two cores but large bodies
+    /// slower (decision 0086).
     pub(crate) fn threads(&self) -> usize {
         if self.listener.threads > 0 {
             self.listener.threads
         } else {
-            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-            (cores / 2 / self.listener.workers.max(1) as usize).max(1)
+            std::thread::available_parallelism().map_or(1, |n| n.get())
         }
     }
 
