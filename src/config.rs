@@ -1147,7 +1147,98 @@ pub(crate) enum ConfigError {
     Invalid(String),
 }
 
+/// The environment variables that override configuration keys (DESIGN.md
+/// §5): `SWITCHYARD_LISTENER__BIND=127.0.0.1:9000` sets `listener.bind`,
+/// `SWITCHYARD_LISTENER__TLS__CERT=…` sets `listener.tls.cert`: the name
+/// after the prefix is the key's path, its parts joined by `__`, in any
+/// case. A variable without `__` (`SWITCHYARD_LOG`) is not one of them.
+const ENV_PREFIX: &str = "SWITCHYARD_";
+
+/// One override: the variable's name, the key's path, the raw value.
+type Override = (String, Vec<String>, String);
+
+/// The overrides in this process's environment, in name order.
+fn env_overrides() -> Vec<Override> {
+    let mut found: Vec<Override> = std::env::vars()
+        .filter_map(|(name, value)| {
+            let path = name.strip_prefix(ENV_PREFIX)?;
+            path.contains("__").then(|| {
+                let keys = path.split("__").map(str::to_ascii_lowercase).collect();
+                (name.clone(), keys, value)
+            })
+        })
+        .collect();
+    found.sort();
+    found
+}
+
+/// Sets each override in `table`, over what the file says. The value is
+/// read as a TOML value when it is one (`8080`, `true`, `["a", "b"]`,
+/// `"text"`), else taken as a string (`127.0.0.1:9000`). Entries of
+/// arrays of tables (`[[managers]]`) cannot be addressed.
+fn apply_overrides(table: &mut toml::Table, overrides: &[Override]) -> Result<(), ConfigError> {
+    for (name, path, raw) in overrides {
+        let Some((leaf, sections)) = path.split_last().filter(|_| path.iter().all(|k| !k.is_empty())) else {
+            return Err(ConfigError::Invalid(format!(
+                "{name}: not a key path (sections and key joined by `__`, e.g. SWITCHYARD_LISTENER__BIND)"
+            )));
+        };
+        let value = toml::from_str::<toml::Table>(&format!("v = {raw}"))
+            .ok()
+            .and_then(|mut t| t.remove("v"))
+            .unwrap_or_else(|| toml::Value::String(raw.clone()));
+        let mut at = &mut *table;
+        for (depth, section) in sections.iter().enumerate() {
+            let entry = at
+                .entry(section.clone())
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            let toml::Value::Table(inner) = entry else {
+                return Err(ConfigError::Invalid(format!(
+                    "{name}: `{}` is not a table",
+                    path[..=depth].join(".")
+                )));
+            };
+            at = inner;
+        }
+        at.insert(leaf.clone(), value);
+    }
+    Ok(())
+}
+
+/// `message` naming the variables that changed the configuration, so a
+/// bad value from the environment is not looked for in the file.
+fn with_overrides(message: String, overrides: &[Override]) -> String {
+    if overrides.is_empty() {
+        return message;
+    }
+    let names: Vec<&str> = overrides.iter().map(|(name, ..)| name.as_str()).collect();
+    format!(
+        "{message}\n(with the environment's overrides: {})",
+        names.join(", ")
+    )
+}
+
 impl Config {
+    /// The built-in demo configuration with the environment's overrides
+    /// (`SWITCHYARD_SECTION__KEY`), validated when there are any.
+    pub(crate) fn demo() -> Result<Config, ConfigError> {
+        let overrides = env_overrides();
+        if overrides.is_empty() {
+            return Ok(Config::default());
+        }
+        let mut table = toml::Table::try_from(Config::default())
+            .map_err(|e| ConfigError::Invalid(format!("the demo configuration: {e}")))?;
+        apply_overrides(&mut table, &overrides)?;
+        let config: Config = table
+            .try_into()
+            .map_err(|e: toml::de::Error| ConfigError::Parse {
+                path: "the demo configuration".to_owned(),
+                message: with_overrides(e.to_string(), &overrides),
+            })?;
+        config.validate()?;
+        Ok(config)
+    }
+
     /// Reads and validates `path` (the plugins too, in a child process:
     /// see `crate::validate`), reporting every problem at once.
     pub(crate) fn load(path: &Path) -> Result<Config, ConfigError> {
@@ -1176,10 +1267,18 @@ impl Config {
             path: path.display().to_string(),
             source,
         })?;
-        let mut config: Config = toml::from_str(&text).map_err(|e| ConfigError::Parse {
+        let mut table: toml::Table = toml::from_str(&text).map_err(|e| ConfigError::Parse {
             path: path.display().to_string(),
             message: e.to_string(),
         })?;
+        let overrides = env_overrides();
+        apply_overrides(&mut table, &overrides)?;
+        let mut config: Config = table
+            .try_into()
+            .map_err(|e: toml::de::Error| ConfigError::Parse {
+                path: path.display().to_string(),
+                message: with_overrides(e.to_string(), &overrides),
+            })?;
         let base = path.parent().unwrap_or(Path::new("."));
         for m in &mut config.managers {
             if let Some(plugin) = &m.plugin
@@ -1457,6 +1556,57 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn overridden(text: &str, overrides: &[(&str, &str)]) -> Result<Config, String> {
+        let mut table: toml::Table = toml::from_str(text).unwrap();
+        let overrides: Vec<Override> = overrides
+            .iter()
+            .map(|(name, value)| {
+                let path = name.strip_prefix(ENV_PREFIX).unwrap();
+                let keys = path.split("__").map(str::to_ascii_lowercase).collect();
+                (name.to_string(), keys, value.to_string())
+            })
+            .collect();
+        apply_overrides(&mut table, &overrides).map_err(|e| e.to_string())?;
+        table
+            .try_into()
+            .map_err(|e: toml::de::Error| with_overrides(e.to_string(), &overrides))
+    }
+
+    #[test]
+    fn environment_variables_override_keys() {
+        let config = overridden(
+            "[listener]\nbind = \"127.0.0.1:8080\"\nmax_body_bytes = 10\n",
+            &[
+                ("SWITCHYARD_LISTENER__BIND", "127.0.0.1:9000"),
+                ("SWITCHYARD_LISTENER__MAX_BODY_BYTES", "2048"),
+                ("SWITCHYARD_GROUP__RING_YIELDS", "7"),
+                ("SWITCHYARD_REQUEST_ID__ENABLED", "false"),
+                ("SWITCHYARD_COMPRESSION__ALGORITHMS", "[\"zstd\"]"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(config.listener.bind, SocketAddr::from(([127, 0, 0, 1], 9000)));
+        assert_eq!(config.listener.max_body_bytes, 2048, "over the file's value");
+        assert_eq!(config.group.ring_yields, 7, "a section the file does not have");
+        assert!(!config.request_id.enabled);
+        // A value that is no TOML value is a string; one that is, is typed.
+        let err = overridden("", &[("SWITCHYARD_LISTENER__BND", "1")]).unwrap_err();
+        assert!(
+            err.contains("bnd") && err.contains("SWITCHYARD_LISTENER__BND"),
+            "{err}"
+        );
+        let err = overridden("", &[("SWITCHYARD_LISTENER__MAX_BODY_BYTES", "lots")]).unwrap_err();
+        assert!(err.contains("SWITCHYARD_LISTENER__MAX_BODY_BYTES"), "{err}");
+        let err = overridden(
+            "[listener]\nbind = \"127.0.0.1:1\"\n",
+            &[("SWITCHYARD_LISTENER__BIND__X", "1")],
+        )
+        .unwrap_err();
+        assert!(err.contains("`listener.bind` is not a table"), "{err}");
+        let err = overridden("", &[("SWITCHYARD_LISTENER____BIND", "1")]).unwrap_err();
+        assert!(err.contains("not a key path"), "{err}");
+    }
 
     #[test]
     fn defaults_are_valid_and_round_trip() {

@@ -183,7 +183,7 @@ enum Command {
 fn load_config(path: Option<&std::path::Path>) -> Result<config::Config, ExitCode> {
     let loaded = match path {
         Some(p) => config::Config::load(p),
-        None => Ok(config::Config::default()),
+        None => config::Config::demo(),
     };
     loaded.map_err(|err| {
         eprintln!("switchyard: configuration error:\n{err}");

@@ -84,7 +84,7 @@ impl Source {
         let mut config = match &self.path {
             Some(path) => Config::load(path).map_err(SourceError::Config)?,
             None => {
-                let mut config = Config::default();
+                let mut config = Config::demo().map_err(SourceError::Config)?;
                 crate::apidoc::gather(&mut config);
                 config
             }
