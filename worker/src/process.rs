@@ -100,6 +100,19 @@ struct Shared {
     capacity: usize,
 }
 
+impl Worker {
+    /// Sends `job` to this worker; on success it is the job the worker
+    /// runs, and its span the one the worker's lines about it go in.
+    fn start(&mut self, job: &Job) -> bool {
+        if self.sink.send(job_frame(job)).is_err() {
+            return false;
+        }
+        self.running = Some(job.id);
+        self.running_span = job.span();
+        true
+    }
+}
+
 impl Shared {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
@@ -140,17 +153,11 @@ fn feed(state: &mut State, worker: u64) {
         state.idle.push_back(worker);
         return;
     };
-    match w.sink.send(job_frame(&job)) {
-        Ok(()) => {
-            w.running = Some(job.id);
-            w.running_span = job.span();
-        }
-        Err(_) => {
-            // Its connection is closing (the reader will remove it): the
-            // job waits for another worker.
-            state.queue.push_front(job);
-            w.doomed = true;
-        }
+    if !w.start(&job) {
+        // Its connection is closing (the reader will remove it): the
+        // job waits for another worker.
+        state.queue.push_front(job);
+        w.doomed = true;
     }
 }
 
@@ -214,17 +221,11 @@ impl ProcessPool {
                 continue;
             };
             let Some(j) = job.take() else { break };
-            match w.sink.send(job_frame(&j)) {
-                Ok(()) => {
-                    w.running = Some(id);
-                    w.running_span = j.span();
-                    break;
-                }
-                Err(_) => {
-                    w.doomed = true;
-                    job = Some(j);
-                }
+            if w.start(&j) {
+                break;
             }
+            w.doomed = true;
+            job = Some(j);
         }
         if let Some(job) = job {
             if state.queue.len() >= shared.capacity {

@@ -15,18 +15,16 @@ use crossbeam_channel::{Receiver, Sender};
 use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 
-use switchyard_proto::EventType;
-
 use crate::{Done, Job, Refused, Runner, timed_out};
 
 enum Slot {
     /// Waiting for a thread (the timer is set right after submission).
     Queued { job: Job, timer: Option<AbortHandle> },
-    /// On a thread; `tags` name its request in the deadline's line.
+    /// On a thread, in `span` (its request's id and trace), which the
+    /// deadline's line is written in too.
     Running {
         timer: Option<AbortHandle>,
-        job_type: EventType,
-        tags: switchyard_proto::Meta,
+        span: tracing::Span,
     },
 }
 
@@ -94,20 +92,19 @@ impl ThreadPool {
         let timer = tokio::spawn(async move {
             tokio::time::sleep(timeout).await;
             let mut slots = lock(&slots);
-            let (job_type, tags, what) = match slots.jobs.remove(&id) {
+            let (span, what) = match slots.jobs.remove(&id) {
                 Some(Slot::Queued { job, .. }) => {
                     slots.queued -= 1;
-                    (job.job_type, job.tags, "job past its deadline while queued")
+                    (job.span(), "job past its deadline while queued")
                 }
-                Some(Slot::Running { job_type, tags, .. }) => (
-                    job_type,
-                    tags,
+                Some(Slot::Running { span, .. }) => (
+                    span,
                     "job past its deadline; its thread runs on and its result will be dropped",
                 ),
                 None => return,
             };
             drop(slots);
-            crate::job_span(id, job_type, &tags).in_scope(|| tracing::warn!("{what}"));
+            span.in_scope(|| tracing::warn!("{what}"));
             let _ = results.send(timed_out(id, timeout));
         });
         // The job may have finished already; then its timer is not needed.
@@ -132,29 +129,25 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 fn work(ids: Receiver<u64>, runner: Runner, slots: Shared, results: mpsc::UnboundedSender<Done>) {
     // Ends when the pool (the only sender) is dropped.
     while let Ok(id) = ids.recv() {
-        let job = {
+        let (job, span) = {
             let mut slots = lock(&slots);
             let Some(slot) = slots.jobs.get_mut(&id) else {
                 continue; // its deadline passed while it waited
             };
-            let Slot::Queued { timer, .. } = slot else {
+            let Slot::Queued { job, timer } = slot else {
                 continue;
             };
+            let span = job.span();
             let running = Slot::Running {
                 timer: timer.take(),
-                job_type: EventType::CONTROL,
-                tags: Default::default(),
+                span: span.clone(),
             };
             let Slot::Queued { job, .. } = std::mem::replace(slot, running) else {
                 unreachable!("checked above")
             };
-            if let Slot::Running { job_type, tags, .. } = slot {
-                (*job_type, *tags) = (job.job_type, job.tags.clone());
-            }
             slots.queued -= 1;
-            job
+            (job, span)
         };
-        let span = job.span();
         let _running = span.enter();
         let output = runner(job.job_type, &job.body);
         crate::log_result(&output);
