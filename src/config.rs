@@ -1160,16 +1160,30 @@ type Override = (String, Vec<String>, String);
 /// The overrides in this process's environment, in name order.
 fn env_overrides() -> Vec<Override> {
     let mut found: Vec<Override> = std::env::vars()
-        .filter_map(|(name, value)| {
-            let path = name.strip_prefix(ENV_PREFIX)?;
-            path.contains("__").then(|| {
-                let keys = path.split("__").map(str::to_ascii_lowercase).collect();
-                (name.clone(), keys, value)
-            })
-        })
+        .filter_map(|(name, value)| as_override(name, value))
         .collect();
     found.sort();
     found
+}
+
+/// The override variable `name` makes, if it is one.
+fn as_override(name: String, value: String) -> Option<Override> {
+    let path = name.strip_prefix(ENV_PREFIX)?;
+    path.contains("__").then(|| {
+        let keys = path.split("__").map(str::to_ascii_lowercase).collect();
+        (name.clone(), keys, value)
+    })
+}
+
+/// `table` (read from `source`) with `overrides` applied, as a
+/// configuration not yet validated; a key or value it refuses is reported
+/// against `source` and names the variables applied.
+fn overridden(mut table: toml::Table, overrides: &[Override], source: &str) -> Result<Config, ConfigError> {
+    apply_overrides(&mut table, overrides)?;
+    table.try_into().map_err(|e: toml::de::Error| ConfigError::Parse {
+        path: source.to_owned(),
+        message: with_overrides(e.to_string(), overrides),
+    })
 }
 
 /// Sets each override in `table`, over what the file says. The value is
@@ -1226,15 +1240,9 @@ impl Config {
         if overrides.is_empty() {
             return Ok(Config::default());
         }
-        let mut table = toml::Table::try_from(Config::default())
+        let table = toml::Table::try_from(Config::default())
             .map_err(|e| ConfigError::Invalid(format!("the demo configuration: {e}")))?;
-        apply_overrides(&mut table, &overrides)?;
-        let config: Config = table
-            .try_into()
-            .map_err(|e: toml::de::Error| ConfigError::Parse {
-                path: "the demo configuration".to_owned(),
-                message: with_overrides(e.to_string(), &overrides),
-            })?;
+        let config = overridden(table, &overrides, "the demo configuration")?;
         config.validate()?;
         Ok(config)
     }
@@ -1267,18 +1275,11 @@ impl Config {
             path: path.display().to_string(),
             source,
         })?;
-        let mut table: toml::Table = toml::from_str(&text).map_err(|e| ConfigError::Parse {
+        let table: toml::Table = toml::from_str(&text).map_err(|e| ConfigError::Parse {
             path: path.display().to_string(),
             message: e.to_string(),
         })?;
-        let overrides = env_overrides();
-        apply_overrides(&mut table, &overrides)?;
-        let mut config: Config = table
-            .try_into()
-            .map_err(|e: toml::de::Error| ConfigError::Parse {
-                path: path.display().to_string(),
-                message: with_overrides(e.to_string(), &overrides),
-            })?;
+        let mut config = overridden(table, &env_overrides(), &path.display().to_string())?;
         let base = path.parent().unwrap_or(Path::new("."));
         for m in &mut config.managers {
             if let Some(plugin) = &m.plugin
@@ -1558,19 +1559,12 @@ mod tests {
     use super::*;
 
     fn overridden(text: &str, overrides: &[(&str, &str)]) -> Result<Config, String> {
-        let mut table: toml::Table = toml::from_str(text).unwrap();
         let overrides: Vec<Override> = overrides
             .iter()
-            .map(|(name, value)| {
-                let path = name.strip_prefix(ENV_PREFIX).unwrap();
-                let keys = path.split("__").map(str::to_ascii_lowercase).collect();
-                (name.to_string(), keys, value.to_string())
-            })
+            .map(|(name, value)| as_override(name.to_string(), value.to_string()).unwrap())
             .collect();
-        apply_overrides(&mut table, &overrides).map_err(|e| e.to_string())?;
-        table
-            .try_into()
-            .map_err(|e: toml::de::Error| with_overrides(e.to_string(), &overrides))
+        super::overridden(toml::from_str(text).unwrap(), &overrides, "switchyard.toml")
+            .map_err(|e| e.to_string())
     }
 
     #[test]

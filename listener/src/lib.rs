@@ -804,9 +804,10 @@ impl Serve {
             // Boxed: the request's whole state machine is kilobytes, and
             // every layer and hyper's dispatcher would otherwise move it
             // (memmove was 11 % of the listener's samples).
-            let respond: std::pin::Pin<Box<dyn Future<Output = Response> + Send>> =
-                Box::pin(async move { this.respond(req).await });
-            futures_util::FutureExt::map(respond, Ok::<_, Infallible>)
+            use futures_util::FutureExt;
+            async move { this.respond(req).await }
+                .boxed()
+                .map(Ok::<_, Infallible>)
         });
         // Outermost first: CORS answers preflights and marks every answer,
         // compressed ones too; request bodies are decoded before anything
