@@ -80,7 +80,14 @@ pub(crate) async fn serve(
     let trace_id = traceparent.as_deref().and_then(|tp| tp.get(3..35));
     let span = match (&request_id, trace_id) {
         (None, None) => tracing::Span::none(),
-        (id, trace_id) => tracing::info_span!("request", request_id = id.as_deref(), trace_id),
+        // As `Display`: the fmt layer writes a span's fields out when the
+        // span is made, and `Debug` escapes a string character by character
+        // (3.7 % of the listener's samples). Both are visible ASCII already.
+        (id, trace_id) => tracing::info_span!(
+            "request",
+            request_id = id.as_deref().map(tracing::field::display),
+            trace_id = trace_id.map(tracing::field::display)
+        ),
     };
     let reply = async {
         let reply = serve_request(state, grpc, grpc_only, conn, client_ip, req, &mut stats).await;
