@@ -41,15 +41,19 @@ use std::ffi::c_void;
 /// (decision 0060).
 /// v7: `FromPlugin::Job::correlation`, so a job's log lines in workers
 /// name the request's trace (issue 15 §2).
-pub const ABI_VERSION: u32 = 7;
+/// v8: `FromPlugin::NextTimer`: the host steps a manager's timers when
+/// they are due instead of every `TICK_PERIOD`.
+pub const ABI_VERSION: u32 = 8;
 
 /// Symbol of `extern "C" fn() -> u32`.
 pub const ABI_SYMBOL: &[u8] = b"switchyard_plugin_abi_version\0";
 /// Symbol of `extern "C" fn() -> *const VTable`.
 pub const VTABLE_SYMBOL: &[u8] = b"switchyard_plugin_vtable\0";
 
-/// How often a host steps a manager that has timers
-/// ([`messages::ToPlugin::Timers`]): their resolution.
+/// The resolution of a manager's timers, and how often a host steps a
+/// manager that has timers ([`messages::ToPlugin::Timers`]) until the
+/// plugin has said when the next one is due
+/// ([`messages::FromPlugin::NextTimer`]).
 pub const TICK_PERIOD: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// [`VTable::panic_strategy`]: panics unwind, so the plugin's

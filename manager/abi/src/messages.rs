@@ -38,8 +38,9 @@ pub struct Description {
     pub kind: String,
     pub handles: Vec<HandledType>,
     pub subscribes: Vec<EventType>,
-    /// The manager has timers: the host sends [`ToPlugin::Timers`] every
-    /// [`TICK_PERIOD`](crate::TICK_PERIOD).
+    /// The manager has timers: the host sends [`ToPlugin::Timers`] when
+    /// the plugin says the next one is due ([`FromPlugin::NextTimer`]),
+    /// at most every [`TICK_PERIOD`](crate::TICK_PERIOD) until it has.
     pub timers: bool,
     /// Every type the manager handles, subscribes to or emits, described
     /// for clients (`/openapi.json`, `/docs`, typed gRPC). Filled only for
@@ -118,8 +119,9 @@ pub enum ToPlugin {
     /// (`HostApi::wake`), e.g. because an upload handler finished, or the
     /// host's periodic idle step, when the plugin does its housekeeping.
     Wake,
-    /// Run the timers due by now plus `ahead_ms` (the host sends 0 every
-    /// [`TICK_PERIOD`](crate::TICK_PERIOD); tests move time forward).
+    /// Run the timers due by now plus `ahead_ms` (the host sends 0 when
+    /// the plugin's [`FromPlugin::NextTimer`] is due; tests move time
+    /// forward).
     Timers { ahead_ms: u64 },
 }
 
@@ -177,6 +179,12 @@ pub enum FromPlugin {
         correlation: u64,
         message: String,
     },
+    /// The manager's earliest timer is due in `in_ms` milliseconds: the
+    /// host sends [`ToPlugin::Timers`] then, and not before, so an idle
+    /// manager with a timer a second apart wakes once a second, not every
+    /// [`TICK_PERIOD`](crate::TICK_PERIOD). Sent after any step that moved
+    /// the earliest deadline.
+    NextTimer { in_ms: u64 },
 }
 
 /// Log levels a plugin can log at through the host.

@@ -138,6 +138,7 @@ fn from_plugin() -> impl Strategy<Value = FromPlugin> {
             correlation,
             message,
         }),
+        any::<u64>().prop_map(|in_ms| FromPlugin::NextTimer { in_ms }),
     ]
 }
 

@@ -138,6 +138,7 @@ pub async fn run(
         job_timeout: config.workers.job_timeout,
         immediate: Vec::new(),
         ticks: description.timers,
+        timer_next: None,
     };
     loop {
         let link = tokio::select! {
@@ -291,8 +292,12 @@ struct Host {
     /// Inputs for the plugin produced while dispatching its outputs (jobs
     /// the pool refused at once).
     immediate: Vec<ToPlugin>,
-    /// The manager has timers: tick it every `TICK_PERIOD`.
+    /// The manager has timers: step them when the plugin says the next
+    /// is due, every `TICK_PERIOD` until it has.
     ticks: bool,
+    /// When the plugin said its next timer is due (`FromPlugin::NextTimer`);
+    /// none since the last timer step: every `TICK_PERIOD` until it says.
+    timer_next: Option<tokio::time::Instant>,
 }
 
 /// The connection to the router.
@@ -320,8 +325,14 @@ impl Host {
         let mut drain_acknowledged = false;
         let mut batch = Vec::with_capacity(64);
         let mut inputs = Vec::with_capacity(64);
-        let mut tick = tokio::time::interval(switchyard_manager_abi::TICK_PERIOD);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        // The plugin's timers: stepped when it said the next one is due
+        // (an idle manager with a timer a second apart wakes once a
+        // second), every TICK_PERIOD until it has said.
+        let timer = tokio::time::sleep_until(
+            self.timer_next
+                .unwrap_or_else(|| tokio::time::Instant::now() + switchyard_manager_abi::TICK_PERIOD),
+        );
+        tokio::pin!(timer);
         let mut idle = tokio::time::interval(IDLE_STEP);
         idle.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
@@ -348,7 +359,12 @@ impl Host {
                     tracing::warn!(unanswered = self.requests.len(), "drain grace period over; stopping");
                     return Ok(Served::Stopped);
                 }
-                _ = tick.tick(), if self.ticks => inputs.push(ToPlugin::Timers { ahead_ms: 0 }),
+                () = &mut timer, if self.ticks => {
+                    inputs.push(ToPlugin::Timers { ahead_ms: 0 });
+                    // Until the plugin's answer to this step says when.
+                    self.timer_next = None;
+                    timer.as_mut().reset(tokio::time::Instant::now() + switchyard_manager_abi::TICK_PERIOD);
+                }
                 read = reader.read_batch(&mut batch) => match read {
                     // While draining, a lost router has failed what we held.
                     Ok(true) => {}
@@ -468,6 +484,11 @@ impl Host {
                 let now = std::mem::take(&mut self.immediate);
                 let outputs = self.step(plugin, &now)?;
                 self.dispatch(outputs, config, sink);
+            }
+            if let Some(due) = self.timer_next
+                && timer.deadline() != due
+            {
+                timer.as_mut().reset(due);
             }
             let queued = self.pool.queued();
             GAUGES.set(self.requests.len() + self.calls.len(), queued);
@@ -594,6 +615,13 @@ impl Host {
                     message,
                 } => {
                     log(level, correlation, &message);
+                    continue;
+                }
+                FromPlugin::NextTimer { in_ms } => {
+                    // Never a busy loop; never past a day (the plugin
+                    // says again after every timer step).
+                    let wait = Duration::from_millis(in_ms.clamp(1, 86_400_000));
+                    self.timer_next = Some(tokio::time::Instant::now() + wait);
                     continue;
                 }
                 FromPlugin::Job {

@@ -172,8 +172,8 @@ fn describe<E: Event, R: Reply>(role: TypeRole) -> TypeDoc {
     }
 }
 
-/// How often the host ticks a manager with timers: the resolution of
-/// [`Registry::every`].
+/// How often the host steps a manager's timers until the plugin has said
+/// when the next one is due ([`Registry::every`]).
 pub use switchyard_manager_abi::TICK_PERIOD;
 
 pub(crate) type TimerFn<M> = fn(&mut M, &mut Context) -> Result<(), Error>;
@@ -528,9 +528,10 @@ impl<M: Manager> Registry<M> {
 
     /// A periodic handler: runs every `interval(&manager)` (read once, right
     /// after `create`, so it may come from the manager's config), with the
-    /// manager's state, between events. The host steps a manager with
-    /// timers every [`TICK_PERIOD`], which is their resolution; a timer
-    /// that fell far behind (the process was stopped) skips the missed runs.
+    /// manager's state, between events. The host steps the timers when the
+    /// earliest is due (the SDK tells it after every step), so an idle
+    /// manager sleeps until then; a timer that fell far behind (the process
+    /// was stopped) skips the missed runs.
     ///
     /// ```
     /// # use std::time::Duration;

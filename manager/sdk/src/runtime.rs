@@ -133,6 +133,9 @@ pub(crate) struct Runtime<M: Manager> {
     ready: Arc<ReadyQueue>,
     /// Per timer of the registry: its interval and when it is next due.
     timers: Vec<(Duration, Instant)>,
+    /// The earliest of `timers` as last told to the host
+    /// (`FromPlugin::NextTimer`).
+    told_next: Option<Instant>,
     /// Without one (in-process tests) upload handlers run inline.
     wake: Option<WakeHost>,
     finished: Finished,
@@ -224,6 +227,7 @@ impl<M: Manager> Runtime<M> {
             .collect();
         let runtime = Runtime {
             timers,
+            told_next: None,
             state: Rc::new(RefCell::new(manager)),
             registry,
             names,
@@ -261,7 +265,10 @@ impl<M: Manager> Runtime<M> {
                 // the path of requests.
                 ToPlugin::Wake => self.shared.segments.borrow_mut().trim(SEGMENT_IDLE),
                 ToPlugin::Timers { ahead_ms } => {
-                    self.run_timers(Instant::now() + Duration::from_millis(ahead_ms))
+                    self.run_timers(Instant::now() + Duration::from_millis(ahead_ms));
+                    // The host forgets when we said once it steps the
+                    // timers: it is told again after this step.
+                    self.told_next = None;
                 }
                 ToPlugin::Notification {
                     event_type,
@@ -296,7 +303,27 @@ impl<M: Manager> Runtime<M> {
         for (correlation, result) in finished {
             self.respond(correlation, result);
         }
+        self.tell_next_timer();
         std::mem::take(&mut *self.shared.outbox.borrow_mut())
+    }
+
+    /// Tells the host when the earliest timer is due, if that moved, so
+    /// that it steps an idle manager then instead of every `TICK_PERIOD`.
+    fn tell_next_timer(&mut self) {
+        let Some(next) = self.timers.iter().map(|&(_, next)| next).min() else {
+            return;
+        };
+        if self.told_next == Some(next) {
+            return;
+        }
+        self.told_next = Some(next);
+        // Rounded up, so that the host's step finds the timer due.
+        let wait = next.saturating_duration_since(Instant::now());
+        let in_ms = u64::try_from(wait.as_micros().div_ceil(1000)).unwrap_or(u64::MAX);
+        self.shared
+            .outbox
+            .borrow_mut()
+            .push(FromPlugin::NextTimer { in_ms });
     }
 
     fn context(&self, correlation: u64, format: Format, request: Rc<Meta>) -> Context {
@@ -871,6 +898,83 @@ mod tests {
         }
     }
 
+    /// A timer two seconds apart, counting its runs.
+    struct Ticks(u32);
+
+    impl Manager for Ticks {
+        const NAME: &'static str = "ticks";
+        fn create(_: &Config) -> Result<Self, Error> {
+            Ok(Ticks(0))
+        }
+        fn register(r: &mut Registry<Self>) {
+            r.every(
+                |_| Duration::from_secs(2),
+                |t, _| {
+                    t.0 += 1;
+                    Ok(())
+                },
+            );
+        }
+    }
+
+    fn args(name: &str) -> CreateArgs {
+        CreateArgs {
+            name: name.into(),
+            instance: 0,
+            config_json: String::new(),
+            expose_errors: true,
+            shm_threshold: u64::MAX,
+            shm_budget: 0,
+            validation: false,
+        }
+    }
+
+    fn next_timers(out: &[FromPlugin]) -> Vec<u64> {
+        out.iter()
+            .filter_map(|o| match o {
+                FromPlugin::NextTimer { in_ms } => Some(*in_ms),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_host_is_told_when_the_next_timer_is_due() {
+        let (mut runtime, description) = Runtime::<Ticks>::create(args("ticks"), None, None).unwrap();
+        assert!(description.timers);
+        // The first step says when: about two seconds from creation.
+        let first = next_timers(&runtime.step(vec![ToPlugin::Wake]));
+        assert!(
+            matches!(first.as_slice(), [ms] if (1_000..=2_000).contains(ms)),
+            "{first:?}"
+        );
+        // Steps that do not move it say nothing more.
+        assert!(next_timers(&runtime.step(vec![ToPlugin::Wake])).is_empty());
+        // A timer step says again, even when nothing was due (the host
+        // forgets the deadline once it steps the timers).
+        let early = next_timers(&runtime.step(vec![ToPlugin::Timers { ahead_ms: 0 }]));
+        assert!(
+            matches!(early.as_slice(), [ms] if (1_000..=2_000).contains(ms)),
+            "{early:?}"
+        );
+        assert_eq!(runtime.state.borrow().0, 0, "not due yet");
+        // Two seconds on: the timer runs, and the next one is two seconds
+        // after that, about four from now.
+        let later = next_timers(&runtime.step(vec![ToPlugin::Timers { ahead_ms: 2_000 }]));
+        assert_eq!(runtime.state.borrow().0, 1, "ran once");
+        assert!(
+            matches!(later.as_slice(), [ms] if (3_000..=4_000).contains(ms)),
+            "{later:?}"
+        );
+    }
+
+    #[test]
+    fn a_manager_without_timers_says_nothing_of_them() {
+        let (mut runtime, description) = Runtime::<Waits>::create(args("waits"), None, None).unwrap();
+        assert!(!description.timers);
+        assert!(next_timers(&runtime.step(vec![ToPlugin::Timers { ahead_ms: 0 }])).is_empty());
+    }
+
     #[test]
     fn a_task_woken_from_another_thread_asks_the_host_for_a_step() {
         let remote = Remote::default();
@@ -880,16 +984,7 @@ mod tests {
         let wake: WakeHost = Arc::new(move || {
             counter.fetch_add(1, Ordering::SeqCst);
         });
-        let args = CreateArgs {
-            name: "waits".into(),
-            instance: 0,
-            config_json: String::new(),
-            expose_errors: true,
-            shm_threshold: u64::MAX,
-            shm_budget: 0,
-            validation: false,
-        };
-        let (mut runtime, _) = Runtime::<Waits>::create(args, None, Some(wake)).unwrap();
+        let (mut runtime, _) = Runtime::<Waits>::create(args("waits"), None, Some(wake)).unwrap();
         let mut meta = Meta::default();
         meta.push("content-type", crate::BINCODE);
         let request = ToPlugin::Request {

@@ -481,6 +481,8 @@ impl<M: Manager> TestManager<M> {
                     FromPlugin::Log {
                         correlation, message, ..
                     } => self.logs.push((correlation, message)),
+                    // Time moves only when a test says (`advance`).
+                    FromPlugin::NextTimer { .. } => {}
                 }
             }
             if inputs.is_empty() {
