@@ -211,6 +211,12 @@ async fn connect(description: &Description, config: &Config) -> Result<Connected
 /// path and without needing traffic.
 pub const IDLE_STEP: Duration = Duration::from_secs(2);
 
+/// When to step the timers of a plugin that has not said when the next
+/// one is due: TICK_PERIOD from now.
+fn unsaid_timer() -> tokio::time::Instant {
+    tokio::time::Instant::now() + switchyard_manager_abi::TICK_PERIOD
+}
+
 /// The request id and trace context of each request in the plugin's hands
 /// that has one, by the local id the plugin knows it by: the plugin's log
 /// lines name only that, and may come from any of its threads
@@ -328,10 +334,7 @@ impl Host {
         // The plugin's timers: stepped when it said the next one is due
         // (an idle manager with a timer a second apart wakes once a
         // second), every TICK_PERIOD until it has said.
-        let timer = tokio::time::sleep_until(
-            self.timer_next
-                .unwrap_or_else(|| tokio::time::Instant::now() + switchyard_manager_abi::TICK_PERIOD),
-        );
+        let timer = tokio::time::sleep_until(self.timer_next.unwrap_or_else(unsaid_timer));
         tokio::pin!(timer);
         let mut idle = tokio::time::interval(IDLE_STEP);
         idle.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
@@ -363,7 +366,7 @@ impl Host {
                     inputs.push(ToPlugin::Timers { ahead_ms: 0 });
                     // Until the plugin's answer to this step says when.
                     self.timer_next = None;
-                    timer.as_mut().reset(tokio::time::Instant::now() + switchyard_manager_abi::TICK_PERIOD);
+                    timer.as_mut().reset(unsaid_timer());
                 }
                 read = reader.read_batch(&mut batch) => match read {
                     // While draining, a lost router has failed what we held.
