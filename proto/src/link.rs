@@ -258,35 +258,34 @@ async fn send_record(socket: &UnixStream, record: Record, fds: &[RawFd]) -> Resu
     }
 }
 
-/// Receives the descriptor records waiting on a ring link's socket,
-/// without blocking: each as (offset of its frame, descriptors). The writer
-/// sends a frame's record before the frame's first byte enters the ring, so
-/// when a reader meets a marked frame its record is already queued here.
-pub(crate) fn receive_records(socket: BorrowedFd<'_>, out: &mut VecDeque<(u64, Vec<OwnedFd>)>) -> Result<()> {
-    loop {
-        let mut buf = BytesMut::with_capacity(RECORD_LEN);
-        let mut fds = Vec::new();
-        // Linux ends a read after a message that carries descriptors, and
-        // every record carries some: one record per read.
-        match fdpass::recv(socket.as_raw_fd(), &mut buf, &mut fds) {
-            Ok(0) => return Ok(()),
-            Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted => {
-                return Ok(());
-            }
-            Err(e) => return Err(e.into()),
+/// Receives the next descriptor record waiting on a ring link's socket,
+/// without blocking: (offset of its frame, descriptors), or `None` when
+/// none is queued. The writer sends a frame's record before the frame's
+/// first byte enters the ring, so when a reader meets a marked frame its
+/// record is already queued here.
+///
+/// One record per call, so a reader takes only the records of frames it
+/// has reached: the rest stay in the socket, whose full buffer holds the
+/// writer back, instead of piling up in the reader.
+pub(crate) fn receive_record(socket: BorrowedFd<'_>) -> Result<Option<(u64, Vec<OwnedFd>)>> {
+    let mut buf = BytesMut::with_capacity(RECORD_LEN);
+    let mut fds = Vec::new();
+    // Linux ends a read after a message that carries descriptors, and
+    // every record carries some: one record per read.
+    match fdpass::recv(socket.as_raw_fd(), &mut buf, &mut fds) {
+        Ok(0) => return Ok(None),
+        Ok(_) => {}
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted => {
+            return Ok(None);
         }
-        match Record::decode(&buf)? {
-            Record::Descriptors { offset, count } if fds.len() == count as usize => {
-                out.push_back((offset, fds))
-            }
-            Record::Descriptors { .. } => {
-                return Err(Error::Descriptors(
-                    "a descriptor record came with another number of descriptors".into(),
-                ));
-            }
-            Record::Hello { .. } => return Err(Error::Malformed("a second ring hand-over")),
-        }
+        Err(e) => return Err(e.into()),
+    }
+    match Record::decode(&buf)? {
+        Record::Descriptors { offset, count } if fds.len() == count as usize => Ok(Some((offset, fds))),
+        Record::Descriptors { .. } => Err(Error::Descriptors(
+            "a descriptor record came with another number of descriptors".into(),
+        )),
+        Record::Hello { .. } => Err(Error::Malformed("a second ring hand-over")),
     }
 }
 
@@ -510,11 +509,14 @@ impl RingWriter {
                     offset: st.offset,
                     count: u8::try_from(fds.len()).map_err(|_| Error::Malformed("too many descriptors"))?,
                 };
-                match fdpass::send(
-                    self.socket.as_ref().as_raw_fd(),
-                    &[IoSlice::new(&record.encode())],
-                    &fds,
-                ) {
+                // Through `try_io`, so a full socket clears its readiness
+                // and the writer task sleeps until the reader takes
+                // records, instead of finding it "writable" again at once
+                // and spinning.
+                let socket = self.socket.as_ref();
+                match socket.try_io(tokio::io::Interest::WRITABLE, || {
+                    fdpass::send(socket.as_raw_fd(), &[IoSlice::new(&record.encode())], &fds)
+                }) {
                     Ok(RECORD_LEN) => {}
                     Ok(_) => break Err(Error::Malformed("a link record was cut")),
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break Ok(Blocked::Socket),
@@ -652,6 +654,60 @@ mod tests {
             }
         }
         assert_eq!(reader.unclaimed_descriptors(), 0);
+    }
+
+    /// A reader that falls behind a writer of shared-memory bodies holds
+    /// its backlog in the kernel and reads it whole once it catches up:
+    /// descriptors ahead of their frames are load, not a broken peer.
+    async fn a_reader_behind_many_descriptor_frames_catches_up(transport: Transport) {
+        const FRAMES: u64 = 600;
+        let (a, b) = UnixStream::pair().unwrap();
+        let (a, b) = tokio::join!(
+            open_with(a, transport, 4096, DEFAULT_MAX_FRAME),
+            open_with(b, transport, 4096, DEFAULT_MAX_FRAME)
+        );
+        let ((_, sink), (mut reader, _keep)) = (a.unwrap(), b.unwrap());
+        let bodies: Vec<_> = (0..FRAMES)
+            .map(|i| crate::ShmBody::create(&vec![i as u8; 64 * 1024]).unwrap())
+            .collect();
+        let sender = tokio::spawn(async move {
+            for (i, body) in bodies.into_iter().enumerate() {
+                sink.send_wait(request(i as u64, Payload::Shm(body)))
+                    .await
+                    .unwrap();
+            }
+            // Let the writer move all it can before the reader starts.
+            for _ in 0..10_000 {
+                if sink.queued() == 0 {
+                    break;
+                }
+                tokio::task::yield_now().await;
+            }
+            sink
+        });
+        let _sink = sender.await.unwrap();
+        let mut got = Vec::new();
+        while (got.len() as u64) < FRAMES {
+            assert!(reader.read_batch(&mut got).await.unwrap(), "the link ended early");
+        }
+        for (i, env) in got.into_iter().enumerate() {
+            assert_eq!(env.correlation, i as u64);
+            let Payload::Shm(body) = env.payload else {
+                panic!("frame {i} lost its body")
+            };
+            assert_eq!(body.map().unwrap()[0], i as u8);
+        }
+        assert_eq!(reader.unclaimed_descriptors(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_ring_reader_behind_many_descriptor_frames_catches_up() {
+        a_reader_behind_many_descriptor_frames_catches_up(Transport::Ring).await;
+    }
+
+    #[tokio::test]
+    async fn a_socket_reader_behind_many_descriptor_frames_catches_up() {
+        a_reader_behind_many_descriptor_frames_catches_up(Transport::Socket).await;
     }
 
     #[tokio::test]

@@ -338,15 +338,22 @@ async fn write_all_vectored<W: AsyncWrite + Unpin>(
 
 /// The receiving side of a connection.
 ///
-/// Descriptors are held to account (issue 12, item 11): each read's
-/// descriptors came with one `sendmsg` whose first byte is in that read,
-/// and the frame starting there must carry [`frame::FD_MARK`]; the frames
-/// of its batch claim them in order, and the batch must have claimed all of
-/// them when the next marked frame comes. A peer that attaches descriptors
-/// anywhere else, leaves some unclaimed, or claims more than it sent gets an
-/// error, which closes its connection; its descriptors close with the
-/// reader. Unclaimed descriptors are bounded besides: more than
-/// [`fdpass::MAX_FDS`] held between reads is an error.
+/// Descriptors are held to account, so a peer cannot make a process hold
+/// descriptors no frame owns: each read's descriptors came with one
+/// `sendmsg` whose first byte is in that read, and the frame starting there
+/// must carry [`frame::FD_MARK`]; the frames of its batch claim them in
+/// order, and the batch must have claimed all of them when the next marked
+/// frame comes. A peer that attaches descriptors anywhere else, leaves some
+/// unclaimed, or claims more than it sent gets an error, which closes its
+/// connection; its descriptors close with the reader.
+///
+/// A reader that has merely fallen behind is not such a peer, and its
+/// backlog stays in the kernel, not here: on a socket link a read brings at
+/// most one `sendmsg`'s descriptors (Linux ends a read after a message that
+/// carries some) and the whole frames before them are parsed before the
+/// next read; on a ring link a frame's descriptor record is taken off the
+/// socket only when the reader reaches that frame. So more than
+/// [`fdpass::MAX_FDS`] held between reads is a protocol error, never load.
 pub struct FrameReader<R> {
     io: R,
     /// A ring link's incoming ring ([`crate::link`]): frame bytes come from
@@ -517,22 +524,17 @@ impl<R: FdSocket> FrameReader<R> {
             )));
         }
         if frame::is_marked(&self.buf) {
-            if self.ring.is_some() {
+            if self.ring.is_some() && !self.arrived.iter().any(|a| a.start == at) {
                 // Its descriptors came as a record on the socket, sent
-                // before the frame's first byte entered the ring.
-                let mut records = VecDeque::new();
-                crate::link::receive_records(self.io.socket().as_fd(), &mut records)?;
-                for (offset, fds) in records {
+                // before the frame's first byte entered the ring. Records
+                // of frames further on are left in the socket: a reader
+                // that has fallen behind holds one record, not a backlog.
+                if let Some((offset, fds)) = crate::link::receive_record(self.io.socket().as_fd())? {
                     self.arrived.push_back(Arrival {
                         fds,
                         start: offset,
                         end: offset + 1,
                     });
-                }
-                if self.unclaimed_descriptors() > fdpass::MAX_FDS * 4 {
-                    return Err(Error::Descriptors(
-                        "too many descriptors ahead of their frames".into(),
-                    ));
                 }
             }
             if !self.batch.is_empty() {
