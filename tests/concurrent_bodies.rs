@@ -11,15 +11,26 @@ mod common;
 use std::sync::{Arc, Barrier};
 use std::thread;
 
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+
 use common::*;
 use futures_util::StreamExt;
 use serde_json::json;
 use switchyard_client::{Client, GrpcClient};
 
+/// Connections (HTTP/1.1) or streams on one connection (h2c) at once.
 const CLIENTS: usize = 100;
-const ROUNDS: usize = 3;
-const DOWNLOAD: usize = 256 * 1024;
-const UPLOAD: usize = 128 * 1024;
+/// Requests each HTTP/1.1 client makes, one connection each.
+const ROUNDS: usize = 1;
+/// Requests each h2c stream slot makes.
+const H2_ROUNDS: usize = 3;
+/// Over HTTP/1.1 downloads are 1 MiB, over h2c 256 KiB: both above the
+/// shared-memory threshold, and together a few seconds in a debug build.
+const DOWNLOAD: usize = 1024 * 1024;
+const H2_DOWNLOAD: usize = 256 * 1024;
+const UPLOAD: usize = 256 * 1024;
 const NOTIFICATION: usize = 96 * 1024;
 
 fn config(transport: &str) -> String {
@@ -81,27 +92,103 @@ fn upload(addr: std::net::SocketAddr, n: usize) -> Result<(), String> {
     Ok(())
 }
 
+/// `CLIENTS` streams at once on one h2c connection, `H2_ROUNDS` requests
+/// each: `path` with `body` (a GET when empty); every answer that is not a
+/// 200 with `expect_len` bytes (equal to `body` when it has one) is
+/// returned as a line.
+fn h2_hammer(
+    rt: &tokio::runtime::Runtime,
+    addr: std::net::SocketAddr,
+    path: &str,
+    body: Bytes,
+    expect_len: usize,
+) -> Vec<String> {
+    rt.block_on(async {
+        let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+            .initial_stream_window_size(4 << 20)
+            .initial_connection_window_size(64 << 20)
+            .handshake(TokioIo::new(stream))
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        let slots: Vec<_> = (0..CLIENTS)
+            .map(|_| {
+                let mut sender = sender.clone();
+                let (path, body) = (path.to_owned(), body.clone());
+                tokio::spawn(async move {
+                    let mut failed = Vec::new();
+                    for _ in 0..H2_ROUNDS {
+                        let method = if body.is_empty() { "GET" } else { "POST" };
+                        let request = http::Request::builder()
+                            .method(method)
+                            .uri(format!("http://{addr}{path}"))
+                            .header("content-type", "application/octet-stream")
+                            .body(Full::new(body.clone()))
+                            .unwrap();
+                        let outcome = async {
+                            sender.ready().await.map_err(|e| e.to_string())?;
+                            let response = sender.send_request(request).await.map_err(|e| e.to_string())?;
+                            let status = response.status();
+                            let got = response
+                                .into_body()
+                                .collect()
+                                .await
+                                .map_err(|e| e.to_string())?
+                                .to_bytes();
+                            if status != 200 || got.len() != expect_len || (!body.is_empty() && got != body) {
+                                return Err(format!(
+                                    "{status} with {} bytes: {:.200}",
+                                    got.len(),
+                                    String::from_utf8_lossy(&got)
+                                ));
+                            }
+                            Ok(())
+                        };
+                        if let Err(e) = within(outcome).await {
+                            failed.push(format!("{method} {path}: {e}"));
+                        }
+                    }
+                    failed
+                })
+            })
+            .collect();
+        let mut failed = Vec::new();
+        for slot in slots {
+            failed.extend(slot.await.unwrap());
+        }
+        failed
+    })
+}
+
+fn assert_none_failed(what: &str, total: usize, failed: &[String]) {
+    assert!(
+        failed.is_empty(),
+        "{} of {total} {what} failed: {:?}",
+        failed.len(),
+        &failed[..failed.len().min(5)]
+    );
+}
+
 fn bodies_in_flight_never_drop_the_links(tag: &'static str, transport: &str) {
     let g = Group::builder(tag).config(&config(transport)).start();
+    let rt = runtime();
 
-    let failed = hammer(g.addr, download);
-    assert!(
-        failed.is_empty(),
-        "{} of {} downloads failed: {:?}",
-        failed.len(),
-        CLIENTS * ROUNDS,
-        &failed[..failed.len().min(5)]
+    let failed = h2_hammer(
+        &rt,
+        g.addr,
+        &format!("/payload/{H2_DOWNLOAD}"),
+        Bytes::new(),
+        H2_DOWNLOAD,
     );
-    let failed = hammer(g.addr, upload);
-    assert!(
-        failed.is_empty(),
-        "{} of {} uploads failed: {:?}",
-        failed.len(),
-        CLIENTS * ROUNDS,
-        &failed[..failed.len().min(5)]
-    );
+    assert_none_failed("h2c downloads", CLIENTS * H2_ROUNDS, &failed);
+    let upload_body: Bytes = (0..UPLOAD).map(|i| (i * 31) as u8).collect();
+    let failed = h2_hammer(&rt, g.addr, "/echo-bytes", upload_body, UPLOAD);
+    assert_none_failed("h2c uploads", CLIENTS * H2_ROUNDS, &failed);
+    assert_none_failed("HTTP/1.1 downloads", CLIENTS * ROUNDS, &hammer(g.addr, download));
+    assert_none_failed("HTTP/1.1 uploads", CLIENTS * ROUNDS, &hammer(g.addr, upload));
 
-    large_notifications_all_arrive(&g);
+    large_notifications_all_arrive(&rt, &g);
 
     // The links held: no process of the group logged a link it dropped.
     for needle in ["descriptors", "went down while handling"] {
@@ -114,12 +201,15 @@ async fn within<F: std::future::Future>(f: F) -> F::Output {
     tokio::time::timeout(PATIENCE, f).await.expect("in time")
 }
 
-fn large_notifications_all_arrive(g: &Group) {
-    let rt = tokio::runtime::Builder::new_multi_thread()
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
-        .unwrap();
+        .unwrap()
+}
+
+fn large_notifications_all_arrive(rt: &tokio::runtime::Runtime, g: &Group) {
     rt.block_on(async {
         let ws = within(Client::connect(&format!("ws://{}/ws", g.addr)))
             .await
