@@ -19,8 +19,7 @@ use tonic::Status;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::server::{ServerStreamingService, UnaryService};
 
-use super::{BoxStream, EventsService, call};
-use crate::RequestBody;
+use super::{BoxStream, EventsService, GrpcBody, call};
 use crate::api::proto;
 use crate::context::Opener;
 use crate::state::State;
@@ -72,7 +71,7 @@ impl Typed {
     pub(crate) async fn serve(
         &self,
         state: &Arc<State>,
-        req: http::Request<RequestBody>,
+        req: http::Request<GrpcBody>,
     ) -> Option<http::Response<tonic::body::Body>> {
         let rpc = self.rpcs.get(req.uri().path())?.clone();
         let mut grpc = tonic::server::Grpc::new(RawCodec);
