@@ -558,7 +558,11 @@ impl tonic::codec::Codec for Raw {
 impl tonic::codec::Encoder for Raw {
     type Item = bytes::Bytes;
     type Error = tonic::Status;
-    fn encode(&mut self, item: bytes::Bytes, dst: &mut tonic::codec::EncodeBuf<'_>) -> Result<(), tonic::Status> {
+    fn encode(
+        &mut self,
+        item: bytes::Bytes,
+        dst: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), tonic::Status> {
         bytes::BufMut::put(dst, item);
         Ok(())
     }
@@ -567,7 +571,10 @@ impl tonic::codec::Encoder for Raw {
 impl tonic::codec::Decoder for Raw {
     type Item = bytes::Bytes;
     type Error = tonic::Status;
-    fn decode(&mut self, src: &mut tonic::codec::DecodeBuf<'_>) -> Result<Option<bytes::Bytes>, tonic::Status> {
+    fn decode(
+        &mut self,
+        src: &mut tonic::codec::DecodeBuf<'_>,
+    ) -> Result<Option<bytes::Bytes>, tonic::Status> {
         use bytes::Buf as _;
         let len = src.remaining();
         Ok(Some(src.copy_to_bytes(len)))
@@ -604,7 +611,8 @@ async fn a_session_that_receives_an_undecodable_message_ends_with_an_error() {
         "{reply:?}"
     );
     // Field 1 (`id`, a string) announced 16 bytes long, with 2 there.
-    tx.send(bytes::Bytes::from_static(&[0x0a, 0x10, b'h', b'i'])).unwrap();
+    tx.send(bytes::Bytes::from_static(&[0x0a, 0x10, b'h', b'i']))
+        .unwrap();
     let err = within(inbound.message())
         .await
         .expect_err("the stream ends with an error status");
@@ -623,17 +631,19 @@ async fn reflection_answers_an_unknown_symbol_and_the_stream_goes_on() {
     let g = group("grpc-reflection-unknown");
     let channel = channel(&g).await;
     {
+        use tonic_reflection::pb::v1::ServerReflectionRequest;
         use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
         use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
         use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
-        use tonic_reflection::pb::v1::ServerReflectionRequest;
         let ask = |m| ServerReflectionRequest {
             host: String::new(),
             message_request: Some(m),
         };
         let requests = vec![
             ask(MessageRequest::FileContainingSymbol("no.such.Symbol".into())),
-            ask(MessageRequest::FileContainingSymbol("switchyard.v1.Events.Call".into())),
+            ask(MessageRequest::FileContainingSymbol(
+                "switchyard.v1.Events.Call".into(),
+            )),
             ask(MessageRequest::FileByFilename("no/such.proto".into())),
             ask(MessageRequest::ListServices(String::new())),
         ];
@@ -663,19 +673,25 @@ async fn reflection_answers_an_unknown_symbol_and_the_stream_goes_on() {
             MessageResponse::FileDescriptorResponse(f) => assert_eq!(f.file_descriptor_proto.len(), 1),
             other => panic!("expected a file descriptor, got {other:?}"),
         }
-        assert!(matches!(next(&mut answers).await, MessageResponse::ErrorResponse(_)));
+        assert!(matches!(
+            next(&mut answers).await,
+            MessageResponse::ErrorResponse(_)
+        ));
         match next(&mut answers).await {
             MessageResponse::ListServicesResponse(list) => {
-                assert!(list.service.iter().any(|s| s.name == "demo.v1.Basics"), "{list:?}")
+                assert!(
+                    list.service.iter().any(|s| s.name == "demo.v1.Basics"),
+                    "{list:?}"
+                )
             }
             other => panic!("expected a service list, got {other:?}"),
         }
     }
     {
+        use tonic_reflection::pb::v1alpha::ServerReflectionRequest;
         use tonic_reflection::pb::v1alpha::server_reflection_client::ServerReflectionClient;
         use tonic_reflection::pb::v1alpha::server_reflection_request::MessageRequest;
         use tonic_reflection::pb::v1alpha::server_reflection_response::MessageResponse;
-        use tonic_reflection::pb::v1alpha::ServerReflectionRequest;
         let ask = |m| ServerReflectionRequest {
             host: String::new(),
             message_request: Some(m),
@@ -694,9 +710,15 @@ async fn reflection_answers_an_unknown_symbol_and_the_stream_goes_on() {
             matches!(first.message_response, Some(MessageResponse::ErrorResponse(ref e)) if e.error_code == Code::NotFound as i32),
             "{first:?}"
         );
-        let second = within(answers.message()).await.unwrap().expect("the stream goes on");
+        let second = within(answers.message())
+            .await
+            .unwrap()
+            .expect("the stream goes on");
         assert!(
-            matches!(second.message_response, Some(MessageResponse::FileDescriptorResponse(_))),
+            matches!(
+                second.message_response,
+                Some(MessageResponse::FileDescriptorResponse(_))
+            ),
             "{second:?}"
         );
     }

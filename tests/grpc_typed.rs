@@ -64,7 +64,11 @@ fn a_python_client_calls_a_typed_rpc_knowing_only_the_address() {
     // unset it adds 1, as `POST /kv/{key}/incr` without it does; set to 0
     // it adds 0.
     assert_eq!(
-        (&result["incr_default"], &result["incr_zero"], &result["incr_five"]),
+        (
+            &result["incr_default"],
+            &result["incr_zero"],
+            &result["incr_five"]
+        ),
         (&Value::from(1), &Value::from(1), &Value::from(6)),
         "{result}"
     );
@@ -288,14 +292,20 @@ async fn a_route_that_answers_bytes_replies_an_http_body() {
     grpc.ready().await.unwrap();
     let size: u64 = 300_000;
     let mut request = Vec::new();
-    put_varint(&mut request, u64::from(field_numbers(["chunked", "size"])["size"]) << 3);
+    put_varint(
+        &mut request,
+        u64::from(field_numbers(["chunked", "size"])["size"]) << 3,
+    );
     put_varint(&mut request, size);
     let path = http::uri::PathAndQuery::from_static("/demo.v1.PayloadService/Stream");
-    let reply = tokio::time::timeout(PATIENCE, grpc.unary(tonic::Request::new(Bytes::from(request)), path, Raw))
-        .await
-        .expect("in time")
-        .unwrap()
-        .into_inner();
+    let reply = tokio::time::timeout(
+        PATIENCE,
+        grpc.unary(tonic::Request::new(Bytes::from(request)), path, Raw),
+    )
+    .await
+    .expect("in time")
+    .unwrap()
+    .into_inner();
     let fields = fields(&reply);
     assert_eq!(
         fields.iter().find(|(k, _)| *k == 1).map(|(_, v)| v),

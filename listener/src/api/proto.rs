@@ -505,8 +505,7 @@ pub fn files(catalog: &Catalog) -> (Vec<ProtoFile>, Vec<Method>) {
 /// `application/problem+json`, `…; charset=utf-8`).
 fn is_json(content_type: &str) -> bool {
     let essence = content_type.split(';').next().unwrap_or_default().trim();
-    essence.eq_ignore_ascii_case("application/json")
-        || essence.to_ascii_lowercase().ends_with("+json")
+    essence.eq_ignore_ascii_case("application/json") || essence.to_ascii_lowercase().ends_with("+json")
 }
 
 /// Compiles generated files into a descriptor pool and its encoded
@@ -636,7 +635,11 @@ mod catalog_tests {
                 name: "basics".to_owned(),
                 kind: "basics".to_owned(),
                 handles: Vec::new(),
-                types: vec![incr, bytes, doc("demo.Json", r#"{"type":"object","properties":{}}"#)],
+                types: vec![
+                    incr,
+                    bytes,
+                    doc("demo.Json", r#"{"type":"object","properties":{}}"#),
+                ],
             }],
         };
         let (files, methods) = files(&catalog);

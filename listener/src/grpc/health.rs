@@ -85,12 +85,17 @@ async fn track(state: Arc<State>, tx: watch::Sender<Statuses>) {
 type WatchStream = Pin<Box<dyn Stream<Item = Result<HealthCheckResponse, Status>> + Send>>;
 
 fn response(status: ServingStatus) -> HealthCheckResponse {
-    HealthCheckResponse { status: status as i32 }
+    HealthCheckResponse {
+        status: status as i32,
+    }
 }
 
 #[tonic::async_trait]
 impl tonic_health::pb::health_server::Health for Health {
-    async fn check(&self, request: Request<HealthCheckRequest>) -> Result<Response<HealthCheckResponse>, Status> {
+    async fn check(
+        &self,
+        request: Request<HealthCheckRequest>,
+    ) -> Result<Response<HealthCheckResponse>, Status> {
         let service = request.into_inner().service;
         match self.statuses.borrow().get(&service) {
             Some(status) => Ok(Response::new(response(*status))),

@@ -60,7 +60,8 @@ impl<B> Limited<B> {
             data.advance(n);
             if self.have == PREFIX {
                 self.have = 0;
-                let len = u32::from_be_bytes([self.prefix[1], self.prefix[2], self.prefix[3], self.prefix[4]]);
+                let len =
+                    u32::from_be_bytes([self.prefix[1], self.prefix[2], self.prefix[3], self.prefix[4]]);
                 let len = len as usize;
                 if len > MAX_MESSAGE {
                     return Err(Status::resource_exhausted(format!(
@@ -82,7 +83,10 @@ where
     type Data = Bytes;
     type Error = BoxError;
 
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         if self.failed {
             return Poll::Ready(None);
         }

@@ -129,13 +129,15 @@ impl Files {
                     )),
                 }
             }
-            Some(MessageRequest::AllExtensionNumbersOfType(name)) => match self.pool.get_message_by_name(name) {
-                Some(m) => MessageResponse::AllExtensionNumbersResponse(v1::ExtensionNumberResponse {
-                    base_type_name: name.clone(),
-                    extension_number: m.extensions().map(|e| e.number() as i32).collect(),
-                }),
-                None => not_found(format!("no message type `{name}`")),
-            },
+            Some(MessageRequest::AllExtensionNumbersOfType(name)) => {
+                match self.pool.get_message_by_name(name) {
+                    Some(m) => MessageResponse::AllExtensionNumbersResponse(v1::ExtensionNumberResponse {
+                        base_type_name: name.clone(),
+                        extension_number: m.extensions().map(|e| e.number() as i32).collect(),
+                    }),
+                    None => not_found(format!("no message type `{name}`")),
+                }
+            }
         };
         v1::ServerReflectionResponse {
             valid_host: request.host.clone(),
@@ -160,7 +162,9 @@ pub(crate) struct Reflection {
 
 impl Reflection {
     pub(crate) fn new(files: Files) -> Reflection {
-        Reflection { files: Arc::new(files) }
+        Reflection {
+            files: Arc::new(files),
+        }
     }
 }
 
@@ -173,9 +177,7 @@ impl v1::server_reflection_server::ServerReflection for Reflection {
         request: Request<Streaming<v1::ServerReflectionRequest>>,
     ) -> Result<Response<Answers<v1::ServerReflectionResponse>>, Status> {
         let files = self.files.clone();
-        let answers = request
-            .into_inner()
-            .map(move |r| r.map(|r| files.answer(r)));
+        let answers = request.into_inner().map(move |r| r.map(|r| files.answer(r)));
         Ok(Response::new(Box::pin(answers)))
     }
 }
