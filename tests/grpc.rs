@@ -470,3 +470,256 @@ async fn a_grpc_only_port_serves_the_same_service() {
     let r = get(grpc_addr, "/hello/Ada").unwrap();
     assert_eq!(r.header("grpc-status"), Some("12"), "{r:?}");
 }
+
+// Several threads: the group's drop blocks one while the client's
+// connection task answers the listener's graceful GOAWAY on another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_watch_on_an_unknown_service_streams_service_unknown_and_stays_open() {
+    use futures_util::FutureExt as _;
+    let g = group("grpc-health-unknown");
+    let mut health = HealthClient::new(channel(&g).await);
+    let mut watch = within(health.watch(HealthCheckRequest {
+        service: "switchyard.manager.nope".into(),
+    }))
+    .await
+    .expect("Watch on an unknown name is not an error")
+    .into_inner();
+    assert_eq!(health_status(&mut watch).await, ServingStatus::ServiceUnknown);
+    // A round trip on the same connection after it: had the server ended
+    // the watch, its end would have arrived before this answer.
+    let r = within(health.check(HealthCheckRequest { service: "".into() }))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.status, ServingStatus::Serving as i32);
+    assert!(
+        watch.message().now_or_never().is_none(),
+        "the watch of an unknown service stays open"
+    );
+    // Check keeps the protocol's NOT_FOUND.
+    let err = within(health.check(HealthCheckRequest {
+        service: "switchyard.manager.nope".into(),
+    }))
+    .await
+    .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+}
+
+/// A message larger than the 4 MiB the server receives is
+/// RESOURCE_EXHAUSTED (the gRPC spec's code for an exceeded receive
+/// limit), on a unary call and on a `Session`; the channel keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_over_the_receive_limit_is_resource_exhausted() {
+    let g = group("grpc-too-large");
+    let mut events = EventsClient::new(channel(&g).await);
+    let mut big = call_request("demo.Hello", json!({"name": "big"}));
+    big.payload = vec![b' '; 5 << 20].into();
+    let err = within(events.call(big.clone())).await.unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    assert!(err.message().contains("at most 4194304"), "{err:?}");
+
+    let (tx, rx) = mpsc::unbounded_channel::<ClientMessage>();
+    let mut inbound = within(events.session(tokio_stream_from(rx)))
+        .await
+        .unwrap()
+        .into_inner();
+    tx.send(ClientMessage {
+        id: "big".into(),
+        kind: Some(client_message::Kind::Call(big)),
+    })
+    .unwrap();
+    let err = within(inbound.message()).await.unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+
+    let reply = within(events.call(call_request("demo.Hello", json!({"name": "after"}))))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(reply.status, 200);
+}
+
+/// Messages as their bytes, to send what a generated client would not.
+#[derive(Clone, Copy, Default)]
+struct Raw;
+
+impl tonic::codec::Codec for Raw {
+    type Encode = bytes::Bytes;
+    type Decode = bytes::Bytes;
+    type Encoder = Raw;
+    type Decoder = Raw;
+    fn encoder(&mut self) -> Raw {
+        Raw
+    }
+    fn decoder(&mut self) -> Raw {
+        Raw
+    }
+}
+
+impl tonic::codec::Encoder for Raw {
+    type Item = bytes::Bytes;
+    type Error = tonic::Status;
+    fn encode(
+        &mut self,
+        item: bytes::Bytes,
+        dst: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), tonic::Status> {
+        bytes::BufMut::put(dst, item);
+        Ok(())
+    }
+}
+
+impl tonic::codec::Decoder for Raw {
+    type Item = bytes::Bytes;
+    type Error = tonic::Status;
+    fn decode(
+        &mut self,
+        src: &mut tonic::codec::DecodeBuf<'_>,
+    ) -> Result<Option<bytes::Bytes>, tonic::Status> {
+        use bytes::Buf as _;
+        let len = src.remaining();
+        Ok(Some(src.copy_to_bytes(len)))
+    }
+}
+
+/// A `Session` that receives a message it cannot decode ends with an
+/// error status and a message, not OK: the client must learn that its
+/// stream failed, not that it finished.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_that_receives_an_undecodable_message_ends_with_an_error() {
+    let g = group("grpc-session-garbage");
+    let mut grpc = tonic::client::Grpc::new(channel(&g).await);
+    within(grpc.ready()).await.unwrap();
+    let (tx, rx) = mpsc::unbounded_channel::<bytes::Bytes>();
+    let path = http::uri::PathAndQuery::from_static("/switchyard.v1.Events/Session");
+    let mut inbound = within(grpc.streaming(tonic::Request::new(tokio_stream_from(rx)), path, Raw))
+        .await
+        .unwrap()
+        .into_inner();
+    // A good call first: the session works.
+    let good = ClientMessage {
+        id: "good".into(),
+        kind: Some(client_message::Kind::Call(call_request(
+            "demo.Hello",
+            json!({"name": "Ada"}),
+        ))),
+    };
+    tx.send(good.encode_to_vec().into()).unwrap();
+    let reply = within(inbound.message()).await.unwrap().expect("an answer");
+    let reply = ServerMessage::decode(reply).unwrap();
+    assert!(
+        matches!(reply.kind, Some(server_message::Kind::Reply(ref r)) if r.status == 200),
+        "{reply:?}"
+    );
+    // Field 1 (`id`, a string) announced 16 bytes long, with 2 there.
+    tx.send(bytes::Bytes::from_static(&[0x0a, 0x10, b'h', b'i']))
+        .unwrap();
+    let err = within(inbound.message())
+        .await
+        .expect_err("the stream ends with an error status");
+    assert!(
+        matches!(err.code(), Code::Internal | Code::InvalidArgument),
+        "{err:?}"
+    );
+    assert!(!err.message().is_empty(), "{err:?}");
+}
+
+/// A reflection request for a symbol no file defines is answered with an
+/// `error_response` (NOT_FOUND) on the open stream, which goes on
+/// answering: v1 and v1alpha alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reflection_answers_an_unknown_symbol_and_the_stream_goes_on() {
+    let g = group("grpc-reflection-unknown");
+    let channel = channel(&g).await;
+    {
+        use tonic_reflection::pb::v1::ServerReflectionRequest;
+        use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+        use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+        use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+        let ask = |m| ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(m),
+        };
+        let requests = vec![
+            ask(MessageRequest::FileContainingSymbol("no.such.Symbol".into())),
+            ask(MessageRequest::FileContainingSymbol(
+                "switchyard.v1.Events.Call".into(),
+            )),
+            ask(MessageRequest::FileByFilename("no/such.proto".into())),
+            ask(MessageRequest::ListServices(String::new())),
+        ];
+        let mut reflection = ServerReflectionClient::new(channel.clone());
+        let mut answers = within(reflection.server_reflection_info(futures_util::stream::iter(requests)))
+            .await
+            .unwrap()
+            .into_inner();
+        async fn next(
+            answers: &mut tonic::Streaming<tonic_reflection::pb::v1::ServerReflectionResponse>,
+        ) -> MessageResponse {
+            within(answers.message())
+                .await
+                .expect("the stream goes on")
+                .expect("an answer")
+                .message_response
+                .expect("a response")
+        }
+        match next(&mut answers).await {
+            MessageResponse::ErrorResponse(e) => {
+                assert_eq!(e.error_code, Code::NotFound as i32, "{e:?}");
+                assert!(e.error_message.contains("no.such.Symbol"), "{e:?}");
+            }
+            other => panic!("expected an error response, got {other:?}"),
+        }
+        match next(&mut answers).await {
+            MessageResponse::FileDescriptorResponse(f) => assert_eq!(f.file_descriptor_proto.len(), 1),
+            other => panic!("expected a file descriptor, got {other:?}"),
+        }
+        assert!(matches!(
+            next(&mut answers).await,
+            MessageResponse::ErrorResponse(_)
+        ));
+        match next(&mut answers).await {
+            MessageResponse::ListServicesResponse(list) => {
+                assert!(
+                    list.service.iter().any(|s| s.name == "demo.v1.Basics"),
+                    "{list:?}"
+                )
+            }
+            other => panic!("expected a service list, got {other:?}"),
+        }
+    }
+    {
+        use tonic_reflection::pb::v1alpha::ServerReflectionRequest;
+        use tonic_reflection::pb::v1alpha::server_reflection_client::ServerReflectionClient;
+        use tonic_reflection::pb::v1alpha::server_reflection_request::MessageRequest;
+        use tonic_reflection::pb::v1alpha::server_reflection_response::MessageResponse;
+        let ask = |m| ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(m),
+        };
+        let requests = vec![
+            ask(MessageRequest::FileContainingSymbol("no.such.Symbol".into())),
+            ask(MessageRequest::FileContainingSymbol("demo.v1.Hello".into())),
+        ];
+        let mut reflection = ServerReflectionClient::new(channel);
+        let mut answers = within(reflection.server_reflection_info(futures_util::stream::iter(requests)))
+            .await
+            .unwrap()
+            .into_inner();
+        let first = within(answers.message()).await.unwrap().expect("an answer");
+        assert!(
+            matches!(first.message_response, Some(MessageResponse::ErrorResponse(ref e)) if e.error_code == Code::NotFound as i32),
+            "{first:?}"
+        );
+        let second = within(answers.message())
+            .await
+            .unwrap()
+            .expect("the stream goes on");
+        assert!(
+            matches!(
+                second.message_response,
+                Some(MessageResponse::FileDescriptorResponse(_))
+            ),
+            "{second:?}"
+        );
+    }
+}

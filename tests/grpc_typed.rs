@@ -26,7 +26,8 @@ fn config() -> &'static str {
 
 #[test]
 fn a_python_client_calls_a_typed_rpc_knowing_only_the_address() {
-    let group = Group::builder("grpc-typed-python").config(config()).start();
+    // The zero-configuration group: every demo manager and the Store.
+    let group = Group::start("grpc-typed-python");
     let out = Command::new("python3")
         .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/grpc_typed_client.py"))
         .arg(group.addr.to_string())
@@ -59,6 +60,23 @@ fn a_python_client_calls_a_typed_rpc_knowing_only_the_address() {
     assert_eq!(error["code"], "INVALID_ARGUMENT", "{result}");
     assert_eq!(error["violations"][0][0], "name", "{result}");
     assert_eq!(error["reasons"][0], "UNPROCESSABLE_CONTENT", "{result}");
+    // `KvIncr.by` defaults to 1 (`#[serde(default = "one")]`): left
+    // unset it adds 1, as `POST /kv/{key}/incr` without it does; set to 0
+    // it adds 0.
+    assert_eq!(
+        (
+            &result["incr_default"],
+            &result["incr_zero"],
+            &result["incr_five"]
+        ),
+        (&Value::from(1), &Value::from(1), &Value::from(6)),
+        "{result}"
+    );
+    // A route that answers bytes succeeds, as a google.api.HttpBody.
+    let payload = &result["payload"];
+    assert_eq!(payload["output"], "google.api.HttpBody", "{result}");
+    assert_eq!(payload["content_type"], "application/octet-stream", "{result}");
+    assert_eq!(payload["length"], 1000, "{result}");
 }
 
 /// Messages as their bytes, for calls made with hand-encoded messages.
@@ -254,4 +272,77 @@ async fn a_client_of_the_old_build_keeps_working_when_fields_are_added() {
     let added = field_numbers(["added", "build", "label"])["added"];
     assert!(!old_numbers.values().any(|n| *n == added));
     assert_eq!(text(added).as_deref(), Some("only in build two"));
+}
+
+fn put_varint(out: &mut Vec<u8>, mut value: u64) {
+    while value >= 0x80 {
+        out.push((value as u8) | 0x80);
+        value >>= 7;
+    }
+    out.push(value as u8);
+}
+
+/// A route that answers bytes streamed from a producer (`demo.Stream`)
+/// is a typed rpc that succeeds: its reply is a `google.api.HttpBody`
+/// (content type 1, data 2) with every byte, up to the message limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_that_answers_bytes_replies_an_http_body() {
+    let group = Group::start("grpc-typed-bytes");
+    let mut grpc = tonic::client::Grpc::new(channel(&group).await);
+    grpc.ready().await.unwrap();
+    let size: u64 = 300_000;
+    let mut request = Vec::new();
+    put_varint(
+        &mut request,
+        u64::from(field_numbers(["chunked", "size"])["size"]) << 3,
+    );
+    put_varint(&mut request, size);
+    let path = http::uri::PathAndQuery::from_static("/demo.v1.PayloadService/Stream");
+    let reply = tokio::time::timeout(
+        PATIENCE,
+        grpc.unary(tonic::Request::new(Bytes::from(request)), path, Raw),
+    )
+    .await
+    .expect("in time")
+    .unwrap()
+    .into_inner();
+    let fields = fields(&reply);
+    assert_eq!(
+        fields.iter().find(|(k, _)| *k == 1).map(|(_, v)| v),
+        Some(&Wire::Bytes(b"application/octet-stream".to_vec()))
+    );
+    let Some((_, Wire::Bytes(data))) = fields.iter().find(|(k, _)| *k == 2) else {
+        panic!("no data in {:?}", &fields[..1]);
+    };
+    assert_eq!(data.len() as u64, size);
+    assert!(data.iter().enumerate().all(|(i, b)| *b == (i % 251) as u8));
+}
+
+/// The generated `.proto` says which fields may be left out: one with a
+/// serde default is `optional` (so an unset one is told apart from 0),
+/// a required one is not; and a bytes reply is a `google.api.HttpBody`,
+/// whose file comes with the others.
+#[test]
+fn the_proto_marks_defaulted_fields_optional_and_bytes_replies_http_body() {
+    let out = Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .arg("proto")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let kv = field_numbers(["by", "key"]);
+    assert!(
+        text.contains(&format!("optional int64 by = {} [json_name = \"by\"];", kv["by"])),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("  string key = {} [json_name = \"key\"];", kv["key"])),
+        "{text}"
+    );
+    assert!(
+        text.contains("rpc Payload(Payload) returns (google.api.HttpBody);")
+            && text.contains("rpc Stream(Stream) returns (google.api.HttpBody);"),
+        "{text}"
+    );
+    assert!(text.contains("// ---- google/api/httpbody.proto"), "{text}");
 }

@@ -2,9 +2,11 @@
 
 It finds the typed services by server reflection, builds the message
 classes from the descriptors the server sends, calls
-`demo.v1.Basics/Hello`, and decodes a validation error with the standard
-`google.rpc.Status` tooling (grpcio-status). Run by tests/grpc_typed.rs;
-prints one JSON object.
+`demo.v1.Basics/Hello`, decodes a validation error with the standard
+`google.rpc.Status` tooling (grpcio-status), leaves a field with a serde
+default unset (`KvIncr.by`), and calls a route that answers bytes
+(`PayloadService/Payload`, a `google.api.HttpBody`). Run by
+tests/grpc_typed.rs; prints one JSON object.
 """
 
 import json
@@ -18,6 +20,19 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
 from grpc_status import rpc_status
+
+
+def unary(channel, pool, service, name):
+    """A typed unary rpc found by reflection, and its request class."""
+    method = pool.FindServiceByName(service).FindMethodByName(name)
+    request_class = GetMessageClass(method.input_type)
+    reply_class = GetMessageClass(method.output_type)
+    call = channel.unary_unary(
+        f"/{service}/{name}",
+        request_serializer=request_class.SerializeToString,
+        response_deserializer=reply_class.FromString,
+    )
+    return call, request_class, method
 
 
 def main(address):
@@ -61,6 +76,19 @@ def main(address):
             "violations": violations,
             "reasons": reasons,
         }
+    # `by` has a serde default (1): unset, it is left out, as over HTTP.
+    incr, incr_request, _ = unary(channel, pool, "demo.v1.Basics", "KvIncr")
+    result["incr_default"] = incr(incr_request(key="py-incr"), timeout=10).value
+    result["incr_zero"] = incr(incr_request(key="py-incr", by=0), timeout=10).value
+    result["incr_five"] = incr(incr_request(key="py-incr", by=5), timeout=10).value
+    # A route that answers bytes: a google.api.HttpBody.
+    payload, payload_request, method = unary(channel, pool, "demo.v1.PayloadService", "Payload")
+    body = payload(payload_request(size=1000), timeout=10)
+    result["payload"] = {
+        "output": method.output_type.full_name,
+        "content_type": body.content_type,
+        "length": len(body.data),
+    }
     print(json.dumps(result))
 
 

@@ -7,7 +7,14 @@
 //! and `/ws` paths build, sent on the return pipes; a `Subscribe` or
 //! `Session` stream is one more session of the pipes, with the same
 //! subscriptions, push path and bounded queue as a WebSocket connection.
+//!
+//! `health` and `reflection` implement those protocols to the letter
+//! (decision 0095); `limit` holds every request's messages to the receive
+//! limit; `typed` serves the services made from the event schemas.
 
+mod health;
+mod limit;
+mod reflection;
 mod typed;
 
 use std::convert::Infallible;
@@ -30,8 +37,6 @@ use tonic::body::Body;
 use tonic::codegen::Service;
 use tonic::server::NamedService;
 use tonic::{Status, Streaming};
-use tonic_health::ServingStatus;
-use tonic_health::server::{HealthReporter, HealthService};
 use tonic_types::{ErrorDetails, FieldViolation, StatusExt};
 
 use crate::context::{Front, Opener};
@@ -55,12 +60,15 @@ pub(crate) fn is_grpc<B>(req: &Request<B>) -> bool {
         .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
 }
 
+/// A gRPC request's body, its messages held to the receive limit.
+pub(crate) type GrpcBody = limit::Limited<RequestBody>;
+
 type Handler =
-    Box<dyn Fn(Request<RequestBody>) -> Pin<Box<dyn Future<Output = Response<Body>> + Send>> + Send + Sync>;
+    Box<dyn Fn(Request<GrpcBody>) -> Pin<Box<dyn Future<Output = Response<Body>> + Send>> + Send + Sync>;
 
 fn handler<S>(service: S) -> (&'static str, Handler)
 where
-    S: Service<Request<RequestBody>, Response = Response<Body>, Error = Infallible>
+    S: Service<Request<GrpcBody>, Response = Response<Body>, Error = Infallible>
         + NamedService
         + Clone
         + Send
@@ -94,10 +102,7 @@ pub(crate) const MANAGER_PREFIX: &str = "switchyard.manager.";
 
 impl Grpc {
     pub(crate) fn new(state: Arc<State>) -> Grpc {
-        let reporter = HealthReporter::new();
-        tokio::spawn(track_health(state.clone(), reporter.clone()));
-        let health =
-            tonic_health::pb::health_server::HealthServer::new(HealthService::from_health_reporter(reporter));
+        let health = health::service(state.clone());
         let typed = match typed::Typed::new(&state.config.api.catalog) {
             Ok(typed) => typed,
             Err(err) => {
@@ -105,26 +110,31 @@ impl Grpc {
                 None
             }
         };
-        let reflection = || {
-            let builder = tonic_reflection::server::Builder::configure()
-                .register_encoded_file_descriptor_set(switchyard_proto::grpc::FILE_DESCRIPTOR_SET)
-                .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET);
-            match &typed {
-                Some(t) => builder.register_encoded_file_descriptor_set(&t.descriptors),
-                None => builder,
-            }
-        };
         let mut services = vec![
             handler(EventsServer::new(EventsService { state: state.clone() })),
             handler(health),
         ];
-        match reflection().build_v1() {
-            Ok(v1) => services.push(handler(v1)),
-            Err(err) => tracing::error!(%err, "no gRPC reflection (v1)"),
+        let mut sets = vec![
+            switchyard_proto::grpc::FILE_DESCRIPTOR_SET,
+            tonic_health::pb::FILE_DESCRIPTOR_SET,
+            tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET,
+            tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET,
+        ];
+        if let Some(t) = &typed {
+            sets.push(&t.descriptors);
         }
-        match reflection().build_v1alpha() {
-            Ok(v1alpha) => services.push(handler(v1alpha)),
-            Err(err) => tracing::error!(%err, "no gRPC reflection (v1alpha)"),
+        match reflection::Files::new(&sets) {
+            Ok(files) => {
+                use tonic_reflection::pb::{v1, v1alpha};
+                let reflection = reflection::Reflection::new(files);
+                services.push(handler(
+                    v1::server_reflection_server::ServerReflectionServer::new(reflection.clone()),
+                ));
+                services.push(handler(
+                    v1alpha::server_reflection_server::ServerReflectionServer::new(reflection),
+                ));
+            }
+            Err(err) => tracing::error!(%err, "no gRPC reflection"),
         }
         Grpc {
             services,
@@ -135,6 +145,7 @@ impl Grpc {
 
     /// Serves one gRPC request.
     pub(crate) async fn serve(&self, req: Request<RequestBody>) -> Response<Body> {
+        let req = req.map(limit::Limited::new);
         let path = req.uri().path();
         let service = path
             .strip_prefix('/')
@@ -150,39 +161,6 @@ impl Grpc {
                 .await
                 .unwrap_or_else(|| unknown.into_http()),
             None => unknown.into_http(),
-        }
-    }
-}
-
-/// Keeps the health statuses in step with the route table and the router:
-/// `""` and `switchyard.v1.Events` are SERVING when the group is ready
-/// (as `/ready`), each manager when it has an instance up.
-async fn track_health(state: Arc<State>, reporter: HealthReporter) {
-    let mut changes = state.pool.watch_changes();
-    let status = |up: bool| {
-        if up {
-            ServingStatus::Serving
-        } else {
-            ServingStatus::NotServing
-        }
-    };
-    loop {
-        let ready = state.pool.ready();
-        let router = state.pool.router_up();
-        reporter.set_service_status("", status(ready)).await;
-        reporter
-            .set_service_status(<EventsServer<EventsService> as NamedService>::NAME, status(ready))
-            .await;
-        for m in &state.pool.routes().table.managers {
-            reporter
-                .set_service_status(
-                    format!("{MANAGER_PREFIX}{}", m.name),
-                    status(router && m.instances_up > 0),
-                )
-                .await;
-        }
-        if changes.changed().await.is_err() {
-            return;
         }
     }
 }
@@ -498,7 +476,9 @@ fn error(id: String, status: u16, grpc: &Status) -> Result<ServerMessage, Status
 
 /// Reads a `Session`'s client messages (sent by `opener`'s identity) until the
 /// client half-closes or goes away; then, once its calls are answered,
-/// ends the session (which ends the outbound stream).
+/// ends the session (which ends the outbound stream). A message that
+/// cannot be read (undecodable, over the size limit) ends the stream with
+/// its error status rather than OK, so the client learns its stream failed.
 async fn read_session(
     state: Arc<State>,
     guard: SessionGuard,
@@ -510,6 +490,7 @@ async fn read_session(
     let max_in_flight = state.config.ws.max_in_flight;
     let in_flight = Arc::new(Semaphore::new(max_in_flight));
     let mut next_sub = 1u64;
+    let mut failed = None;
     loop {
         let msg = tokio::select! {
             _ = tx.closed() => break,
@@ -520,6 +501,7 @@ async fn read_session(
             Ok(None) => break,
             Err(status) => {
                 tracing::debug!(%status, "grpc session read ended");
+                failed = Some(status);
                 break;
             }
         };
@@ -610,6 +592,12 @@ async fn read_session(
     tokio::select! {
         _ = tx.closed() => {}
         _ = in_flight.acquire_many(max_in_flight as u32) => {}
+    }
+    if let Some(status) = failed {
+        tokio::select! {
+            _ = tx.closed() => {}
+            _ = tx.send(Err(status)) => {}
+        }
     }
     drop(guard);
 }

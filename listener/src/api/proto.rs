@@ -40,6 +40,58 @@ pub struct Method {
 
 const WKT_VALUE: &str = "google.protobuf.Value";
 const WKT_EMPTY: &str = "google.protobuf.Empty";
+/// The reply of a route that may answer something other than JSON.
+pub const HTTP_BODY: &str = "google.api.HttpBody";
+
+/// `google/api/httpbody.proto` as Google publishes it (googleapis): the
+/// standard message for a body of any content type, which gRPC-to-HTTP
+/// gateways and their clients already know.
+const HTTP_BODY_PROTO: &str = r#"// Copyright 2025 Google LLC
+//
+// Licensed under the Apache License, Version 2.0 (the "License");
+// you may not use this file except in compliance with the License.
+// You may obtain a copy of the License at
+//
+//     http://www.apache.org/licenses/LICENSE-2.0
+//
+// Unless required by applicable law or agreed to in writing, software
+// distributed under the License is distributed on an "AS IS" BASIS,
+// WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+// See the License for the specific language governing permissions and
+// limitations under the License.
+
+syntax = "proto3";
+
+package google.api;
+
+import "google/protobuf/any.proto";
+
+option cc_enable_arenas = true;
+option go_package = "google.golang.org/genproto/googleapis/api/httpbody;httpbody";
+option java_multiple_files = true;
+option java_outer_classname = "HttpBodyProto";
+option java_package = "com.google.api";
+option objc_class_prefix = "GAPI";
+
+// Message that represents an arbitrary HTTP body. It should only be used for
+// payload formats that can't be represented as JSON, such as raw binary or
+// an HTML page.
+message HttpBody {
+  // The HTTP Content-Type header value specifying the content type of the body.
+  string content_type = 1;
+
+  // The HTTP request/response body as raw binary.
+  bytes data = 2;
+
+  // Application specific response metadata. Must be set in the first response
+  // for streaming APIs.
+  repeated google.protobuf.Any extensions = 3;
+}
+"#;
+
+/// The proto3 scalar types the generator uses: a field of one of these
+/// has no presence unless it is declared `optional`.
+const SCALARS: [&str; 7] = ["string", "bool", "double", "int32", "uint32", "int64", "uint64"];
 
 /// The field numbers of a message's fields: `1 + hash(name) mod 262 143`
 /// (tags of at most three bytes), skipping 19000–19999 (reserved by
@@ -123,6 +175,8 @@ struct Package {
     /// service → rpc lines.
     services: BTreeMap<String, Vec<String>>,
     wkt: bool,
+    /// Whether it uses `google.api.HttpBody`.
+    http_body: bool,
 }
 
 /// A schema's definitions (`$defs`), to resolve `$ref`s.
@@ -142,13 +196,25 @@ impl Package {
         // Reserve the name first: a type may refer to itself.
         self.messages.insert(name.to_owned(), String::new());
         let numbers = field_numbers(props.keys().map(String::as_str));
+        let required: BTreeSet<&str> = schema
+            .get("required")
+            .and_then(Value::as_array)
+            .map(|r| r.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
         let mut body = String::new();
         if let Some(d) = schema.get("description").and_then(Value::as_str) {
             comment(&mut body, "", d);
         }
         let _ = writeln!(body, "message {name} {{");
         for (field, prop) in props {
-            let (label, ty) = self.field_type(prop, defs);
+            let (mut label, ty) = self.field_type(prop, defs);
+            // A field the type may leave out (`#[serde(default)]`, an
+            // `Option`) keeps its presence, so one the client leaves out
+            // is left out of the event's JSON too and gets its serde
+            // default, as over HTTP, instead of the protobuf zero.
+            if label.is_empty() && !required.contains(field.as_str()) && SCALARS.contains(&ty.as_str()) {
+                label = "optional ";
+            }
             if let Some(d) = prop.get("description").and_then(Value::as_str) {
                 comment(&mut body, "  ", d);
             }
@@ -283,6 +349,17 @@ pub fn files(catalog: &Catalog) -> (Vec<ProtoFile>, Vec<Method>) {
                     p.wkt = true;
                     WKT_EMPTY.to_owned()
                 }
+                // Bytes, text, a stream, or a reply whose type does not
+                // say what it is: only a body of any content type is
+                // sure to fit what the route answers.
+                Some(r) if !is_json(&r.content_type) => {
+                    p.http_body = true;
+                    HTTP_BODY.to_owned()
+                }
+                None => {
+                    p.http_body = true;
+                    HTTP_BODY.to_owned()
+                }
                 Some(r) if !r.schema.is_empty() => {
                     let schema = parse(&r.schema);
                     let defs = schema
@@ -296,7 +373,7 @@ pub fn files(catalog: &Catalog) -> (Vec<ProtoFile>, Vec<Method>) {
                     }
                     p.message(&reply, &schema, &defs)
                 }
-                _ => {
+                Some(_) => {
                     p.wkt = true;
                     WKT_VALUE.to_owned()
                 }
@@ -382,7 +459,8 @@ pub fn files(catalog: &Catalog) -> (Vec<ProtoFile>, Vec<Method>) {
             p.services.insert(renamed, rpcs);
         }
     }
-    let files = packages
+    let http_body = packages.values().any(|p| p.http_body);
+    let mut files: Vec<ProtoFile> = packages
         .into_iter()
         .map(|(package, p)| {
             let path = format!("{}/api.proto", package.replace('.', "/"));
@@ -392,10 +470,16 @@ pub fn files(catalog: &Catalog) -> (Vec<ProtoFile>, Vec<Method>) {
                  // renumbers the others.\nsyntax = \"proto3\";\n\n",
             );
             let _ = writeln!(text, "package {package};\n");
+            if p.http_body {
+                text.push_str("import \"google/api/httpbody.proto\";\n");
+            }
             if p.wkt {
                 text.push_str(
-                    "import \"google/protobuf/empty.proto\";\nimport \"google/protobuf/struct.proto\";\n\n",
+                    "import \"google/protobuf/empty.proto\";\nimport \"google/protobuf/struct.proto\";\n",
                 );
+            }
+            if p.http_body || p.wkt {
+                text.push('\n');
             }
             for (service, rpcs) in &p.services {
                 let _ = writeln!(text, "service {service} {{\n{}\n}}\n", rpcs.join("\n"));
@@ -407,7 +491,21 @@ pub fn files(catalog: &Catalog) -> (Vec<ProtoFile>, Vec<Method>) {
             ProtoFile { path, package, text }
         })
         .collect();
+    if http_body {
+        files.push(ProtoFile {
+            path: "google/api/httpbody.proto".to_owned(),
+            package: "google.api".to_owned(),
+            text: HTTP_BODY_PROTO.to_owned(),
+        });
+    }
     (files, methods)
+}
+
+/// Whether a reply's content type is JSON (`application/json`,
+/// `application/problem+json`, `…; charset=utf-8`).
+fn is_json(content_type: &str) -> bool {
+    let essence = content_type.split(';').next().unwrap_or_default().trim();
+    essence.eq_ignore_ascii_case("application/json") || essence.to_ascii_lowercase().ends_with("+json")
 }
 
 /// Compiles generated files into a descriptor pool and its encoded
@@ -517,5 +615,44 @@ mod catalog_tests {
             field("line").kind().as_message().unwrap().full_name(),
             "demo.v1.Line"
         );
+    }
+
+    #[test]
+    fn defaulted_fields_have_presence_and_unjson_replies_are_http_bodies() {
+        let mut incr = doc(
+            "demo.KvIncr",
+            r#"{"type":"object","required":["key"],"properties":{"key":{"type":"string"},
+                "by":{"type":"integer","format":"int64"},"tags":{"type":"array","items":{"type":"string"}}}}"#,
+        );
+        incr.reply = None;
+        let mut bytes = doc("demo.Bytes", r#"{"type":"object","properties":{}}"#);
+        if let Some(r) = &mut bytes.reply {
+            r.content_type = "application/octet-stream".to_owned();
+            r.schema = String::new();
+        }
+        let catalog = Catalog {
+            managers: vec![ManagerDoc {
+                name: "basics".to_owned(),
+                kind: "basics".to_owned(),
+                handles: Vec::new(),
+                types: vec![
+                    incr,
+                    bytes,
+                    doc("demo.Json", r#"{"type":"object","properties":{}}"#),
+                ],
+            }],
+        };
+        let (files, methods) = files(&catalog);
+        let (pool, _) = compile(&files).unwrap_or_else(|e| panic!("{e}\n{}", files[0].text));
+        let message = pool.get_message_by_name("demo.v1.KvIncr").unwrap();
+        let field = |n: &str| message.get_field_by_name(n).unwrap();
+        assert!(field("by").supports_presence());
+        assert!(!field("key").supports_presence());
+        assert!(field("tags").is_list());
+        let output = |event: &str| &methods.iter().find(|m| m.event == event).unwrap().output;
+        assert_eq!(output("demo.KvIncr"), HTTP_BODY);
+        assert_eq!(output("demo.Bytes"), HTTP_BODY);
+        assert_eq!(output("demo.Json"), "demo.v1.JsonReply");
+        assert!(pool.get_message_by_name(HTTP_BODY).is_some());
     }
 }

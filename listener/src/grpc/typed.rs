@@ -14,13 +14,12 @@ use prost::Message as _;
 use prost_reflect::{DeserializeOptions, DynamicMessage, MessageDescriptor, SerializeOptions};
 use switchyard_proto::api::Catalog;
 use switchyard_proto::grpc::events_server::Events;
-use switchyard_proto::grpc::{CallRequest, SubscribeRequest};
+use switchyard_proto::grpc::{CallReply, CallRequest, SubscribeRequest};
 use tonic::Status;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::server::{ServerStreamingService, UnaryService};
 
-use super::{BoxStream, EventsService, call};
-use crate::RequestBody;
+use super::{BoxStream, EventsService, GrpcBody, call};
 use crate::api::proto;
 use crate::context::Opener;
 use crate::state::State;
@@ -72,7 +71,7 @@ impl Typed {
     pub(crate) async fn serve(
         &self,
         state: &Arc<State>,
-        req: http::Request<RequestBody>,
+        req: http::Request<GrpcBody>,
     ) -> Option<http::Response<tonic::body::Body>> {
         let rpc = self.rpcs.get(req.uri().path())?.clone();
         let mut grpc = tonic::server::Grpc::new(RawCodec);
@@ -85,9 +84,10 @@ impl Typed {
     }
 }
 
-/// A message as the event's JSON: every field present (a client that
-/// leaves one out sends its default, which validation judges), 64-bit
-/// integers as numbers.
+/// A message as the event's JSON, 64-bit integers as numbers. A field
+/// without presence is always there (a client that leaves one out sends
+/// its protobuf default, which validation judges); an `optional` one the
+/// client did not set is left out, so the event's serde default applies.
 fn to_json(message: &DynamicMessage) -> Result<Vec<u8>, Status> {
     let mut out = serde_json::Serializer::new(Vec::new());
     message
@@ -114,6 +114,14 @@ fn from_json(output: &MessageDescriptor, json: &[u8]) -> Result<Bytes, Status> {
     )
     .map_err(|e| Status::internal(format!("the reply does not fit {}: {e}", output.full_name())))?;
     Ok(message.encode_to_vec().into())
+}
+
+/// A reply of any content type as a `google.api.HttpBody`.
+fn http_body(output: &MessageDescriptor, reply: CallReply) -> Bytes {
+    let mut message = DynamicMessage::new(output.clone());
+    message.set_field_by_name("content_type", prost_reflect::Value::String(reply.content_type));
+    message.set_field_by_name("data", prost_reflect::Value::Bytes(reply.payload));
+    message.encode_to_vec().into()
 }
 
 #[derive(Clone)]
@@ -143,6 +151,9 @@ impl UnaryService<Bytes> for Unary {
             let reply = call(&state, request, &opener.front(&opener.client))
                 .await
                 .map_err(|e| e.grpc)?;
+            if rpc.output.full_name() == proto::HTTP_BODY {
+                return Ok(tonic::Response::new(http_body(&rpc.output, reply)));
+            }
             from_json(&rpc.output, &reply.payload).map(tonic::Response::new)
         })
     }
