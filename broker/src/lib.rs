@@ -6,6 +6,8 @@
 //! the pipe it came from ([`Origin::Pipe`]), forwards it to the router, and
 //! routes each response back by that stamp alone: it keeps no per-request
 //! state, so nothing in it grows with traffic and nothing needs expiring.
+//! A listener's cancel of a request (its client went away) goes the same
+//! way, stamped with the same pipe.
 //! It relays the router's route table to every listener, and when the router
 //! goes away it tells every pipe at once so that listeners answer the
 //! requests in flight with 503 instead of waiting for their deadline.
@@ -252,6 +254,16 @@ async fn pipe(
                     }
                 }
                 Kind::Control => match env.decode_control() {
+                    Ok(Control::Cancel) => {
+                        // Stamped like its request, so a pipe can cancel
+                        // only what it sent itself.
+                        env.origin = Origin::Pipe(id);
+                        if let Some((_, router)) = &st.router
+                            && let Err(refused) = router.send(env)
+                        {
+                            tracing::debug!(%refused, pipe = id, "cancel not forwarded to the router");
+                        }
+                    }
                     Ok(message) => session_control(&mut st, id, message),
                     Err(err) => tracing::warn!(%err, pid, "bad control frame from listener pipe"),
                 },

@@ -12,6 +12,7 @@
 //! (decision 0095); `limit` holds every request's messages to the receive
 //! limit; `typed` serves the services made from the event schemas.
 
+pub(crate) mod deadline;
 mod health;
 mod limit;
 mod reflection;
@@ -145,7 +146,15 @@ impl Grpc {
 
     /// Serves one gRPC request.
     pub(crate) async fn serve(&self, req: Request<RequestBody>) -> Response<Body> {
-        let req = req.map(limit::Limited::new);
+        let mut req = req.map(limit::Limited::new);
+        // The client's deadline, for the calls that become events.
+        match deadline::parse(req.headers()) {
+            Ok(None) => {}
+            Ok(Some(timeout)) => {
+                req.extensions_mut().insert(deadline::ClientDeadline(timeout));
+            }
+            Err(malformed) => return Status::invalid_argument(malformed).into_http(),
+        }
         let path = req.uri().path();
         let service = path
             .strip_prefix('/')
@@ -387,7 +396,8 @@ impl Events for EventsService {
     async fn call(&self, request: tonic::Request<CallRequest>) -> Result<tonic::Response<CallReply>, Status> {
         // A unary call is one request: the id the listener gave it (and
         // answers in the response headers) is its own.
-        let (metadata, extensions, request) = request.into_parts();
+        let (metadata, extensions, mut request) = request.into_parts();
+        deadline::tighten(&mut request, extensions.get());
         let opener = Opener::of(&metadata.into_headers(), &extensions, &self.state.pool.routes());
         call(&self.state, request, &opener.front(&opener.client))
             .await
@@ -514,7 +524,14 @@ async fn read_session(
                 tokio::spawn(async move {
                     // Each call of a stream has its own request id.
                     let client = opener.client.next_request();
-                    let reply = match call(&state, req, &opener.front(&client)).await {
+                    // A stream its client reset answers nobody: the call
+                    // is dropped, which cancels it through the group.
+                    let front = opener.front(&client);
+                    let answered = tokio::select! {
+                        answered = call(&state, req, &front) => answered,
+                        () = tx.closed() => return,
+                    };
+                    let reply = match answered {
                         Ok(reply) => answer(id, server_message::Kind::Reply(reply)),
                         Err(e) => error(id, e.status, &e.grpc),
                     };

@@ -23,7 +23,7 @@ use switchyard_proto::control::{Control, Filter, META_EVENT, META_TO, RouteTable
 use switchyard_proto::grpc::{Push, ServerMessage, server_message};
 use switchyard_proto::link;
 use switchyard_proto::transport::{FrameReader, FrameSink};
-use switchyard_proto::{Envelope, Kind};
+use switchyard_proto::{Envelope, Kind, Origin};
 use tokio::net::UnixStream;
 use tokio::net::unix::OwnedReadHalf;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -115,6 +115,23 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Slot {
+    /// Tells the broker that request `correlation` sent on this pipe is no
+    /// longer wanted. Best effort: a full or broken pipe loses it, and the
+    /// request's deadline still ends the work.
+    fn cancel(&self, correlation: u64) {
+        let Some(sink) = lock(&self.sink).clone() else {
+            return;
+        };
+        match Control::cancel(Origin::Unset, correlation) {
+            Ok(env) => {
+                if let Err(refused) = sink.send(env) {
+                    tracing::debug!(%refused, correlation, "cancel not sent to the broker");
+                }
+            }
+            Err(err) => tracing::error!(%err, "cannot encode a cancel"),
+        }
+    }
+
     /// Answers every waiting request with 503.
     fn fail_all(&self, detail: &str) {
         let pending = std::mem::take(&mut *lock(&self.pending));
@@ -148,16 +165,25 @@ pub(crate) struct Pool {
 }
 
 /// A request in flight: dropping it (answered, timed out, or the client went
-/// away) removes its entry from the pending map.
+/// away) removes its entry from the pending map. Dropped unanswered, it
+/// cancels the request through the group: the work it asked for stops
+/// (docs/decisions/0092-cancellation-as-a-control-frame.md).
 pub(crate) struct InFlight<'a> {
     slot: &'a Slot,
     correlation: u64,
+    /// A request, not a notification: something may be working on it.
+    cancels: bool,
     pub(crate) response: oneshot::Receiver<Envelope>,
 }
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        lock(&self.slot.pending).remove(&self.correlation);
+        // The pipe's reader removes the entry when the answer comes, so
+        // an answered request costs nothing more here.
+        let unanswered = lock(&self.slot.pending).remove(&self.correlation).is_some();
+        if unanswered && self.cancels {
+            self.slot.cancel(self.correlation);
+        }
     }
 }
 
@@ -237,13 +263,18 @@ impl Pool {
             env.correlation = correlation;
             let (tx, response) = oneshot::channel();
             lock(&slot.pending).insert(correlation, tx);
-            let in_flight = InFlight {
+            let mut in_flight = InFlight {
                 slot,
                 correlation,
+                cancels: false,
                 response,
             };
+            let request = env.kind == Kind::Request;
             match sink.send(env) {
-                Ok(()) => return Ok(in_flight),
+                Ok(()) => {
+                    in_flight.cancels = request;
+                    return Ok(in_flight);
+                }
                 Err(refused) => {
                     saw_full |= refused.full;
                     env = *refused.envelope;

@@ -10,6 +10,8 @@
 //! listener pipe ──Subscribe/Unsubscribe/SessionClosed──▶ broker (WebSocket sessions)
 //! broker ──Notification frame, meta `to`──▶ the pipe holding the sessions
 //! manager ──Draining──▶ router ──Draining──▶ manager (no request follows it)
+//! listener pipe ──Cancel──▶ broker ──Cancel──▶ router ──Cancel──▶ manager
+//! manager ──Cancel (its own call)──▶ router ──Cancel──▶ the callee
 //! ```
 
 use serde::{Deserialize, Serialize};
@@ -53,6 +55,25 @@ pub enum Control {
     /// connection, so the manager can tell when what it must finish is all
     /// there.
     Draining,
+    /// The request this frame names is no longer wanted (its client went
+    /// away, gave up, or its deadline passed): the envelope's `correlation`
+    /// and `origin` are the request's, as for its response. The hop that
+    /// stamps origins stamps this one too (the broker for pipes, the router
+    /// for managers), so a process can cancel only its own requests. The
+    /// router forgets the request and tells the instance serving it, which
+    /// drops its handler and stops its jobs; an answer that still comes is
+    /// dropped (docs/decisions/0092-cancellation-as-a-control-frame.md).
+    Cancel,
+}
+
+impl Control {
+    /// The frame that cancels request `correlation` of `origin`.
+    pub fn cancel(origin: crate::Origin, correlation: u64) -> crate::Result<crate::Envelope> {
+        let mut env = crate::Envelope::control(&Control::Cancel)?;
+        env.origin = origin;
+        env.correlation = correlation;
+        Ok(env)
+    }
 }
 
 /// The meta key that names an event's type (`order.created`): set by the

@@ -132,6 +132,7 @@ fn control() -> impl Strategy<Value = Control> {
         ),
         (any::<u64>(), any::<u64>()).prop_map(|(session, sub)| Control::Unsubscribe { session, sub }),
         any::<u64>().prop_map(|session| Control::SessionClosed { session }),
+        Just(Control::Cancel),
         (any::<u64>(), prop::collection::vec(description(), 0..3)).prop_map(|(version, managers)| {
             let mut table = RouteTable {
                 version,

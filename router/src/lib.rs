@@ -8,7 +8,9 @@
 //! can answer for a hop that failed: a request nobody can serve gets its error
 //! at once, a manager that disconnects has its requests answered with 503,
 //! and a request past its deadline gets 504 — no caller ever waits for a
-//! response that cannot come.
+//! response that cannot come. A request its caller cancels, or one past its
+//! deadline, is forgotten here and cancelled at the instance serving it, so
+//! its work stops too.
 //!
 //! With `[cluster]` on, the router also runs the NATS bridge
 //! (`switchyard-cluster`, docs/cluster.md): a request no local manager
@@ -187,6 +189,10 @@ async fn broker_reader(shared: &Shared, mut reader: FrameReader<OwnedReadHalf>) 
             match env.kind {
                 Kind::Request => table.route_request(env),
                 Kind::Notification => table.route_notification(env, None),
+                // The broker stamped the pipe it came from.
+                Kind::Control if matches!(env.decode_control(), Ok(Control::Cancel)) => {
+                    table.cancel(env.origin, env.correlation);
+                }
                 other => tracing::debug!(?other, "ignoring frame from broker"),
             }
         }
@@ -240,15 +246,20 @@ async fn manager_connection(shared: Shared, stream: UnixStream) {
                     table.route_request(env);
                 }
                 Kind::Notification => table.route_notification(env, Some(id)),
-                Kind::Control if matches!(env.decode_control(), Ok(Control::Draining)) => {
-                    // Taken out under the table lock, then acknowledged on
-                    // the same queue as the requests routed to it before.
-                    table.drain_instance(id);
-                    if let Ok(ack) = Envelope::control(&Control::Draining) {
-                        let _ = sink.send(ack);
+                Kind::Control => match env.decode_control() {
+                    // One of its own calls: the handler that made it is gone.
+                    Ok(Control::Cancel) => table.cancel(Origin::Manager(id), env.correlation),
+                    Ok(Control::Draining) => {
+                        // Taken out under the table lock, then acknowledged on
+                        // the same queue as the requests routed to it before.
+                        table.drain_instance(id);
+                        if let Ok(ack) = Envelope::control(&Control::Draining) {
+                            let _ = sink.send(ack);
+                        }
+                        tracing::info!(manager = %name, pid, router_id = id, "manager draining; no new requests go to it");
                     }
-                    tracing::info!(manager = %name, pid, router_id = id, "manager draining; no new requests go to it");
-                }
+                    other => tracing::debug!(?other, "ignoring control from manager"),
+                },
                 other => tracing::debug!(?other, "ignoring frame from manager"),
             }
         }

@@ -534,7 +534,46 @@ impl Table {
         (self.in_flight.len(), queued)
     }
 
-    /// Answers every request past its deadline with 504.
+    /// The caller of request `correlation` of `origin` no longer wants it:
+    /// forget it (its instance counts one request fewer for balancing) and
+    /// tell the instance, which stops working on it. Nothing is answered:
+    /// nobody waits. A request already answered or unknown is ignored.
+    pub(crate) fn cancel(&mut self, origin: Origin, correlation: u64) {
+        let Some(flight) = self.in_flight.remove(&(origin, correlation)) else {
+            return tracing::debug!(?origin, correlation, "cancel of a request no longer in flight");
+        };
+        tracing::debug!(
+            ?origin,
+            correlation,
+            instance = flight.instance,
+            "request cancelled by its caller"
+        );
+        self.cancel_at(flight.instance, origin, correlation);
+    }
+
+    /// Tells `instance` that request `correlation` of `origin`, which it
+    /// was serving, is no longer wanted; one fewer outstanding on it.
+    fn cancel_at(&mut self, instance: u64, origin: Origin, correlation: u64) {
+        // Another group's request: its own deadline ends it there.
+        if instance == BRIDGE_ID {
+            return;
+        }
+        let Some(inst) = self.instances.get_mut(&instance) else {
+            return;
+        };
+        inst.outstanding = inst.outstanding.saturating_sub(1);
+        match Control::cancel(origin, correlation) {
+            Ok(env) => {
+                if let Err(refused) = inst.sink.send(env) {
+                    tracing::debug!(%refused, manager = %inst.name, "cancel not sent to the manager");
+                }
+            }
+            Err(err) => tracing::error!(%err, "cannot encode a cancel"),
+        }
+    }
+
+    /// Answers every request past its deadline with 504, and cancels it
+    /// at its instance: the handler's work stops at the deadline too.
     pub(crate) fn expire(&mut self, now: u64) {
         if self.in_flight.is_empty() {
             return;
@@ -547,9 +586,7 @@ impl Table {
             .collect();
         for key in expired {
             if let Some(flight) = self.in_flight.remove(&key) {
-                if let Some(inst) = self.instances.get_mut(&flight.instance) {
-                    inst.outstanding = inst.outstanding.saturating_sub(1);
-                }
+                self.cancel_at(flight.instance, key.0, key.1);
                 self.deliver(Envelope::error_to(
                     &stub_request(key.0, key.1),
                     504,

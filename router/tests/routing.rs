@@ -297,6 +297,10 @@ async fn expired_deadlines_get_504() {
     let got = m.next().await;
     let answer = rig.broker.next().await;
     assert_eq!((answer.status, answer.correlation), (504, 11));
+    // The manager is told to stop working on it.
+    let cancel = m.next().await;
+    assert_eq!(cancel.decode_control().unwrap(), Control::Cancel);
+    assert_eq!((cancel.correlation, cancel.origin), (11, Origin::Pipe(2)));
     // The manager's late answer is dropped, not delivered twice.
     m.sink
         .send(Envelope::response_to(&got, 200, Default::default(), Bytes::new()))
@@ -345,4 +349,74 @@ async fn a_garbage_frame_closes_only_that_connection() {
         .send(Envelope::response_to(&got, 200, Default::default(), Bytes::new()))
         .unwrap();
     assert_eq!(rig.broker.next().await.status, 200);
+}
+
+/// A cancel as the broker passes it on: stamped with the pipe.
+fn cancel(correlation: u64, pipe: u64) -> Envelope {
+    Control::cancel(Origin::Pipe(pipe), correlation).unwrap()
+}
+
+#[tokio::test]
+async fn a_cancelled_request_is_forgotten_and_its_instance_told() {
+    let mut rig = rig(&["m"]).await;
+    let mut m = manager(&rig, "m", &["t.A"], &[]).await;
+    rig.broker.table(|t| t.all_up()).await;
+    // At capacity (max_outstanding = 2).
+    rig.broker.sink.send(request("t.A", 1, 4)).unwrap();
+    rig.broker.sink.send(request("t.A", 2, 4)).unwrap();
+    let first = m.next().await;
+    let _ = m.next().await;
+
+    rig.broker.sink.send(cancel(1, 4)).unwrap();
+    let told = m.next().await;
+    assert_eq!(told.decode_control().unwrap(), Control::Cancel);
+    assert_eq!((told.correlation, told.origin), (1, Origin::Pipe(4)));
+
+    // It no longer counts against the instance: a third request goes in.
+    rig.broker.sink.send(request("t.A", 3, 4)).unwrap();
+    assert_eq!(m.next().await.correlation, 3);
+    // Its late answer is dropped; a cancel of another pipe's request, or
+    // of an unknown one, changes nothing.
+    m.sink
+        .send(Envelope::response_to(
+            &first,
+            200,
+            Default::default(),
+            Bytes::new(),
+        ))
+        .unwrap();
+    rig.broker.sink.send(cancel(2, 5)).unwrap();
+    rig.broker.sink.send(cancel(99, 4)).unwrap();
+    let second = request("t.A", 2, 4);
+    m.sink
+        .send(Envelope::response_to(
+            &second,
+            200,
+            Default::default(),
+            Bytes::new(),
+        ))
+        .unwrap();
+    let answer = rig.broker.next().await;
+    assert_eq!((answer.status, answer.correlation), (200, 2));
+}
+
+#[tokio::test]
+async fn a_manager_cancels_its_own_calls_only() {
+    let rig = rig(&["m", "n"]).await;
+    let caller = manager(&rig, "m", &[], &[]).await;
+    let mut callee = manager(&rig, "n", &["t.B"], &[]).await;
+    caller
+        .sink
+        .send(Envelope::request(EventType::of("t.B"), 8, Bytes::new()))
+        .unwrap();
+    let call = callee.next().await;
+    assert!(matches!(call.origin, Origin::Manager(_)));
+    // Whatever origin it claims, the router stamps the caller's.
+    caller
+        .sink
+        .send(Control::cancel(Origin::Pipe(1), 8).unwrap())
+        .unwrap();
+    let told = callee.next().await;
+    assert_eq!(told.decode_control().unwrap(), Control::Cancel);
+    assert_eq!((told.correlation, told.origin), (8, call.origin));
 }

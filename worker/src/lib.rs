@@ -17,7 +17,9 @@
 //! Both are bounded: a job that finds the queue full is refused at once
 //! (the caller answers 503 with `Retry-After`), and every job has a deadline
 //! after which its caller gets 504 (a process worker still running it is
-//! killed and replaced). Each job gets exactly one [`Done`].
+//! killed and replaced). A job its submitter gives up ([`Pool::cancel`])
+//! leaves the queue, or has its process worker killed the same way. Each
+//! job gets exactly one [`Done`].
 //!
 //! The worker side of the process pool is [`process::serve`].
 
@@ -120,6 +122,9 @@ pub const QUEUE_FULL: (u16, &str) = (503, "the worker pool's queue is full; try 
 pub const TIMED_OUT: u16 = 504;
 /// Status and message of a job whose worker process died under it.
 pub const WORKER_DIED: (u16, &str) = (502, "worker process died while running the job");
+/// Status and message of a job its submitter gave up ([`Pool::cancel`]);
+/// 499, nginx's "client closed request", as nobody reads it.
+pub const CANCELLED: (u16, &str) = (499, "the job was cancelled: nobody awaits its result");
 
 /// Which kind of pool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -182,6 +187,19 @@ impl Pool {
         }
     }
 
+    /// Gives up job `id` (its submitter no longer awaits it): a queued job
+    /// leaves the queue at once; a running process job is stopped as one
+    /// past its deadline is (its worker is killed and replaced); a thread
+    /// cannot be stopped, so a running thread job runs on and its result
+    /// is dropped. The job's [`Done`] is [`CANCELLED`], unless it had one
+    /// already. Unknown ids are ignored.
+    pub fn cancel(&self, id: u64) {
+        match self {
+            Pool::Thread(p) => p.cancel(id),
+            Pool::Process(p) => p.cancel(id),
+        }
+    }
+
     /// Jobs waiting for a worker.
     pub fn queued(&self) -> usize {
         match self {
@@ -195,6 +213,15 @@ impl Pool {
             Pool::Thread(_) => Kind::Thread,
             Pool::Process(_) => Kind::Process,
         }
+    }
+}
+
+fn cancelled(id: u64) -> Done {
+    let (status, message) = CANCELLED;
+    Done {
+        id,
+        status,
+        body: Bytes::from_static(message.as_bytes()),
     }
 }
 

@@ -13,7 +13,8 @@
 //! pidfd the kernel gave for the peer when it connected (never by pid: the
 //! pid of a worker that died may name another process by then); the
 //! supervisor replaces it and the new worker connects, so the pool's size
-//! restores.
+//! restores. A job its submitter cancels is taken out of the queue, or
+//! stopped the same way.
 //!
 //! When the last worker is gone (they crash and restart, or crash-loop and
 //! wait out their delay), jobs wait for one for [`NO_WORKER_WAIT`]; past it
@@ -247,30 +248,62 @@ impl ProcessPool {
     pub(crate) fn queued(&self) -> usize {
         self.shared.lock().queue.len()
     }
+
+    /// A queued job leaves the queue; a running one has its worker killed,
+    /// as past a deadline: the job's function cannot be interrupted any
+    /// other way, and the worker is replaced.
+    pub(crate) fn cancel(&self, id: u64) {
+        if stop(&self.shared, id, Why::Cancelled) {
+            let _ = self.shared.results.send(crate::cancelled(id));
+        }
+    }
 }
 
 /// The deadline of job `id` passed: answer 504, and kill its worker if one
 /// is running it.
 fn expire(shared: &Shared, id: u64, timeout: Duration) {
-    let mut state = shared.lock();
-    if state.timers.remove(&id).is_none() {
-        return; // finished meanwhile
+    if stop(shared, id, Why::Deadline) {
+        let _ = shared.results.send(timed_out(id, timeout));
     }
+}
+
+/// Why a job is stopped before its result.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Why {
+    Deadline,
+    Cancelled,
+}
+
+/// Takes job `id` out of the queue, or kills the worker running it. False
+/// when it has finished already.
+fn stop(shared: &Shared, id: u64, why: Why) -> bool {
+    let mut state = shared.lock();
+    let Some(timer) = state.timers.remove(&id) else {
+        return false; // finished meanwhile
+    };
+    timer.abort();
     if let Some(at) = state.queue.iter().position(|j| j.id == id) {
         if let Some(job) = state.queue.remove(at) {
-            job.span()
-                .in_scope(|| tracing::warn!("job past its deadline while queued"));
+            let _job = job.span().entered();
+            match why {
+                Why::Deadline => tracing::warn!("job past its deadline while queued"),
+                Why::Cancelled => tracing::debug!("job cancelled while queued"),
+            }
         }
     } else if let Some(w) = state.workers.values_mut().find(|w| w.running == Some(id)) {
         w.running = None;
         w.doomed = true;
         let _job = w.running_span.enter();
-        tracing::warn!(pid = w.pid, "job past its deadline; killing its worker");
+        // A client's cancel is routine; a job outliving its deadline is not.
+        match why {
+            Why::Deadline => tracing::warn!(pid = w.pid, "job past its deadline; killing its worker"),
+            Why::Cancelled => tracing::info!(pid = w.pid, "job cancelled; killing its worker"),
+        }
         if let Err(err) = w.pidfd.kill() {
             tracing::error!(pid = w.pid, %err, "cannot kill a runaway worker");
         }
     }
-    let _ = shared.results.send(timed_out(id, timeout));
+    true
 }
 
 async fn accept(listener: tokio::net::UnixListener, shared: Arc<Shared>, max_frame: usize) {

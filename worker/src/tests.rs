@@ -133,3 +133,68 @@ async fn process_pool_dispatches_to_connected_workers_and_fails_a_dead_workers_j
     drop(pool);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_thread_job_leaves_the_queue_or_its_result_is_dropped() {
+    let (open, gate) = std::sync::mpsc::channel();
+    let (pool, mut rx) = Pool::threads(1, 1, runner(Arc::new(std::sync::Mutex::new(gate))));
+    pool.submit(job(1, b"block", PATIENCE)).unwrap();
+    while pool.queued() != 0 {
+        tokio::task::yield_now().await;
+    }
+    pool.submit(job(2, b"queued", PATIENCE)).unwrap();
+
+    // The queued one leaves at once, and its place with it.
+    pool.cancel(2);
+    let done = next(&mut rx).await;
+    assert_eq!((done.id, done.status), (2, crate::CANCELLED.0));
+    assert_eq!(pool.queued(), 0);
+    pool.submit(job(3, b"next", PATIENCE)).unwrap();
+
+    // The running one runs on; its only Done is the cancel's.
+    pool.cancel(1);
+    let done = next(&mut rx).await;
+    assert_eq!((done.id, done.status), (1, crate::CANCELLED.0));
+    open.send(()).unwrap();
+    assert_eq!(next(&mut rx).await.id, 3, "job 1's own result is dropped");
+    // Unknown and finished ids are nothing.
+    pool.cancel(1);
+    pool.cancel(77);
+    pool.submit(job(4, b"z", PATIENCE)).unwrap();
+    assert_eq!(next(&mut rx).await.id, 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_process_job_leaves_the_queue() {
+    let dir = std::env::temp_dir().join(format!("switchyard-worker-cancel-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let socket = dir.join("w.sock");
+    let listener = crate::process::bind(&socket).unwrap();
+    let (pool, mut rx) = Pool::processes(listener, 4, 1 << 20).unwrap();
+    // No worker yet: both wait in the queue.
+    pool.submit(job(1, b"abc", PATIENCE)).unwrap();
+    pool.submit(job(2, b"def", PATIENCE)).unwrap();
+    pool.cancel(1);
+    let done = next(&mut rx).await;
+    assert_eq!((done.id, done.status), (1, crate::CANCELLED.0));
+    assert_eq!(pool.queued(), 1);
+
+    let (_open, gate) = std::sync::mpsc::channel();
+    let run = runner(Arc::new(std::sync::Mutex::new(gate)));
+    let (ready, is_ready) = oneshot::channel();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let path = socket.clone();
+    let worker = tokio::spawn(async move {
+        crate::process::serve(&path, 1 << 20, run, ready, async move {
+            let _ = stopped.await;
+        })
+        .await
+    });
+    is_ready.await.unwrap();
+    let done = next(&mut rx).await;
+    assert_eq!((done.id, done.status, &done.body[..]), (2, 200, &b"fed"[..]));
+    let _ = stop.send(());
+    worker.await.unwrap();
+    drop(pool);
+    let _ = std::fs::remove_dir_all(&dir);
+}

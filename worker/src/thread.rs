@@ -4,7 +4,8 @@
 //! A job's result and its deadline race for its entry in `slots`: whichever
 //! removes it first reports it, so each job gets exactly one [`Done`]. A
 //! thread cannot be killed; a job past its deadline is answered with 504 and
-//! its eventual result dropped. A job still queued at its deadline leaves
+//! its eventual result dropped; so is a job cancelled while it runs. A job
+//! still queued at its deadline (or cancelled) leaves
 //! at once — its queue place and its body are freed then, not when a thread
 //! gets to its id — so a queue full of expired jobs never refuses new ones.
 
@@ -115,6 +116,26 @@ impl ThreadPool {
             None => timer.abort(),
         }
         Ok(())
+    }
+
+    /// A queued job leaves at once; a running one runs on (a thread
+    /// cannot be stopped) and its result is dropped.
+    pub(crate) fn cancel(&self, id: u64) {
+        let mut slots = lock(&self.slots);
+        let (timer, span) = match slots.jobs.remove(&id) {
+            Some(Slot::Queued { job, timer }) => {
+                slots.queued -= 1;
+                (timer, job.span())
+            }
+            Some(Slot::Running { timer, span }) => (timer, span),
+            None => return,
+        };
+        drop(slots);
+        if let Some(timer) = timer {
+            timer.abort();
+        }
+        span.in_scope(|| tracing::debug!("job cancelled"));
+        let _ = self.results.send(crate::cancelled(id));
     }
 
     pub(crate) fn queued(&self) -> usize {

@@ -142,12 +142,13 @@ impl UnaryService<Bytes> for Unary {
                 .map_err(|e| Status::invalid_argument(format!("not a {}: {e}", rpc.input.full_name())))?;
             let payload = to_json(&message)?;
             let opener = Opener::of(&metadata.into_headers(), &extensions, &state.pool.routes());
-            let request = CallRequest {
+            let mut request = CallRequest {
                 r#type: rpc.event.clone(),
                 content_type: "application/json".to_owned(),
                 payload: payload.into(),
                 deadline_ms: 0,
             };
+            super::deadline::tighten(&mut request, extensions.get());
             let reply = call(&state, request, &opener.front(&opener.client))
                 .await
                 .map_err(|e| e.grpc)?;

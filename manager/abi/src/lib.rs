@@ -43,7 +43,9 @@ use std::ffi::c_void;
 /// name the request's trace (issue 15 §2).
 /// v8: `FromPlugin::NextTimer`: the host steps a manager's timers when
 /// they are due instead of every `TICK_PERIOD`.
-pub const ABI_VERSION: u32 = 8;
+/// v9: cancellation: `ToPlugin::Cancel` (a request its client gave up)
+/// and `FromPlugin::Cancel` (a job or call no longer awaited).
+pub const ABI_VERSION: u32 = 9;
 
 /// Symbol of `extern "C" fn() -> u32`.
 pub const ABI_SYMBOL: &[u8] = b"switchyard_plugin_abi_version\0";

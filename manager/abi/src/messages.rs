@@ -123,6 +123,11 @@ pub enum ToPlugin {
     /// the plugin's [`FromPlugin::NextTimer`] is due; tests move time
     /// forward).
     Timers { ahead_ms: u64 },
+    /// Request `correlation` is no longer wanted (its client went away or
+    /// its deadline passed): drop its handler, answer nothing. The jobs
+    /// and calls the handler was awaiting are given up with it
+    /// ([`FromPlugin::Cancel`]). A request already answered is ignored.
+    Cancel { correlation: u64 },
 }
 
 /// Who sent a request, as the host knows it from the envelope's return
@@ -185,6 +190,13 @@ pub enum FromPlugin {
     /// [`TICK_PERIOD`](crate::TICK_PERIOD). Sent after any step that moved
     /// the earliest deadline.
     NextTimer { in_ms: u64 },
+    /// The job or call `id` ([`FromPlugin::Job::job`],
+    /// [`FromPlugin::Call::call`]) is no longer awaited: the host takes a
+    /// queued job out of its pool's queue, stops a running process job
+    /// (its worker is killed, as past a deadline), and cancels a call at
+    /// the manager serving it. Its result, if one still comes, is not
+    /// sent to the plugin.
+    Cancel { id: u64 },
 }
 
 /// Log levels a plugin can log at through the host.

@@ -86,6 +86,7 @@ fn to_plugin() -> impl Strategy<Value = ToPlugin> {
         }),
         Just(ToPlugin::Wake),
         any::<u64>().prop_map(|ahead_ms| ToPlugin::Timers { ahead_ms }),
+        any::<u64>().prop_map(|correlation| ToPlugin::Cancel { correlation }),
     ]
 }
 
@@ -139,6 +140,7 @@ fn from_plugin() -> impl Strategy<Value = FromPlugin> {
             message,
         }),
         any::<u64>().prop_map(|in_ms| FromPlugin::NextTimer { in_ms }),
+        any::<u64>().prop_map(|id| FromPlugin::Cancel { id }),
     ]
 }
 

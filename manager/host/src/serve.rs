@@ -5,7 +5,10 @@
 //! batch of frames into one [`Plugin::step`] and each output back into frames.
 //! Requests from different callers may carry equal correlation ids, so the
 //! host gives each request a local id of its own for the plugin and maps the
-//! answer back. If the router goes away, calls the plugin is awaiting fail
+//! answer back. A request the router cancels (its client left, or its
+//! deadline passed) is forgotten and the plugin drops its handler; the jobs
+//! and calls the plugin then gives up are taken from the worker pool or
+//! cancelled at the router. If the router goes away, calls the plugin is awaiting fail
 //! with 503 and the host reconnects and declares itself again. Every step
 //! runs under the [`watchdog`](crate::watchdog): one that does not return
 //! within `handler_timeout` ends the process.
@@ -139,6 +142,7 @@ pub async fn run(
         immediate: Vec::new(),
         ticks: description.timers,
         timer_next: None,
+        cancelled: HashSet::new(),
     };
     loop {
         let link = tokio::select! {
@@ -304,6 +308,9 @@ struct Host {
     /// When the plugin said its next timer is due (`FromPlugin::NextTimer`);
     /// none since the last timer step: every `TICK_PERIOD` until it says.
     timer_next: Option<tokio::time::Instant>,
+    /// Requests cancelled in the step under way: the plugin may have
+    /// answered one before it read the cancel.
+    cancelled: HashSet<u64>,
 }
 
 /// The connection to the router.
@@ -389,8 +396,10 @@ impl Host {
             }
             for mut env in batch.drain(..) {
                 if env.kind == Kind::Control {
-                    if matches!(env.decode_control(), Ok(Control::Draining)) {
-                        drain_acknowledged = true;
+                    match env.decode_control() {
+                        Ok(Control::Draining) => drain_acknowledged = true,
+                        Ok(Control::Cancel) => self.cancel(env.origin, env.correlation, &mut inputs),
+                        _ => {}
                     }
                     continue;
                 }
@@ -488,6 +497,7 @@ impl Host {
                 let outputs = self.step(plugin, &now)?;
                 self.dispatch(outputs, config, sink);
             }
+            self.cancelled.clear();
             if let Some(due) = self.timer_next
                 && timer.deadline() != due
             {
@@ -498,6 +508,29 @@ impl Host {
             let out = JOBS_OUT.load(std::sync::atomic::Ordering::Relaxed);
             GAUGES.set_extra(Extra::WorkersBusy, out.saturating_sub(queued as u64));
         }
+    }
+
+    /// The router says request `correlation` of `origin` is no longer
+    /// wanted: the plugin drops its handler. Found by a scan of the
+    /// requests in progress, so that nothing is kept per request for the
+    /// rare cancel; one already answered is not there.
+    fn cancel(&mut self, origin: Origin, correlation: u64, inputs: &mut Vec<ToPlugin>) {
+        let local = self
+            .requests
+            .iter()
+            .find(|(_, (o, c, _))| *o == origin && *c == correlation)
+            .map(|(&local, _)| local);
+        let Some(local) = local else { return };
+        self.requests.remove(&local);
+        let tags = request_ids().remove(&local).unwrap_or_default();
+        tracing::debug!(
+            request_id = tags.request_id.as_deref(),
+            trace_id = tags.trace_id(),
+            correlation = local,
+            "request cancelled; dropping its handler"
+        );
+        self.cancelled.insert(local);
+        inputs.push(ToPlugin::Cancel { correlation: local });
     }
 
     /// One call into the plugin, under the watchdog.
@@ -546,7 +579,10 @@ impl Host {
                     let handle = handle.map(handover::adopt_body);
                     let tags = request_ids().remove(&correlation);
                     let Some((origin, correlation, event_type)) = self.requests.remove(&correlation) else {
-                        tracing::warn!(correlation, "plugin answered an unknown request");
+                        // Answered in the step that cancelled it: nobody waits.
+                        if !self.cancelled.contains(&correlation) {
+                            tracing::warn!(correlation, "plugin answered an unknown request");
+                        }
                         continue;
                     };
                     // The response names its request too, for the lines
@@ -619,6 +655,21 @@ impl Host {
                 } => {
                     log(level, correlation, &message);
                     continue;
+                }
+                FromPlugin::Cancel { id } => {
+                    if self.calls.remove(&id) {
+                        // The router stamps this instance as the origin.
+                        match Control::cancel(Origin::Unset, id) {
+                            Ok(env) => env,
+                            Err(err) => {
+                                tracing::error!(%err, "cannot encode a cancel");
+                                continue;
+                            }
+                        }
+                    } else {
+                        self.pool.cancel(id);
+                        continue;
+                    }
                 }
                 FromPlugin::NextTimer { in_ms } => {
                     // Never a busy loop; never past a day (the plugin

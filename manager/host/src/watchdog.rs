@@ -37,6 +37,7 @@ enum Input {
     JobResult,
     Wake,
     Timers,
+    Cancel,
 }
 
 impl Input {
@@ -48,6 +49,7 @@ impl Input {
             ToPlugin::JobResult { .. } => Input::JobResult,
             ToPlugin::Wake => Input::Wake,
             ToPlugin::Timers { .. } => Input::Timers,
+            ToPlugin::Cancel { .. } => Input::Cancel,
         }
     }
 }
@@ -94,6 +96,7 @@ impl Shared {
                 Input::JobResult => write!(out, "a job result (an async handler)"),
                 Input::Wake => write!(out, "a wake-up (async handlers, housekeeping)"),
                 Input::Timers => write!(out, "timers"),
+                Input::Cancel => write!(out, "a cancelled request (its handler is dropped)"),
             };
         }
         if step.count > step.inputs.len() {

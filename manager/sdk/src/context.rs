@@ -496,13 +496,28 @@ impl Future for RawCallFuture {
 
 impl Drop for RawCallFuture {
     fn drop(&mut self) {
-        self.shared.calls.borrow_mut().remove(&self.call);
+        give_up(&self.shared, self.call);
     }
 }
 
 impl<R> Drop for CallFuture<R> {
     fn drop(&mut self) {
-        // A dropped call no longer needs its answer.
-        self.shared.calls.borrow_mut().remove(&self.call);
+        give_up(&self.shared, self.call);
+    }
+}
+
+/// A call or job future dropped: its answer is no longer needed. Dropped
+/// before the answer came (its handler was cancelled, or raced it against
+/// something else), the host is told, so the callee or the worker stops.
+fn give_up(shared: &Shared, id: u64) {
+    let Ok(mut calls) = shared.calls.try_borrow_mut() else {
+        return;
+    };
+    let slot = calls.remove(&id);
+    drop(calls);
+    if slot.is_some_and(|slot| slot.result.is_none())
+        && let Ok(mut outbox) = shared.outbox.try_borrow_mut()
+    {
+        outbox.push(FromPlugin::Cancel { id });
     }
 }

@@ -8,7 +8,7 @@
 
 use std::any::TypeId;
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::rc::Rc;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -139,6 +139,10 @@ pub(crate) struct Runtime<M: Manager> {
     /// Without one (in-process tests) upload handlers run inline.
     wake: Option<WakeHost>,
     finished: Finished,
+    /// Uploads whose handler runs on its thread: a cancel cannot stop the
+    /// thread, so it marks them `abandoned` and their answer is dropped.
+    uploading: HashSet<u64>,
+    abandoned: HashSet<u64>,
 }
 
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
@@ -241,6 +245,8 @@ impl<M: Manager> Runtime<M> {
             }),
             wake,
             finished: Arc::default(),
+            uploading: HashSet::new(),
+            abandoned: HashSet::new(),
         };
         Ok((runtime, description))
     }
@@ -296,11 +302,16 @@ impl<M: Manager> Runtime<M> {
                         }
                     }
                 }
+                ToPlugin::Cancel { correlation } => self.cancel(correlation),
             }
         }
         self.run_ready();
         let finished = std::mem::take(&mut *self.finished.lock().unwrap_or_else(|p| p.into_inner()));
         for (correlation, result) in finished {
+            self.uploading.remove(&correlation);
+            if self.abandoned.remove(&correlation) {
+                continue;
+            }
             self.respond(correlation, result);
         }
         self.tell_next_timer();
@@ -620,8 +631,11 @@ impl<M: Manager> Runtime<M> {
                 .push((correlation, result));
             wake();
         });
-        if let Err(err) = spawned {
-            self.respond(correlation, Err(err));
+        match spawned {
+            Ok(()) => {
+                self.uploading.insert(correlation);
+            }
+            Err(err) => self.respond(correlation, Err(err)),
         }
     }
 
@@ -675,6 +689,38 @@ impl<M: Manager> Runtime<M> {
             &format!("handler panicked: {}", panic_message(panic)),
         );
         Error::internal("the handler panicked")
+    }
+
+    /// Request `correlation` is no longer wanted: its tasks are dropped
+    /// (which gives up the jobs and calls they await: `FromPlugin::Cancel`),
+    /// an upload still running on its thread is answered into the void,
+    /// and nothing about it stays. Only on a cancel: the scan costs the
+    /// requests in progress, and nothing is kept per request for it.
+    fn cancel(&mut self, correlation: u64) {
+        let ids: Vec<u64> = self
+            .tasks
+            .iter()
+            .filter(|(_, task)| task.correlation == correlation)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in ids {
+            if let Some(task) = self.tasks.remove(&id) {
+                // A future's drop runs the handler's own code (its locals'
+                // destructors): a panic there must not end the step.
+                if let Err(panic) = catch_unwind(AssertUnwindSafe(move || drop(task))) {
+                    let message = format!(
+                        "a cancelled handler panicked as it was dropped: {}",
+                        panic_message(&*panic)
+                    );
+                    self.shared.log(LogLevel::Error, correlation, &message);
+                }
+            }
+        }
+        if self.uploading.contains(&correlation) {
+            self.abandoned.insert(correlation);
+        }
+        self.shared.after.borrow_mut().remove(&correlation);
+        self.shared.html.borrow_mut().remove(&correlation);
     }
 
     fn spawn(&mut self, correlation: u64, future: LocalFuture<()>) {
@@ -896,6 +942,85 @@ mod tests {
                 Ok(Done { ok: true })
             });
         }
+    }
+
+    #[derive(Serialize, Deserialize, Event)]
+    #[event(name = "t.Work")]
+    struct Work {}
+
+    fn work(_: Work) -> Result<Done, Error> {
+        Ok(Done { ok: true })
+    }
+
+    /// Awaits a job, the way `/cpu` does.
+    struct Jobs;
+
+    impl Manager for Jobs {
+        const NAME: &'static str = "jobs";
+        fn create(_: &Config) -> Result<Self, Error> {
+            Ok(Jobs)
+        }
+        fn register(r: &mut Registry<Self>) {
+            r.request_async(|_, _: Later, cx| async move { cx.spawn_job::<Work, Done>(&Work {}).await })
+                .job(work);
+        }
+    }
+
+    fn later(correlation: u64) -> ToPlugin {
+        let mut meta = Meta::default();
+        meta.push("content-type", crate::BINCODE);
+        ToPlugin::Request {
+            correlation,
+            event_type: EventType::of("t.Later"),
+            meta,
+            body: Bytes::from(switchyard_proto::codec::encode(&Later {}).unwrap()),
+            stream: None,
+            caller: switchyard_manager_abi::messages::Caller::Manager,
+        }
+    }
+
+    #[test]
+    fn a_cancelled_request_drops_its_handler_and_gives_up_its_job() {
+        let (mut runtime, _) = Runtime::<Jobs>::create(args("jobs"), None, None).unwrap();
+        let out = runtime.step(vec![later(3), later(4)]);
+        let jobs: Vec<u64> = out
+            .iter()
+            .filter_map(|o| match o {
+                FromPlugin::Job { job, correlation, .. } => Some((*correlation, *job)),
+                _ => None,
+            })
+            .map(|(_, job)| job)
+            .collect();
+        assert_eq!(jobs.len(), 2, "each handler submits its job");
+
+        let out = runtime.step(vec![ToPlugin::Cancel { correlation: 3 }]);
+        assert!(
+            matches!(out.as_slice(), [FromPlugin::Cancel { id }] if *id == jobs[0]),
+            "the cancelled handler's job is given up, nothing answers: {out:?}"
+        );
+        assert_eq!(runtime.tasks.len(), 1, "its task is gone");
+
+        // Its job's result, if it still comes, answers nobody; the other
+        // request is served as ever.
+        let result = |job| ToPlugin::JobResult {
+            job,
+            status: 200,
+            body: Bytes::from(switchyard_proto::codec::encode(&Done { ok: true }).unwrap()),
+        };
+        let out = runtime.step(vec![result(jobs[0]), result(jobs[1])]);
+        assert!(
+            matches!(
+                out.as_slice(),
+                [FromPlugin::Response {
+                    correlation: 4,
+                    status: 200,
+                    ..
+                }]
+            ),
+            "{out:?}"
+        );
+        // A cancel of an answered request is nothing.
+        assert!(runtime.step(vec![ToPlugin::Cancel { correlation: 4 }]).is_empty());
     }
 
     /// A timer two seconds apart, counting its runs.

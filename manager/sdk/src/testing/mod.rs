@@ -483,6 +483,9 @@ impl<M: Manager> TestManager<M> {
                     } => self.logs.push((correlation, message)),
                     // Time moves only when a test says (`advance`).
                     FromPlugin::NextTimer { .. } => {}
+                    // Jobs and calls are answered at once here: nothing
+                    // is left running to stop.
+                    FromPlugin::Cancel { .. } => {}
                 }
             }
             if inputs.is_empty() {
