@@ -236,6 +236,16 @@ pub struct WsConfig {
     /// into the group. Off by default: it lets any client reach every
     /// subscribed manager.
     pub notify: bool,
+    /// Subprotocols the server answers to (RFC 6455 §4.2.2): the first one
+    /// a client offers that is in this list is named in the answer; none
+    /// in common (or an empty list) answers with no subprotocol.
+    pub subprotocols: Vec<String>,
+    /// Whether permessage-deflate (RFC 7692) is offered to clients that ask.
+    pub deflate: bool,
+    /// A message must arrive whole within this of its first byte: a
+    /// client that leaves one unfinished is closed (1008), so it cannot
+    /// keep a partial message's memory.
+    pub message_timeout: Duration,
 }
 
 impl Default for WsConfig {
@@ -247,6 +257,9 @@ impl Default for WsConfig {
             ping_interval: Duration::from_secs(20),
             max_in_flight: 256,
             notify: false,
+            subprotocols: vec!["switchyard.v1".to_owned()],
+            deflate: true,
+            message_timeout: Duration::from_secs(30),
         }
     }
 }
