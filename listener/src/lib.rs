@@ -57,6 +57,8 @@
 //!     the rest.
 //!   - `conditional`: 304 and `If-Range` on a manager's answer.
 //!   - `body`: response bodies (whole or read from a pipe), `Range` parsing.
+//!   - `decoded`: request bodies decoded by `Content-Encoding`, bounded
+//!     in expansion.
 //!   - `state`: what every request shares; request bodies placed in shared
 //!     memory.
 //!   - `metrics`: request counters per route for the admin endpoint's
@@ -77,6 +79,7 @@ mod body;
 mod conditional;
 mod conn;
 mod context;
+mod decoded;
 mod dispatch;
 mod exchange;
 mod grpc;
@@ -111,8 +114,9 @@ pub use static_files::StaticMount;
 pub use trace::TracingConfig;
 
 /// A request body as the listener's code reads it: decoded by its
-/// `Content-Encoding` (the middleware's request decoding) as it is read.
-pub(crate) type RequestBody = tower_http::decompression::DecompressionBody<incoming::Incoming>;
+/// `Content-Encoding` (the middleware's request decoding) as it is read,
+/// and bounded in how far it expands (`decoded`).
+pub(crate) type RequestBody = decoded::Decoded;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -812,6 +816,7 @@ impl Serve {
     + Send
     + 'static {
         let layers = self.layers.clone();
+        let max_ratio = layers.max_decode_ratio;
         let respond = tower::service_fn(move |req| {
             let this = self.clone();
             // Boxed: the request's whole state machine is kilobytes, and
@@ -829,7 +834,13 @@ impl Serve {
             .option_layer(layers.cors.clone())
             .layer(conditional::WeakenLayer)
             .layer(layers.compression.clone())
+            .map_request(|req: ::http::Request<incoming::Incoming>| req.map(decoded::Counted::new))
             .layer(layers.decompression.clone())
+            .map_request(
+                move |req: ::http::Request<
+                    tower_http::decompression::DecompressionBody<decoded::Counted>,
+                >| { req.map(|body| decoded::Decoded::new(body, max_ratio)) },
+            )
             .service(respond)
     }
 
