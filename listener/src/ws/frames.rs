@@ -195,15 +195,20 @@ impl<S> FrameGuard<S> {
 impl<S: AsyncRead + Unpin> AsyncRead for FrameGuard<S> {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        if this.overdue(cx) {
-            return Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, Refused::Unfinished)));
-        }
         let before = buf.filled().len();
         let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
-        if let Poll::Ready(Ok(())) = &polled
-            && let Err(err) = this.observe(&buf.filled()[before..])
-        {
-            return Poll::Ready(Err(io::Error::new(io::ErrorKind::InvalidData, err)));
+        match &polled {
+            Poll::Ready(Ok(())) => {
+                if let Err(err) = this.observe(&buf.filled()[before..]) {
+                    return Poll::Ready(Err(io::Error::new(io::ErrorKind::InvalidData, err)));
+                }
+            }
+            // Only a read that waits on the client can be late: bytes the
+            // client sent while the session was busy elsewhere are not.
+            Poll::Pending if this.overdue(cx) => {
+                return Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, Refused::Unfinished)));
+            }
+            _ => {}
         }
         polled
     }
