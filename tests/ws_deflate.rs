@@ -298,10 +298,10 @@ mod h2_stream {
     use bytes::{Buf, Bytes};
     use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-    pub struct H2Stream {
-        pub send: h2::SendStream<Bytes>,
-        pub recv: h2::RecvStream,
-        pub pending: Bytes,
+    pub(crate) struct H2Stream {
+        pub(crate) send: h2::SendStream<Bytes>,
+        pub(crate) recv: h2::RecvStream,
+        pub(crate) pending: Bytes,
     }
 
     impl AsyncRead for H2Stream {

@@ -840,27 +840,27 @@ fn respond(shared: &Rc<Shared>, correlation: u64, result: Result<Response, Error
                 Err(err) => Err(err),
             }
         };
-        match placed.map(|body| handover::release_pooled(&body)) {
-            Ok(Ok(raw)) => {
-                handle = Some(raw);
-                response.body = Bytes::new();
-            }
+        match placed {
             // The process's shared memory is spoken for: as the host does.
             Err(switchyard_proto::Error::ShmBudget { .. }) => {
                 response =
                     Error::unavailable("response body unavailable; retry later").to_response(expose_errors);
             }
-            failed => {
-                let err = match failed {
-                    Ok(Err(err)) => err.to_string(),
-                    Err(err) => err.to_string(),
-                    Ok(Ok(_)) => String::new(),
-                };
-                shared.log(
-                    LogLevel::Warn,
-                    correlation,
-                    &format!("a large body goes inline: {err}"),
-                );
+            placed => {
+                let released = placed
+                    .map_err(|err| err.to_string())
+                    .and_then(|body| handover::release_pooled(&body).map_err(|err| err.to_string()));
+                match released {
+                    Ok(raw) => {
+                        handle = Some(raw);
+                        response.body = Bytes::new();
+                    }
+                    Err(err) => shared.log(
+                        LogLevel::Warn,
+                        correlation,
+                        &format!("a large body goes inline: {err}"),
+                    ),
+                }
             }
         }
     }
