@@ -1639,6 +1639,24 @@ mod tests {
     }
 
     #[test]
+    fn websocket_subprotocols_are_names_and_timeouts_positive() {
+        let config: Config = toml::from_str(
+            "[listener.ws]\nsubprotocols = [\"mqtt\", \"bearer.x\", \"a b\"]\nmessage_timeout_ms = 0\n",
+        )
+        .unwrap();
+        let err = config.validate().unwrap_err().to_string();
+        assert!(err.contains("`bearer.x` is not a protocol name"), "{err}");
+        assert!(err.contains("`a b` is not a protocol name"), "{err}");
+        assert!(!err.contains("`mqtt`"), "{err}");
+        assert!(
+            err.contains("listener.ws.message_timeout_ms: must be positive"),
+            "{err}"
+        );
+        let config: Config = toml::from_str("[listener.ws]\nsubprotocols = []\n").unwrap();
+        config.validate().unwrap();
+    }
+
+    #[test]
     fn bind_takes_host_names() {
         assert_eq!(
             resolve_bind("localhost:0").unwrap(),

@@ -679,6 +679,9 @@ mod tests {
         c.compression.algorithms = vec!["lzma".into()];
         assert!(check(&c).unwrap_err().starts_with("compression.algorithms"));
         let mut c = MiddlewareConfig::default();
+        c.compression.max_decode_ratio = 0;
+        assert!(check(&c).unwrap_err().starts_with("compression.max_decode_ratio"));
+        let mut c = MiddlewareConfig::default();
         c.rate_limit.limits = vec![config::RateLimit::default()];
         assert!(
             check(&c)
