@@ -635,6 +635,13 @@ pub(crate) struct WsLimits {
     /// Whether clients may emit notifications into the group (off: any
     /// client could otherwise reach every subscribed manager).
     pub(crate) notify: bool,
+    /// Subprotocols the server answers to; none in common with the
+    /// client's offer: no subprotocol in the answer.
+    pub(crate) subprotocols: Vec<String>,
+    /// Whether permessage-deflate is offered.
+    pub(crate) deflate: bool,
+    /// Milliseconds a message has to arrive whole; past it, close 1008.
+    pub(crate) message_timeout_ms: u64,
 }
 
 impl Default for WsLimits {
@@ -647,6 +654,9 @@ impl Default for WsLimits {
             ping_ms: d.ping_interval.as_millis() as u64,
             max_in_flight: d.max_in_flight,
             notify: d.notify,
+            subprotocols: d.subprotocols,
+            deflate: d.deflate,
+            message_timeout_ms: d.message_timeout.as_millis() as u64,
         }
     }
 }
@@ -660,6 +670,9 @@ impl WsLimits {
             ping_interval: Duration::from_millis(self.ping_ms),
             max_in_flight: self.max_in_flight,
             notify: self.notify,
+            subprotocols: self.subprotocols.clone(),
+            deflate: self.deflate,
+            message_timeout: Duration::from_millis(self.message_timeout_ms),
         }
     }
 }
@@ -1350,9 +1363,23 @@ impl Config {
             ("queue", ws.queue),
             ("ping_ms", ws.ping_ms as usize),
             ("max_in_flight", ws.max_in_flight),
+            ("message_timeout_ms", ws.message_timeout_ms as usize),
         ] {
             if value == 0 {
                 problems.push(format!("listener.ws.{key}: must be positive"));
+            }
+        }
+        for name in &ws.subprotocols {
+            // A token (RFC 9110 §5.6.2), as Sec-WebSocket-Protocol requires;
+            // `bearer.` names are credentials, never a protocol.
+            let token = !name.is_empty()
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+            if !token || name.starts_with("bearer.") {
+                problems.push(format!(
+                    "listener.ws.subprotocols: `{name}` is not a protocol name (a token, not `bearer.*`)"
+                ));
             }
         }
         for (key, value) in [
@@ -1609,6 +1636,24 @@ mod tests {
         let text = toml::to_string(&config).unwrap();
         let back: Config = toml::from_str(&text).unwrap();
         assert_eq!(back.listener.bind, config.listener.bind);
+    }
+
+    #[test]
+    fn websocket_subprotocols_are_names_and_timeouts_positive() {
+        let config: Config = toml::from_str(
+            "[listener.ws]\nsubprotocols = [\"mqtt\", \"bearer.x\", \"a b\"]\nmessage_timeout_ms = 0\n",
+        )
+        .unwrap();
+        let err = config.validate().unwrap_err().to_string();
+        assert!(err.contains("`bearer.x` is not a protocol name"), "{err}");
+        assert!(err.contains("`a b` is not a protocol name"), "{err}");
+        assert!(!err.contains("`mqtt`"), "{err}");
+        assert!(
+            err.contains("listener.ws.message_timeout_ms: must be positive"),
+            "{err}"
+        );
+        let config: Config = toml::from_str("[listener.ws]\nsubprotocols = []\n").unwrap();
+        config.validate().unwrap();
     }
 
     #[test]

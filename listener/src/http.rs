@@ -41,6 +41,7 @@ pub(crate) async fn forward(state: &State, req: Request<RequestBody>, matched: M
                 &format!("request body is larger than {limit} bytes"),
             );
         }
+        Err(BodyError::Expanded(why)) => return error(StatusCode::PAYLOAD_TOO_LARGE, &why),
         Err(BodyError::Stalled) => return body_stalled(),
         Err(BodyError::Broken) => return error(StatusCode::BAD_REQUEST, "could not read the request body"),
     };
@@ -66,6 +67,8 @@ pub(crate) async fn forward(state: &State, req: Request<RequestBody>, matched: M
 enum BodyError {
     /// Over the limit.
     TooLarge,
+    /// Decoded, it expands past the allowed ratio (why, for the answer).
+    Expanded(String),
     /// Nothing arrived for a whole body read timeout.
     Stalled,
     /// The client broke off or sent a malformed body.
@@ -81,7 +84,12 @@ async fn read_body(mut body: RequestBody, limit: usize, idle: Duration) -> Resul
         let frame = match tokio::time::timeout(idle, body.frame()).await {
             Err(_) => return Err(BodyError::Stalled),
             Ok(None) => break,
-            Ok(Some(Err(_))) => return Err(BodyError::Broken),
+            Ok(Some(Err(err))) => {
+                return Err(match crate::decoded::is_expanded(&err) {
+                    Some(expanded) => BodyError::Expanded(expanded.to_string()),
+                    None => BodyError::Broken,
+                });
+            }
             Ok(Some(Ok(frame))) => frame,
         };
         let Ok(data) = frame.into_data() else {

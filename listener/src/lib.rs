@@ -57,6 +57,8 @@
 //!     the rest.
 //!   - `conditional`: 304 and `If-Range` on a manager's answer.
 //!   - `body`: response bodies (whole or read from a pipe), `Range` parsing.
+//!   - `decoded`: request bodies decoded by `Content-Encoding`, bounded
+//!     in expansion.
 //!   - `state`: what every request shares; request bodies placed in shared
 //!     memory.
 //!   - `metrics`: request counters per route for the admin endpoint's
@@ -77,6 +79,7 @@ mod body;
 mod conditional;
 mod conn;
 mod context;
+mod decoded;
 mod dispatch;
 mod exchange;
 mod grpc;
@@ -111,8 +114,9 @@ pub use static_files::StaticMount;
 pub use trace::TracingConfig;
 
 /// A request body as the listener's code reads it: decoded by its
-/// `Content-Encoding` (the middleware's request decoding) as it is read.
-pub(crate) type RequestBody = tower_http::decompression::DecompressionBody<incoming::Incoming>;
+/// `Content-Encoding` (the middleware's request decoding) as it is read,
+/// and bounded in how far it expands (`decoded`).
+pub(crate) type RequestBody = decoded::Decoded;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -236,6 +240,16 @@ pub struct WsConfig {
     /// into the group. Off by default: it lets any client reach every
     /// subscribed manager.
     pub notify: bool,
+    /// Subprotocols the server answers to (RFC 6455 §4.2.2): the first one
+    /// a client offers that is in this list is named in the answer; none
+    /// in common (or an empty list) answers with no subprotocol.
+    pub subprotocols: Vec<String>,
+    /// Whether permessage-deflate (RFC 7692) is offered to clients that ask.
+    pub deflate: bool,
+    /// A message must arrive whole within this of its first byte: a
+    /// client that leaves one unfinished is closed (1008), so it cannot
+    /// keep a partial message's memory.
+    pub message_timeout: Duration,
 }
 
 impl Default for WsConfig {
@@ -247,6 +261,9 @@ impl Default for WsConfig {
             ping_interval: Duration::from_secs(20),
             max_in_flight: 256,
             notify: false,
+            subprotocols: vec!["switchyard.v1".to_owned()],
+            deflate: true,
+            message_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -799,6 +816,7 @@ impl Serve {
     + Send
     + 'static {
         let layers = self.layers.clone();
+        let max_ratio = layers.max_decode_ratio;
         let respond = tower::service_fn(move |req| {
             let this = self.clone();
             // Boxed: the request's whole state machine is kilobytes, and
@@ -816,7 +834,13 @@ impl Serve {
             .option_layer(layers.cors.clone())
             .layer(conditional::WeakenLayer)
             .layer(layers.compression.clone())
+            .map_request(|req: ::http::Request<incoming::Incoming>| req.map(decoded::Counted::new))
             .layer(layers.decompression.clone())
+            .map_request(
+                move |req: ::http::Request<
+                    tower_http::decompression::DecompressionBody<decoded::Counted>,
+                >| { req.map(|body| decoded::Decoded::new(body, max_ratio)) },
+            )
             .service(respond)
     }
 

@@ -76,6 +76,12 @@ pub(crate) async fn upload(state: &State, req: Request<RequestBody>, matched: Ma
     if stop.over_limit.load(Ordering::Relaxed) {
         return too_large();
     }
+    if let Some(ratio) = stop.expanded.get() {
+        return error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            &crate::decoded::Expanded { ratio: *ratio }.to_string(),
+        );
+    }
     if stop.stalled.load(Ordering::Relaxed) {
         return crate::http::body_stalled();
     }
@@ -95,6 +101,8 @@ struct Idle {
 #[derive(Default)]
 struct Stop {
     over_limit: AtomicBool,
+    /// The body expanded past this ratio when decoded.
+    expanded: std::sync::OnceLock<u32>,
     stalled: AtomicBool,
 }
 
@@ -129,6 +137,9 @@ async fn pump(mut body: RequestBody, mut pipe: AsyncPipe, limit: u64, idle: Idle
                 }
             }
             Some(Err(err)) => {
+                if let Some(expanded) = crate::decoded::is_expanded(&err) {
+                    let _ = stop.expanded.set(expanded.ratio);
+                }
                 tracing::debug!(%err, "upload body broke off");
                 return pipe.abort();
             }

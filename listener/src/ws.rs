@@ -49,14 +49,16 @@ use crate::pipes::{CloseReason, Outbox, Subscription, check_subscription};
 use crate::reply::{Reply, error};
 use crate::state::State;
 
+mod deflate;
 mod frames;
 
-use frames::{FrameGuard, fragments, is_empty_fragments};
+use deflate::Inflate;
+use frames::{FrameGuard, Refused, fragments, refusal};
 
 /// The event `/ws/echo` messages become.
 pub(crate) const ECHO_EVENT: &str = "demo.WsEcho";
 
-type Ws = WebSocketStream<FrameGuard<TokioIo<hyper::upgrade::Upgraded>>>;
+type Ws = WebSocketStream<Inflate<FrameGuard<TokioIo<hyper::upgrade::Upgraded>>>>;
 
 /// tungstenite's read buffer, allocated (and zero-filled) for every
 /// connection: most of an idle connection's cost at the default 128 KiB.
@@ -143,7 +145,13 @@ pub(crate) fn upgrade(
     let opener = Arc::new(Opener::of(req.headers(), req.extensions(), &state.pool.routes()));
     // The middleware admitted the upgrade; its identity (in `opener`) is
     // the session's, and each message's event type is checked against the rules.
-    let protocol = chosen_protocol(req.headers());
+    let protocol = chosen_protocol(req.headers(), &state.config.ws.subprotocols);
+    let deflate = if state.config.ws.deflate {
+        deflate::negotiate(req.headers())
+    } else {
+        None
+    };
+    let agreed = deflate.as_ref().map(|(agreed, _)| *agreed);
     let on_upgrade = hyper::upgrade::on(&mut req);
     let cfg = state.config.ws.clone();
     let session_conn = conn.clone();
@@ -163,13 +171,15 @@ pub(crate) fn upgrade(
             .max_write_buffer_size(MAX_WRITE_BUFFER)
             .max_message_size(Some(cfg.max_message_bytes))
             .max_frame_size(Some(cfg.max_message_bytes));
-        let io = FrameGuard::new(TokioIo::new(upgraded));
+        let io = FrameGuard::new(TokioIo::new(upgraded), cfg.message_timeout);
+        let io = Inflate::new(io, agreed.is_some(), cfg.max_message_bytes);
         let ws = WebSocketStream::from_raw_socket(io, Role::Server, Some(config)).await;
         let _open = crate::metrics::WsSession::open();
+        let compress = agreed.is_some_and(|a| a.compress_out);
         if echo {
-            echo_session(state, conn, ws, opener).await
+            echo_session(state, conn, ws, opener, compress).await
         } else {
-            session(state, conn, ws, opener).await
+            session(state, conn, ws, opener, compress).await
         }
     });
     let mut reply = Response::new(http_body_util::Either::Left(Full::new(Bytes::new())));
@@ -188,21 +198,26 @@ pub(crate) fn upgrade(
     if let Some(v) = protocol {
         headers.insert(header::SEC_WEBSOCKET_PROTOCOL, v);
     }
+    if let Some((_, v)) = deflate {
+        headers.insert(header::SEC_WEBSOCKET_EXTENSIONS, v);
+    }
     reply
 }
 
-/// The subprotocol the answer names: the first one the client offered that
-/// is not a credential (`bearer.<token>`, never echoed back). Browsers fail
-/// a handshake that offered protocols and got none, so a client that puts
-/// its token there offers a protocol name beside it.
-fn chosen_protocol(headers: &http::HeaderMap) -> Option<HeaderValue> {
+/// The subprotocol the answer names (RFC 6455 §4.2.2): the first one the
+/// client offered that the server speaks (`listener.ws.subprotocols`), else
+/// none. A `bearer.<token>` entry is a credential, never a protocol, and is
+/// never echoed back; browsers fail a handshake that offered protocols and
+/// got none, so a client that puts its token there offers a protocol name
+/// the server speaks beside it.
+fn chosen_protocol(headers: &http::HeaderMap, speaks: &[String]) -> Option<HeaderValue> {
     headers
         .get_all(header::SEC_WEBSOCKET_PROTOCOL)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .map(str::trim)
-        .find(|p| !p.is_empty() && !p.starts_with(crate::middleware::SUBPROTOCOL_PREFIX))
+        .find(|p| speaks.iter().any(|s| s == p))
         .and_then(|p| HeaderValue::from_str(p).ok())
 }
 
@@ -220,7 +235,13 @@ fn read_error(err: &WsError) -> CloseReason {
         WsError::Capacity(CapacityError::MessageTooLong { .. }) => Some((1009, "message too big")),
         WsError::Utf8(_) => Some((1007, "invalid UTF-8")),
         WsError::Protocol(_) => Some((1002, "protocol error")),
-        WsError::Io(e) if is_empty_fragments(e) => Some((1008, "too many empty fragments")),
+        WsError::Io(e) => match refusal(e)? {
+            Refused::EmptyFragments => Some((1008, "too many empty fragments")),
+            Refused::Unfinished => Some((1008, "message not finished in time")),
+            Refused::TooBig => Some((1009, "message too big")),
+            Refused::Corrupt => Some((1007, "invalid compressed data")),
+            Refused::Protocol => Some((1002, "protocol error")),
+        },
         _ => None,
     }
 }
@@ -232,6 +253,7 @@ async fn writer(
     mut sink: futures_util::stream::SplitSink<Ws, Message>,
     mut rx: mpsc::Receiver<Message>,
     mut kill: watch::Receiver<CloseReason>,
+    compress: bool,
 ) {
     let mut batch = Vec::with_capacity(64);
     loop {
@@ -244,7 +266,7 @@ async fn writer(
                 }
                 let write = async {
                     for m in batch.drain(..) {
-                        for frame in fragments(m) {
+                        for frame in fragments(m, compress) {
                             feed(&mut sink, frame).await?;
                         }
                     }
@@ -301,13 +323,13 @@ fn error_message(id: Option<&Value>, status: u16, detail: &str) -> Message {
 }
 
 /// The `/ws` session: requests, subscriptions, pushes.
-async fn session(state: Arc<State>, conn: Arc<Conn>, ws: Ws, opener: Arc<Opener>) {
+async fn session(state: Arc<State>, conn: Arc<Conn>, ws: Ws, opener: Arc<Opener>, compress: bool) {
     let cfg = state.config.ws.clone();
     let (sink, mut stream) = ws.split();
     let (tx, rx) = mpsc::channel::<Message>(cfg.queue);
     let (kill, mut killed) = watch::channel::<CloseReason>(None);
     let id = state.pool.open_session(Outbox::Ws(tx.clone()), kill.clone());
-    let writer = tokio::spawn(writer(sink, rx, kill.subscribe()));
+    let writer = tokio::spawn(writer(sink, rx, kill.subscribe(), compress));
     let in_flight = Arc::new(Semaphore::new(cfg.max_in_flight));
     let mut ping = tokio::time::interval(cfg.ping_interval);
     ping.reset();
@@ -583,7 +605,7 @@ async fn request(state: &State, ty: &str, id: Option<&Value>, data: &Value, open
 /// `demo.WsEcho` and its reply comes back as the same kind of message, in
 /// order. A failed round trip closes with 1011; a caller the rules do not
 /// let send `demo.WsEcho` is closed at once with 1008.
-async fn echo_session(state: Arc<State>, conn: Arc<Conn>, ws: Ws, opener: Arc<Opener>) {
+async fn echo_session(state: Arc<State>, conn: Arc<Conn>, ws: Ws, opener: Arc<Opener>, compress: bool) {
     let (mut sink, mut stream) = ws.split();
     if state
         .middleware
@@ -636,7 +658,7 @@ async fn echo_session(state: Arc<State>, conn: Arc<Conn>, ws: Ws, opener: Arc<Op
         };
         let closing = matches!(out, Message::Close(_));
         let sent = async {
-            for frame in fragments(out) {
+            for frame in fragments(out, compress) {
                 feed(&mut sink, frame).await?;
             }
             sink.flush().await

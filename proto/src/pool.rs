@@ -62,6 +62,9 @@ pub const MAX_POOLED_BODY: usize = 8 * 1024 * 1024;
 /// A producer's reusable segments.
 pub struct SegmentPool {
     segments: Vec<PoolSegment>,
+    /// Segments made for one body the pool could not take
+    /// ([`SegmentPool::place_once`]), kept only until it is read.
+    once: Vec<PoolSegment>,
     bytes: usize,
     max_bytes: usize,
     lease: Duration,
@@ -92,6 +95,7 @@ impl SegmentPool {
     pub fn new(max_bytes: usize, lease: Duration) -> SegmentPool {
         SegmentPool {
             segments: Vec::new(),
+            once: Vec::new(),
             bytes: 0,
             max_bytes,
             lease,
@@ -110,6 +114,7 @@ impl SegmentPool {
         let lease = self.lease;
         // Lost segments (busy past the lease) leave the pool for good.
         self.retain(|s, free| free || now.duration_since(s.sent) < lease);
+        self.release_read();
         let index = match self
             .segments
             .iter()
@@ -134,11 +139,41 @@ impl SegmentPool {
         Ok(Some(ShmBody::pooled(segment.fd.clone(), body.len() as u64)))
     }
 
+    /// Copies `body` into a segment of its own, for a body [`place`] could
+    /// not take (too large for the pool, or the pool busy): a segment that
+    /// is released as soon as its consumer has read it (seen at the next
+    /// call on the pool), so a burst of large bodies costs one copy each
+    /// while in flight and nothing after. Bounded by the process's
+    /// shared-memory budget ([`Error::ShmBudget`]).
+    ///
+    /// [`place`]: SegmentPool::place
+    pub fn place_once(&mut self, body: &[u8]) -> Result<ShmBody> {
+        self.release_read();
+        let size = (HEADER + body.len().max(1)).next_multiple_of(HEADER);
+        let segment = create(size)?;
+        segment.state().store(BUSY, Ordering::Relaxed);
+        // SAFETY: as in `place`: the body range lies inside the fresh
+        // mapping, which no consumer has seen yet.
+        unsafe { crate::shm::copy_to_shared(segment.map.as_mut_ptr().add(HEADER), body) };
+        let handle = ShmBody::pooled(segment.fd.clone(), body.len() as u64);
+        self.once.push(segment);
+        Ok(handle)
+    }
+
+    /// Drops the one-body segments that were read, or lost past the lease.
+    fn release_read(&mut self) {
+        let now = Instant::now();
+        let lease = self.lease;
+        self.once
+            .retain(|s| s.state().load(Ordering::Acquire) == BUSY && now.duration_since(s.sent) < lease);
+    }
+
     /// Releases free segments not handed out for `idle`, so that memory
     /// goes back down after a burst of large responses.
     pub fn trim(&mut self, idle: Duration) {
         let now = Instant::now();
         self.retain(|s, free| !free || now.duration_since(s.sent) < idle);
+        self.release_read();
     }
 
     /// Keeps the segments `keep` says yes to (given each segment and
@@ -150,6 +185,11 @@ impl SegmentPool {
         if self.segments.len() != before {
             self.bytes = self.segments.iter().map(|s| s.size).sum();
         }
+    }
+
+    /// One-body segments not yet seen read (tests, status).
+    pub fn once_count(&self) -> usize {
+        self.once.len()
     }
 
     /// Segments in the pool and how many are free (tests, status).
@@ -307,6 +347,12 @@ fn mapping(fd: &OwnedFd) -> Result<Arc<Mapped>> {
         size,
         _reservation: reservation,
     });
+    // Larger than any pooled segment: one made for a single body
+    // (`place_once`), never to be seen again; caching it would only keep
+    // its memory alive.
+    if size > HEADER + MAX_POOLED_BODY {
+        return Ok(mapped);
+    }
     let mut cached: usize = cache.values().map(|(m, _)| m.size).sum();
     while cache.len() >= MAX_MAPPED || (!cache.is_empty() && cached + size > MAX_MAPPED_BYTES) {
         let Some(oldest) = cache.iter().min_by_key(|(_, (_, last))| *last).map(|(k, _)| *k) else {
@@ -476,5 +522,22 @@ mod tests {
             "full of busy segments"
         );
         assert!(pool.place(&vec![0u8; MAX_POOLED_BODY + 1]).unwrap().is_none());
+    }
+
+    #[test]
+    fn once_segments_live_until_read() {
+        let mut pool = SegmentPool::new(HEADER + MIN_ROOM, Duration::from_secs(60));
+        let big = vec![5u8; MAX_POOLED_BODY + 1];
+        assert!(pool.place(&big).unwrap().is_none());
+        let a = pool.place_once(&big).unwrap();
+        let b = pool.place_once(&[6u8; 1000]).unwrap();
+        assert_eq!(pool.once_count(), 2);
+        assert_eq!(a.map().unwrap(), big);
+        // Read: released at the next call on the pool; the unread one stays.
+        pool.trim(Duration::from_secs(60));
+        assert_eq!(pool.once_count(), 1);
+        assert_eq!(b.map().unwrap(), vec![6u8; 1000]);
+        pool.trim(Duration::from_secs(60));
+        assert_eq!(pool.once_count(), 0);
     }
 }

@@ -397,6 +397,10 @@ pub struct CompressionConfig {
     /// zstd are decoded; the body limits then count decoded bytes. Other
     /// encodings get 415. Default true.
     pub decode_requests: bool,
+    /// A decoded request body may be at most this many times the bytes
+    /// received (past its first MiB); more is refused with 413. Default
+    /// 200, Apache's `DeflateInflateRatioLimit`.
+    pub max_decode_ratio: u32,
 }
 
 impl Default for CompressionConfig {
@@ -417,6 +421,7 @@ impl Default for CompressionConfig {
             .map(str::to_owned)
             .to_vec(),
             decode_requests: true,
+            max_decode_ratio: 200,
         }
     }
 }

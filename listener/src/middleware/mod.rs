@@ -482,6 +482,8 @@ pub(crate) struct Layers {
     pub(crate) cors: Option<CorsLayer>,
     pub(crate) compression: CompressionLayer<Compressible>,
     pub(crate) decompression: RequestDecompressionLayer,
+    /// How many times its received size a decoded request body may be.
+    pub(crate) max_decode_ratio: u32,
 }
 
 /// Which responses are compressed: at least `min_bytes`, of a configured
@@ -549,10 +551,14 @@ pub(crate) fn layers(config: &MiddlewareConfig) -> Result<Layers, String> {
         .zstd(decode)
         // Off, an encoded body reaches its handler as it came, as before.
         .pass_through_unaccepted(!decode);
+    if c.max_decode_ratio == 0 {
+        return Err("compression.max_decode_ratio: must be at least 1".into());
+    }
     Ok(Layers {
         cors: cors(config)?,
         compression,
         decompression,
+        max_decode_ratio: c.max_decode_ratio,
     })
 }
 
@@ -672,6 +678,9 @@ mod tests {
         let mut c = MiddlewareConfig::default();
         c.compression.algorithms = vec!["lzma".into()];
         assert!(check(&c).unwrap_err().starts_with("compression.algorithms"));
+        let mut c = MiddlewareConfig::default();
+        c.compression.max_decode_ratio = 0;
+        assert!(check(&c).unwrap_err().starts_with("compression.max_decode_ratio"));
         let mut c = MiddlewareConfig::default();
         c.rate_limit.limits = vec![config::RateLimit::default()];
         assert!(

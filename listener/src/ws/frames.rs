@@ -4,7 +4,11 @@
 //! frames (each adds nothing to the message, so the size limit never
 //! trips, and a core is kept busy parsing them). [`FrameGuard`] reads the
 //! frame headers as the bytes pass, with tungstenite's own parser, and
-//! fails the read past [`MAX_EMPTY_FRAGMENTS`] in one message.
+//! fails the read past [`MAX_EMPTY_FRAGMENTS`] in one message. A message
+//! may also be left unfinished while the client answers pings, which would
+//! hold its partial bytes for the life of the connection: the guard gives
+//! each message a deadline from its first header to the end of its last
+//! frame, and fails the read once it passes.
 //!
 //! Out: tungstenite writes whole frames into its write buffer, so the
 //! buffer's bound must exceed the largest frame; [`fragments`] cuts
@@ -13,9 +17,11 @@
 //! (RFC 6455 allows answering the most recent ping alone), so a client that
 //! pings and never reads cannot grow it.
 
+use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -29,22 +35,37 @@ pub(crate) const MAX_EMPTY_FRAGMENTS: u32 = 16;
 /// The largest frame the listener writes.
 pub(crate) const FRAGMENT: usize = 64 * 1024;
 
-/// The read error [`FrameGuard`] fails with.
-#[derive(Debug, thiserror::Error)]
-#[error("more than {MAX_EMPTY_FRAGMENTS} empty continuation frames in one message")]
-pub(crate) struct EmptyFragments;
+/// The read errors [`FrameGuard`] fails with.
+#[derive(Debug, thiserror::Error, PartialEq, Eq, Clone, Copy)]
+pub(crate) enum Refused {
+    #[error("more than {MAX_EMPTY_FRAGMENTS} empty continuation frames in one message")]
+    EmptyFragments,
+    #[error("a message was not finished within its deadline")]
+    Unfinished,
+    /// permessage-deflate: a message inflates past the message limit.
+    #[error("a compressed message inflates past the message limit")]
+    TooBig,
+    /// permessage-deflate: a compressed message that does not inflate.
+    #[error("a compressed message is not valid deflate data")]
+    Corrupt,
+    /// permessage-deflate: RSV1 where the extension does not allow it, or
+    /// a compressed frame unmasked.
+    #[error("a frame the compression extension does not allow")]
+    Protocol,
+}
 
-/// Whether a read error is [`FrameGuard`]'s.
-pub(crate) fn is_empty_fragments(err: &io::Error) -> bool {
-    err.get_ref().is_some_and(|e| e.is::<EmptyFragments>())
+/// Which of [`FrameGuard`]'s refusals a read error is, if any.
+pub(crate) fn refusal(err: &io::Error) -> Option<Refused> {
+    err.get_ref()?.downcast_ref::<Refused>().copied()
 }
 
 /// Where the guard is in the byte stream.
 enum At {
     /// In a frame header, this much of it seen (at most 14 bytes).
     Header { seen: [u8; 14], len: usize },
-    /// In a payload, this many bytes still to pass.
-    Payload(u64),
+    /// In a payload, this many bytes still to pass; `last` when it is the
+    /// final frame of a data message.
+    Payload { left: u64, last: bool },
     /// After a header tungstenite will refuse: nothing more to follow.
     Lost,
 }
@@ -56,10 +77,16 @@ pub(crate) struct FrameGuard<S> {
     at: At,
     /// Empty continuation frames in the current message.
     empty: u32,
+    /// How long a message may take from its first header to its end.
+    message_timeout: Duration,
+    /// The current message's deadline; `None` between messages.
+    due: Option<Instant>,
+    /// The timer of `due`, made only for a message that spans reads.
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl<S> FrameGuard<S> {
-    pub(crate) fn new(inner: S) -> FrameGuard<S> {
+    pub(crate) fn new(inner: S, message_timeout: Duration) -> FrameGuard<S> {
         FrameGuard {
             inner,
             at: At::Header {
@@ -67,19 +94,44 @@ impl<S> FrameGuard<S> {
                 len: 0,
             },
             empty: 0,
+            message_timeout,
+            due: None,
+            timer: None,
         }
     }
 
+    fn message_started(&mut self) {
+        if self.due.is_none() {
+            self.due = Some(Instant::now() + self.message_timeout);
+        }
+    }
+
+    /// Whether the current message's deadline has passed; arms its timer
+    /// (the task is woken when it passes, even if the client sends nothing).
+    fn overdue(&mut self, cx: &mut Context<'_>) -> bool {
+        let Some(due) = self.due else {
+            self.timer = None;
+            return false;
+        };
+        let timer = self
+            .timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(due.into())));
+        timer.as_mut().poll(cx).is_ready()
+    }
+
     /// Follows the frames through `bytes`, just read.
-    fn observe(&mut self, mut bytes: &[u8]) -> Result<(), EmptyFragments> {
+    fn observe(&mut self, mut bytes: &[u8]) -> Result<(), Refused> {
         while !bytes.is_empty() {
             match &mut self.at {
                 At::Lost => return Ok(()),
-                At::Payload(left) => {
+                At::Payload { left, last } => {
                     let n = (*left).min(bytes.len() as u64);
                     *left -= n;
                     bytes = &bytes[n as usize..];
                     if *left == 0 {
+                        if *last {
+                            self.due = None;
+                        }
                         self.at = At::Header {
                             seen: [0; 14],
                             len: 0,
@@ -107,23 +159,31 @@ impl<S> FrameGuard<S> {
                     // payload (or the next header).
                     let used = cursor.position() as usize - *len;
                     bytes = &bytes[used..];
+                    let data = matches!(header.opcode, OpCode::Data(_));
                     match header.opcode {
                         OpCode::Data(Data::Continue) if payload == 0 && !header.is_final => {
                             self.empty += 1;
                             if self.empty > MAX_EMPTY_FRAGMENTS {
-                                return Err(EmptyFragments);
+                                return Err(Refused::EmptyFragments);
                             }
                         }
-                        OpCode::Data(Data::Text | Data::Binary) => self.empty = 0,
+                        OpCode::Data(Data::Text | Data::Binary) => {
+                            self.empty = 0;
+                            self.message_started();
+                        }
                         _ => {}
                     }
+                    let last = data && header.is_final;
                     self.at = if payload == 0 {
+                        if last {
+                            self.due = None;
+                        }
                         At::Header {
                             seen: [0; 14],
                             len: 0,
                         }
                     } else {
-                        At::Payload(payload)
+                        At::Payload { left: payload, last }
                     };
                 }
             }
@@ -137,10 +197,18 @@ impl<S: AsyncRead + Unpin> AsyncRead for FrameGuard<S> {
         let this = self.get_mut();
         let before = buf.filled().len();
         let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
-        if let Poll::Ready(Ok(())) = &polled
-            && let Err(err) = this.observe(&buf.filled()[before..])
-        {
-            return Poll::Ready(Err(io::Error::new(io::ErrorKind::InvalidData, err)));
+        match &polled {
+            Poll::Ready(Ok(())) => {
+                if let Err(err) = this.observe(&buf.filled()[before..]) {
+                    return Poll::Ready(Err(io::Error::new(io::ErrorKind::InvalidData, err)));
+                }
+            }
+            // Only a read that waits on the client can be late: bytes the
+            // client sent while the session was busy elsewhere are not.
+            Poll::Pending if this.overdue(cx) => {
+                return Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, Refused::Unfinished)));
+            }
+            _ => {}
         }
         polled
     }
@@ -172,21 +240,35 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for FrameGuard<S> {
     }
 }
 
-/// `message` as the frames the listener writes: itself when small, else
-/// fragments of at most [`FRAGMENT`] bytes (a text message's fragments
-/// may split a character; only the whole message must be UTF-8).
-pub(crate) fn fragments(message: Message) -> Vec<Message> {
-    let (opcode, payload): (Data, Bytes) = match message {
-        Message::Text(text) if text.len() > FRAGMENT => (Data::Text, text.into()),
-        Message::Binary(bytes) if bytes.len() > FRAGMENT => (Data::Binary, bytes),
-        small => return vec![small],
+/// `message` as the frames the listener writes: deflated first when
+/// `compress` (permessage-deflate agreed) and it shrinks, the first frame
+/// then marked RSV1; itself when small and not compressed, else fragments
+/// of at most [`FRAGMENT`] bytes (a text message's fragments may split a
+/// character; only the whole message must be UTF-8).
+pub(crate) fn fragments(message: Message, compress: bool) -> Vec<Message> {
+    let (opcode, payload): (Data, Bytes) = match &message {
+        Message::Text(text) => (Data::Text, text.clone().into()),
+        Message::Binary(bytes) => (Data::Binary, bytes.clone()),
+        _ => return vec![message],
     };
-    let count = payload.len().div_ceil(FRAGMENT);
+    let deflated = compress
+        .then(|| super::deflate::compress(&payload))
+        .flatten()
+        .map(Bytes::from);
+    let rsv1 = deflated.is_some();
+    let payload = match deflated {
+        Some(deflated) => deflated,
+        None if payload.len() <= FRAGMENT => return vec![message],
+        None => payload,
+    };
+    let count = payload.len().div_ceil(FRAGMENT).max(1);
     (0..count)
         .map(|i| {
             let piece = payload.slice(i * FRAGMENT..((i + 1) * FRAGMENT).min(payload.len()));
             let opcode = if i == 0 { opcode } else { Data::Continue };
-            Message::Frame(Frame::message(piece, OpCode::Data(opcode), i + 1 == count))
+            let mut frame = Frame::message(piece, OpCode::Data(opcode), i + 1 == count);
+            frame.header_mut().rsv1 = rsv1 && i == 0;
+            Message::Frame(frame)
         })
         .collect()
 }
@@ -215,7 +297,7 @@ mod tests {
     }
 
     fn guard() -> FrameGuard<()> {
-        FrameGuard::new(())
+        FrameGuard::new((), Duration::from_secs(3600))
     }
 
     #[test]
@@ -263,7 +345,7 @@ mod tests {
     #[test]
     fn large_messages_leave_in_fragments() {
         let text = "é".repeat(FRAGMENT); // 2 bytes each: 2 fragments
-        let frames = fragments(Message::text(text.clone()));
+        let frames = fragments(Message::text(text.clone()), false);
         assert_eq!(frames.len(), 2);
         let mut joined = Vec::new();
         for (i, f) in frames.into_iter().enumerate() {
@@ -276,7 +358,7 @@ mod tests {
         }
         assert_eq!(joined, text.as_bytes());
         assert!(matches!(
-            &fragments(Message::text("small"))[..],
+            &fragments(Message::text("small"), false)[..],
             [Message::Text(_)]
         ));
     }

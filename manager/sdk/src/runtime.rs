@@ -871,15 +871,44 @@ fn respond(shared: &Rc<Shared>, correlation: u64, result: Result<Response, Error
             None
         }
     };
-    // A large body is written once, here, into a reusable segment: it
-    // crosses the boundary and the hops after it as a descriptor.
-    if handle.is_none()
-        && response.body.len() >= shared.shm_threshold
-        && let Ok(Some(pooled)) = shared.segments.borrow_mut().place(&response.body)
-        && let Ok(raw) = handover::release_pooled(&pooled)
-    {
-        handle = Some(raw);
-        response.body = Bytes::new();
+    // A large body is written once, here, into a segment (a reusable one,
+    // else one of its own): it crosses the boundary and the hops after it
+    // as a descriptor. Passed inline instead, it would be copied twice more
+    // (encoded for the boundary, decoded by the host) before the host wrote
+    // it to shared memory anyway: 32 MiB of heap per 16 MiB reply, held
+    // for a whole step's replies at once and kept by the allocator after.
+    if handle.is_none() && response.body.len() >= shared.shm_threshold {
+        let placed = {
+            let mut segments = shared.segments.borrow_mut();
+            match segments.place(&response.body) {
+                Ok(Some(pooled)) => Ok(pooled),
+                Ok(None) => segments.place_once(&response.body),
+                Err(err) => Err(err),
+            }
+        };
+        match placed {
+            // The process's shared memory is spoken for: as the host does.
+            Err(switchyard_proto::Error::ShmBudget { .. }) => {
+                response =
+                    Error::unavailable("response body unavailable; retry later").to_response(expose_errors);
+            }
+            placed => {
+                let released = placed
+                    .map_err(|err| err.to_string())
+                    .and_then(|body| handover::release_pooled(&body).map_err(|err| err.to_string()));
+                match released {
+                    Ok(raw) => {
+                        handle = Some(raw);
+                        response.body = Bytes::new();
+                    }
+                    Err(err) => shared.log(
+                        LogLevel::Warn,
+                        correlation,
+                        &format!("a large body goes inline: {err}"),
+                    ),
+                }
+            }
+        }
     }
     shared.outbox.borrow_mut().push(FromPlugin::Response {
         correlation,
