@@ -384,3 +384,49 @@ fn an_http_client_that_hangs_up_stops_its_job() {
     let answer = parse_response(&answer).unwrap();
     assert_eq!(answer.status, 200, "{}", answer.text());
 }
+
+/// A WebSocket client that sends requests and goes away before their
+/// answers: its requests are dropped, and so cancelled through the group.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_client_that_leaves_stops_its_jobs() {
+    use futures_util::SinkExt;
+    use tokio_tungstenite::tungstenite::Message;
+
+    let g = group("cancel-ws");
+    let pids = eventually("two compute workers", PATIENCE, || {
+        let pids = workers(&g);
+        if pids.len() == 2 { Ok(pids) } else { Err(pids) }
+    });
+    let base: Vec<u64> = pids.iter().map(|&pid| cpu_ticks(pid, false).unwrap()).collect();
+
+    let (mut ws, _) = tokio::time::timeout(PATIENCE, tokio_tungstenite::connect_async(format!("ws://{}/ws", g.addr)))
+        .await
+        .expect("in time")
+        .expect("a WebSocket session");
+    for id in 0..2 {
+        let call = serde_json::json!({ "id": id, "type": "demo.Cpu", "data": { "ms": 20000 } });
+        ws.send(Message::text(call.to_string())).await.unwrap();
+    }
+    tokio::task::spawn_blocking({
+        let pids = pids.clone();
+        move || wait_until_burning(&pids, &base)
+    })
+    .await
+    .unwrap();
+    // The client leaves without a word: the connection is simply gone.
+    drop(ws);
+
+    tokio::task::spawn_blocking(move || {
+        eventually("both jobs are cancelled", PATIENCE, || match count(&g, &JOB_CANCELLED) {
+            2 => Ok(()),
+            n => Err(n),
+        });
+        for pid in &pids {
+            eventually("the worker running a cancelled job is gone", PATIENCE, || {
+                if alive(*pid) { Err(pid) } else { Ok(()) }
+            });
+        }
+    })
+    .await
+    .unwrap();
+}

@@ -335,10 +335,17 @@ async fn session(state: Arc<State>, conn: Arc<Conn>, ws: Ws, opener: Arc<Opener>
     ping.reset();
     let mut awaiting_pong = false;
     let mut next_sub = 1u64;
+    // Raised when the session ends for any reason but the listener's own
+    // drain: the requests it still has in flight are then dropped, which
+    // cancels them through the group, since nobody is left to read their
+    // answers. A drain lets them finish.
+    let (abandon, abandoned) = watch::channel(false);
+    let mut draining = false;
     loop {
         let msg = tokio::select! {
             _ = killed.changed() => break,
             _ = conn.closing() => {
+                draining = true;
                 kill.send_replace(TOO_SLOW);
                 break;
             }
@@ -386,9 +393,14 @@ async fn session(state: Arc<State>, conn: Arc<Conn>, ws: Ws, opener: Arc<Opener>
                             break;
                         };
                         let (state, tx, opener) = (state.clone(), tx.clone(), opener.clone());
+                        let mut abandoned = abandoned.clone();
                         tokio::spawn(async move {
-                            let reply = binary_request(&state, request, &opener).await;
-                            let _ = tx.send(reply).await;
+                            tokio::select! {
+                                reply = binary_request(&state, request, &opener) => {
+                                    let _ = tx.send(reply).await;
+                                }
+                                _ = abandoned.wait_for(|gone| *gone) => {}
+                            }
                             drop(permit);
                         });
                     }
@@ -460,9 +472,14 @@ async fn session(state: Arc<State>, conn: Arc<Conn>, ws: Ws, opener: Arc<Opener>
                 .cloned()
                 .unwrap_or(Value::Object(Default::default()));
             let (state, tx, ty, opener) = (state.clone(), tx.clone(), ty.clone(), opener.clone());
+            let mut abandoned = abandoned.clone();
             tokio::spawn(async move {
-                let reply = request(&state, &ty, msg_id.as_ref(), &data, &opener).await;
-                let _ = tx.send(reply).await;
+                tokio::select! {
+                    reply = request(&state, &ty, msg_id.as_ref(), &data, &opener) => {
+                        let _ = tx.send(reply).await;
+                    }
+                    _ = abandoned.wait_for(|gone| *gone) => {}
+                }
                 drop(permit);
             });
             None
@@ -480,6 +497,9 @@ async fn session(state: Arc<State>, conn: Arc<Conn>, ws: Ws, opener: Arc<Opener>
         }
     }
     state.pool.close_session(id);
+    if !draining {
+        abandon.send_replace(true);
+    }
     // The writer ends at once when killed, else once the queue's senders
     // are gone (requests still in flight hold one until they are answered).
     drop(tx);
