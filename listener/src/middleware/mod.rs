@@ -152,6 +152,9 @@ pub(crate) enum Refusal {
     Forbidden(String),
     /// 429 / `RESOURCE_EXHAUSTED`, with how long to wait.
     TooMany(Duration),
+    /// 400 / `INVALID_ARGUMENT`: the request is malformed in a way that
+    /// leaves its caller unclear (two credentials), and how.
+    BadRequest(&'static str),
 }
 
 impl From<Denied> for Refusal {
@@ -161,6 +164,7 @@ impl From<Denied> for Refusal {
             Denied::Invalid(why) => Refusal::Unauthenticated(Some(why)),
             Denied::Forbidden(why) => Refusal::Forbidden(why),
             Denied::Throttled(wait) => Refusal::TooMany(wait),
+            Denied::Ambiguous(why) => Refusal::BadRequest(why),
         }
     }
 }
@@ -172,6 +176,7 @@ impl Refusal {
             Refusal::Unauthenticated(_) => 401,
             Refusal::Forbidden(_) => 403,
             Refusal::TooMany(_) => 429,
+            Refusal::BadRequest(_) => 400,
         }
     }
 
@@ -181,6 +186,7 @@ impl Refusal {
             Refusal::Unauthenticated(Some(why)) => format!("authentication failed: {why}"),
             Refusal::Forbidden(why) => format!("forbidden: {why}"),
             Refusal::TooMany(wait) => format!("rate limit exceeded; retry in {} s", retry_after_secs(*wait)),
+            Refusal::BadRequest(why) => (*why).to_owned(),
         }
     }
 
@@ -191,6 +197,7 @@ impl Refusal {
             Refusal::Unauthenticated(_) => tonic::Status::unauthenticated(detail),
             Refusal::Forbidden(_) => tonic::Status::permission_denied(detail),
             Refusal::TooMany(_) => tonic::Status::resource_exhausted(detail),
+            Refusal::BadRequest(_) => tonic::Status::invalid_argument(detail),
         }
     }
 }
@@ -418,6 +425,7 @@ impl Middleware {
             Refusal::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
             Refusal::Forbidden(_) => StatusCode::FORBIDDEN,
             Refusal::TooMany(_) => StatusCode::TOO_MANY_REQUESTS,
+            Refusal::BadRequest(_) => StatusCode::BAD_REQUEST,
         };
         let mut reply = error(status, &refusal.detail());
         let headers = reply.headers_mut();
@@ -432,7 +440,7 @@ impl Middleware {
             Refusal::TooMany(wait) => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs(*wait)));
             }
-            Refusal::Forbidden(_) => {}
+            Refusal::Forbidden(_) | Refusal::BadRequest(_) => {}
         }
         reply
     }
