@@ -488,7 +488,7 @@ pub(crate) const SUBPROTOCOL_PREFIX: &str = "bearer.";
 /// origins are configured), response compression, request decoding.
 pub(crate) struct Layers {
     pub(crate) cors: Option<CorsLayer>,
-    pub(crate) compression: CompressionLayer<Compressible>,
+    pub(crate) compression: Compression,
     pub(crate) decompression: RequestDecompressionLayer,
 }
 
@@ -521,6 +521,183 @@ impl Predicate for Compressible {
     }
 }
 
+/// Response compression (tower-http's), with a `HEAD` answered as its
+/// `GET` would be (RFC 9110 §9.3.2): a `HEAD`'s body is empty, so on its
+/// own the compressor would leave it alone and the client would see an
+/// identity `Content-Length` where the `GET` has `Content-Encoding`,
+/// `Vary` and no length. Inside, a `HEAD`'s empty body is made to claim
+/// the length its `Content-Length` says, so the compressor decides
+/// exactly as for the `GET` (same predicate, same negotiation); outside,
+/// whatever the compressor made of it is dropped.
+#[derive(Clone)]
+pub(crate) struct Compression(CompressionLayer<Compressible>);
+
+impl<S> tower::Layer<S> for Compression {
+    type Service = head::Bodiless<tower_http::compression::Compression<head::Sized<S>, Compressible>>;
+    fn layer(&self, inner: S) -> Self::Service {
+        head::Bodiless(tower::Layer::layer(&self.0, head::Sized(inner)))
+    }
+}
+
+/// The two halves of [`Compression`]'s handling of `HEAD`.
+mod head {
+    use std::marker::PhantomData;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    use bytes::Buf;
+    use futures_util::TryFutureExt;
+    use futures_util::future::MapOk;
+    use http::{Method, Request, Response, header};
+    use http_body::{Body, Frame, SizeHint};
+    use http_body_util::Either;
+
+    /// An empty body that claims a length: what a `HEAD`'s `GET` would
+    /// send, for the compressor to decide on. It yields nothing.
+    pub(crate) struct Claimed<D>(u64, PhantomData<fn() -> D>);
+
+    impl<D: Buf> Body for Claimed<D> {
+        type Data = D;
+        type Error = std::convert::Infallible;
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<D>, Self::Error>>> {
+            Poll::Ready(None)
+        }
+        fn size_hint(&self) -> SizeHint {
+            SizeHint::with_exact(self.0)
+        }
+    }
+
+    type Claiming<B> = Either<B, Claimed<<B as Body>::Data>>;
+
+    /// Inside the compressor: a `HEAD`'s empty body claims its length.
+    #[derive(Clone)]
+    pub(crate) struct Sized<S>(pub(crate) S);
+
+    fn claim<B: Body>(response: Response<B>) -> Response<Claiming<B>> {
+        let (parts, body) = response.into_parts();
+        let length = parts
+            .headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok())
+            .filter(|&n| n > 0 && body.size_hint().exact() == Some(0));
+        match length {
+            // The empty body is dropped: it held nothing.
+            Some(n) => Response::from_parts(parts, Either::Right(Claimed(n, PhantomData))),
+            None => Response::from_parts(parts, Either::Left(body)),
+        }
+    }
+
+    fn pass<B: Body>(response: Response<B>) -> Response<Claiming<B>> {
+        response.map(Either::Left)
+    }
+
+    impl<S, R, B> tower::Service<Request<R>> for Sized<S>
+    where
+        S: tower::Service<Request<R>, Response = Response<B>>,
+        B: Body,
+    {
+        type Response = Response<Claiming<B>>;
+        type Error = S::Error;
+        // Fn pointers, not closures: see `conditional::Weaken`.
+        type Future = MapOk<S::Future, fn(Response<B>) -> Response<Claiming<B>>>;
+
+        fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+            self.0.poll_ready(cx)
+        }
+
+        fn call(&mut self, req: Request<R>) -> Self::Future {
+            let then: fn(Response<B>) -> Response<Claiming<B>> = if req.method() == Method::HEAD {
+                claim::<B>
+            } else {
+                pass::<B>
+            };
+            self.0.call(req).map_ok(then)
+        }
+    }
+
+    pin_project_lite::pin_project! {
+        /// A body, or none at all: a `HEAD`'s answer loses its body.
+        #[project = EmptiedProj]
+        pub(crate) enum Emptied<B> {
+            Sent { #[pin] body: B },
+            Dropped,
+        }
+    }
+
+    // What CORS answers a preflight with.
+    impl<B> Default for Emptied<B> {
+        fn default() -> Self {
+            Emptied::Dropped
+        }
+    }
+
+    impl<B: Body> Body for Emptied<B> {
+        type Data = B::Data;
+        type Error = B::Error;
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+            match self.project() {
+                EmptiedProj::Sent { body } => body.poll_frame(cx),
+                EmptiedProj::Dropped => Poll::Ready(None),
+            }
+        }
+        fn is_end_stream(&self) -> bool {
+            match self {
+                Emptied::Sent { body } => body.is_end_stream(),
+                Emptied::Dropped => true,
+            }
+        }
+        fn size_hint(&self) -> SizeHint {
+            match self {
+                Emptied::Sent { body } => body.size_hint(),
+                Emptied::Dropped => SizeHint::with_exact(0),
+            }
+        }
+    }
+
+    /// Outside the compressor: a `HEAD`'s answer keeps its headers and
+    /// loses whatever body it has.
+    #[derive(Clone)]
+    pub(crate) struct Bodiless<S>(pub(crate) S);
+
+    fn empty<B: Body>(response: Response<B>) -> Response<Emptied<B>> {
+        response.map(|_| Emptied::Dropped)
+    }
+
+    fn keep<B: Body>(response: Response<B>) -> Response<Emptied<B>> {
+        response.map(|body| Emptied::Sent { body })
+    }
+
+    impl<S, R, B> tower::Service<Request<R>> for Bodiless<S>
+    where
+        S: tower::Service<Request<R>, Response = Response<B>>,
+        B: Body,
+    {
+        type Response = Response<Emptied<B>>;
+        type Error = S::Error;
+        type Future = MapOk<S::Future, fn(Response<B>) -> Response<Emptied<B>>>;
+
+        fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+            self.0.poll_ready(cx)
+        }
+
+        fn call(&mut self, req: Request<R>) -> Self::Future {
+            let then: fn(Response<B>) -> Response<Emptied<B>> = if req.method() == Method::HEAD {
+                empty::<B>
+            } else {
+                keep::<B>
+            };
+            self.0.call(req).map_ok(then)
+        }
+    }
+}
+
 /// The layers of `config`; an error names the key at fault.
 pub(crate) fn layers(config: &MiddlewareConfig) -> Result<Layers, String> {
     let c = &config.compression;
@@ -540,15 +717,17 @@ pub(crate) fn layers(config: &MiddlewareConfig) -> Result<Layers, String> {
         }
     }
     let on = c.enabled;
-    let compression = CompressionLayer::new()
-        .gzip(on && gzip)
-        .br(on && br)
-        .zstd(on && zstd)
-        .quality(CompressionLevel::Default)
-        .compress_when(Compressible {
-            size: SizeAbove::new(c.min_bytes),
-            types: Arc::new(c.content_types.clone()),
-        });
+    let compression = Compression(
+        CompressionLayer::new()
+            .gzip(on && gzip)
+            .br(on && br)
+            .zstd(on && zstd)
+            .quality(CompressionLevel::Default)
+            .compress_when(Compressible {
+                size: SizeAbove::new(c.min_bytes),
+                types: Arc::new(c.content_types.clone()),
+            }),
+    );
     let decode = c.decode_requests;
     let decompression = RequestDecompressionLayer::new()
         .gzip(decode)
