@@ -186,15 +186,21 @@ pub struct Greet {
     pub excited: bool,
 }
 
-/// `GET /note` → `{"text": ..}` with an entity tag; `PUT /note` replaces
-/// it, refused with 412 when its `If-Match` names an older note (a lost
-/// update).
+/// `GET /note` → `{"text": ..}` with an entity tag (404 until a note is
+/// written); `PUT /note` writes it, refused with 412 when its `If-Match`
+/// names an older note (a lost update) or its `If-None-Match` names the
+/// current one (`*`: any note, so that a create never overwrites).
 #[derive(Deserialize, Serialize, Event)]
 #[event(name = "demo.GetNote", http = "GET /note")]
 pub struct GetNote {}
 
+/// `PUT /note`: the note's new text.
 #[derive(Deserialize, Serialize, Event)]
-#[event(name = "demo.PutNote", http = "PUT /note")]
+#[event(
+    name = "demo.PutNote",
+    http = "PUT /note",
+    request(headers = ["if-match", "if-none-match"])
+)]
 pub struct PutNote {
     #[validate(length(max = 1000))]
     pub text: String,
@@ -203,6 +209,13 @@ pub struct PutNote {
 #[derive(Serialize, Deserialize, Reply, Clone)]
 pub struct Note {
     pub text: String,
+}
+
+/// Whether an `If-None-Match` value (`*` or a list of entity tags) names
+/// `etag`, by the weak comparison RFC 9110 §13.1.2 asks for.
+fn names_weakly(header: &str, etag: &str) -> bool {
+    let opaque = |tag: &str| tag.trim().trim_start_matches("W/").to_owned();
+    header.trim() == "*" || header.split(',').any(|tag| opaque(tag) == opaque(etag))
 }
 
 /// Reads every part of the form as it streams in, hashing it: nothing is
@@ -228,16 +241,14 @@ fn files(ev: Files, form: &mut switchyard_manager::Multipart) -> Result<FilesRec
 
 /// The `basics` manager.
 pub struct Basics {
-    /// `GET`/`PUT /note`.
-    note: Note,
+    /// `GET`/`PUT /note`: none until the first `PUT`.
+    note: Option<Note>,
 }
 
 impl Manager for Basics {
     const NAME: &'static str = "basics";
     fn create(_: &Config) -> Result<Self, Error> {
-        Result::Ok(Basics {
-            note: Note { text: String::new() },
-        })
+        Result::Ok(Basics { note: None })
     }
     fn register(r: &mut Registry<Self>) {
         r.request(Self::noop)
@@ -290,14 +301,39 @@ impl Basics {
     }
 
     fn get_note(&mut self, _: GetNote, _: &mut Context) -> Result<impl Reply + use<>, Error> {
-        Result::Ok(self.note.clone().with_auto_etag())
+        match &self.note {
+            Some(note) => Result::Ok(note.clone().with_auto_etag()),
+            None => Err(Error::not_found("no note yet; PUT /note writes one")),
+        }
     }
 
+    /// The preconditions of RFC 9110 §13.2.2, in its order, against the
+    /// note as it is now; only then the write.
     fn put_note(&mut self, ev: PutNote, cx: &mut Context) -> Result<impl Reply + use<>, Error> {
-        let current = serde_json::to_vec(&self.note).map_err(|e| Error::internal(e.to_string()))?;
-        cx.if_match(&switchyard_manager::etag_of(&current))?;
-        self.note = Note { text: ev.text };
-        Result::Ok(self.note.clone().with_auto_etag())
+        let current = match &self.note {
+            Some(note) => Some(switchyard_manager::etag_of(
+                &serde_json::to_vec(note).map_err(|e| Error::internal(e.to_string()))?,
+            )),
+            None => None,
+        };
+        match &current {
+            Some(tag) => cx.if_match(tag)?,
+            // `If-Match` (even `*`) needs a current note to match.
+            None if cx.header("if-match").is_some() => {
+                return Err(Error::precondition_failed("there is no note yet (If-Match)"));
+            }
+            None => {}
+        }
+        if let (Some(tags), Some(tag)) = (cx.header("if-none-match"), &current)
+            && names_weakly(tags, tag)
+        {
+            return Err(Error::precondition_failed(
+                "a note exists and If-None-Match asks that none does (or names it)",
+            ));
+        }
+        let note = Note { text: ev.text };
+        self.note = Some(note.clone());
+        Result::Ok(note.with_auto_etag())
     }
 
     fn upload_form(&mut self, _: UploadForm, _: &mut Context) -> Result<UploadPage, Error> {
