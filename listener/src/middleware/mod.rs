@@ -106,14 +106,14 @@ fn under(path: &str, prefix: &str) -> bool {
 
 /// Whether `rule` covers an HTTP route, by its path template and event
 /// type (the API description says what each route requires).
-pub(crate) fn rule_covers(rule: &config::AuthRule, path: &str, event: &str) -> bool {
+pub(crate) fn rule_covers(rule: &config::AuthRule, path: &str, event: Option<&str>) -> bool {
     let pattern = match rule.event.as_deref().map(Pattern::parse).transpose() {
         Ok(p) => p,
         Err(_) => return false,
     };
     let scope = Scope {
         path: Some(path),
-        event: Some(event),
+        event,
         subscription: false,
     };
     matches(rule.prefix.as_deref(), pattern.as_ref(), &scope)
