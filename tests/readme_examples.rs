@@ -36,11 +36,8 @@ fn shell_lines(text: &str) -> Vec<(usize, &str)> {
         let trimmed = line.trim();
         if trimmed.starts_with("```") {
             match block.take() {
-                Some(lines) => {
-                    if !lines.iter().any(|(_, l)| l.contains(" up -c ")) {
-                        out.extend(lines);
-                    }
-                }
+                Some(lines) if !lines.iter().any(|(_, l)| l.contains(" up -c ")) => out.extend(lines),
+                Some(_) => {}
                 None if trimmed == "```sh" => block = Some(Vec::new()),
                 None => {}
             }
@@ -248,8 +245,7 @@ fn every_documented_curl_example_does_what_it_says() {
         // The last status line: after a 100 Continue, the answer's.
         let status: u16 = head
             .lines()
-            .filter(|l| l.starts_with("HTTP/"))
-            .last()
+            .rfind(|l| l.starts_with("HTTP/"))
             .and_then(|l| l.split(' ').nth(1))
             .and_then(|s| s.parse().ok())
             .unwrap_or_else(|| panic!("{}: no status in {head:?}", example.at));

@@ -628,7 +628,9 @@ mod head {
         }
     }
 
-    // What CORS answers a preflight with.
+    // What CORS answers a preflight with. By hand: a `#[default]` variant
+    // inside `pin_project!` is not something the macro promises to keep.
+    #[allow(clippy::derivable_impls)]
     impl<B> Default for Emptied<B> {
         fn default() -> Self {
             Emptied::Dropped
