@@ -68,7 +68,8 @@ macro_rules! coerce_number {
     )*};
 }
 
-/// The largest magnitude up to which every integer is an exact `f64`.
+/// 2^53: below it every integer is an exact `f64`, and no other integer
+/// rounds to one (2^53 + 1 parses as 2^53).
 const MAX_EXACT: f64 = 9_007_199_254_740_992.0;
 
 /// As [`coerce_number`], and a JSON number with no fractional part
@@ -85,10 +86,10 @@ macro_rules! coerce_integer {
                 },
                 Value::Number(n) if n.is_f64() => {
                     let f = n.as_f64().unwrap_or(f64::NAN);
-                    // Up to 2^53 a whole f64 is the integer the client
-                    // wrote; past it, it may be a neighbour (JSON text
+                    // Below 2^53 a whole f64 is the integer the client
+                    // wrote; from it on, it may be a neighbour (JSON text
                     // for i64::MIN - 1 parses as i64::MIN's f64).
-                    let whole = (f.fract() == 0.0 && f.abs() <= MAX_EXACT)
+                    let whole = (f.fract() == 0.0 && f.abs() < MAX_EXACT)
                         .then(|| <$ty>::try_from(f as i128).ok())
                         .flatten();
                     match whole {
@@ -320,7 +321,7 @@ mod tests {
             r#"{"a": 1, "b": 128.0}"#,
             r#"{"a": 1.8446744073709552e19, "b": 1}"#,
             r#"{"a": 1e300, "b": 1}"#,
-            // Past 2^53 a float is not the integer the client wrote.
+            // From 2^53 on a float may not be the integer the client wrote.
             r#"{"a": 9007199254740993.0, "b": 1}"#,
             r#"{"a": 1, "b": 1, "c": -9223372036854775809}"#,
         ] {
