@@ -759,3 +759,92 @@ async fn listener_processes_share_the_port_and_a_migrating_client_stays_with_its
         lines.iter().filter_map(|l| l.split(" |").next()).collect();
     assert_eq!(processes.len(), 2, "{processes:?}");
 }
+
+/// `send` with request headers and no body.
+async fn send_headers(sender: &mut Sender, method: &str, path: &str, headers: &[(&str, &str)]) -> Answer {
+    let mut req = http::Request::builder()
+        .method(method)
+        .uri(format!("https://localhost{path}"));
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
+    let mut stream = sender.send_request(req.body(()).unwrap()).await.unwrap();
+    let _ = stream.finish().await;
+    let response = tokio::time::timeout(PATIENCE, stream.recv_response())
+        .await
+        .expect("answer in time")
+        .unwrap();
+    let mut body = Vec::new();
+    while let Some(mut chunk) = tokio::time::timeout(PATIENCE, stream.recv_data())
+        .await
+        .expect("body in time")
+        .unwrap()
+    {
+        let n = chunk.remaining();
+        body.extend_from_slice(&chunk.copy_to_bytes(n));
+    }
+    Answer {
+        status: response.status().as_u16(),
+        headers: response.headers().clone(),
+        body,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_are_dated_a_head_is_its_gets_headers_and_two_credentials_are_refused() {
+    // An API key (sha256("test")) so that credentials are looked at.
+    let auth = "[auth.api_keys]\n[[auth.api_keys.keys]]\nname = \"ops\"\nsha256 = \"9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08\"\n";
+    let g = start("h3-semantics", "", auth, 0);
+    let endpoint = client_endpoint(&g.ca);
+    let (mut h3, _driver) = connect(&endpoint, g.udp).await;
+
+    // Every answer is dated (RFC 9110 §6.6.1), the listener's own too.
+    for path in ["/noop", "/no/such/route"] {
+        let answer = send_headers(&mut h3, "GET", path, &[]).await;
+        let date = answer
+            .headers
+            .get("date")
+            .unwrap_or_else(|| panic!("{path}: no Date"));
+        assert!(date.to_str().unwrap().ends_with(" GMT"), "{date:?}");
+    }
+
+    // HEAD: the GET's Content-Encoding and Vary, no body, and no length
+    // the GET does not have.
+    for accept in ["gzip", "identity"] {
+        let ask = [("accept-encoding", accept)];
+        let get = send_headers(&mut h3, "GET", "/openapi.json", &ask).await;
+        let head = send_headers(&mut h3, "HEAD", "/openapi.json", &ask).await;
+        assert_eq!((get.status, head.status), (200, 200));
+        assert!(head.body.is_empty(), "{accept}: a HEAD has no body");
+        for name in ["content-encoding", "vary", "content-type"] {
+            assert_eq!(head.headers.get(name), get.headers.get(name), "{accept}: {name}");
+        }
+        match accept {
+            "gzip" => {
+                assert_eq!(head.headers.get("content-encoding").unwrap(), "gzip");
+                assert!(head.headers.get("content-length").is_none(), "{:?}", head.headers);
+            }
+            _ => assert_eq!(
+                head.headers.get("content-length").unwrap().to_str().unwrap(),
+                get.body.len().to_string()
+            ),
+        }
+    }
+
+    // Two credentials: 400, whichever comes first.
+    let one = send_headers(&mut h3, "GET", "/noop", &[("x-api-key", "test")]).await;
+    assert_eq!(one.status, 200);
+    for two in [
+        [("authorization", "Bearer a"), ("authorization", "Bearer b")],
+        [("x-api-key", "test"), ("x-api-key", "forged")],
+    ] {
+        let refused = send_headers(&mut h3, "GET", "/noop", &two).await;
+        assert_eq!(refused.status, 400, "{two:?}");
+        assert!(
+            String::from_utf8_lossy(&refused.body).contains("more than one"),
+            "{}",
+            String::from_utf8_lossy(&refused.body)
+        );
+    }
+    assert_eq!(send_headers(&mut h3, "GET", "/noop", &[]).await.status, 200);
+}

@@ -115,6 +115,59 @@ fn the_demo_group_describes_every_route_and_the_document_validates() {
     // A cookie the handler reads, declared on the event, is not a field.
     let upload = &doc["paths"]["/upload"]["post"];
     assert!(upload["requestBody"]["content"]["application/octet-stream"].is_object());
+    // An empty upload is one of zero bytes.
+    assert_eq!(upload["requestBody"]["required"], false);
+
+    // Each body as the route takes it: a multipart form, raw bytes, a
+    // JSON object whose required fields make it required, any JSON.
+    let body = |method: &str, path: &str| doc["paths"][path][method]["requestBody"].clone();
+    let files = body("post", "/files");
+    assert!(files["content"]["multipart/form-data"].is_object(), "{files}");
+    assert_eq!(files["content"].as_object().unwrap().len(), 1, "{files}");
+    let raw = body("post", "/echo-bytes");
+    assert!(raw["content"]["application/octet-stream"].is_object(), "{raw}");
+    assert_eq!(raw["required"], false);
+    for (method, path) in [
+        ("post", "/greet"),
+        ("post", "/reminders"),
+        ("put", "/note"),
+        ("put", "/kv/{key}"),
+        ("post", "/echo"),
+    ] {
+        let b = body(method, path);
+        assert_eq!(b["required"], true, "{method} {path}: {b}");
+        assert!(
+            b["content"]["application/json"].is_object(),
+            "{method} {path}: {b}"
+        );
+    }
+    // Only optional fields: no body is fine.
+    assert_eq!(body("post", "/kv/{key}/incr")["required"], false);
+    // The limits the handlers enforce are in the schemas.
+    let size = &doc["paths"]["/payload/{size}"]["get"]["parameters"][0]["schema"];
+    assert_eq!(size["maximum"], 16 * 1024 * 1024, "{size}");
+    let key = &doc["paths"]["/kv/{key}"]["put"]["parameters"][0]["schema"];
+    assert_eq!(key["maxLength"], 256, "{key}");
+    // 415 where there is a body; any other status a handler picks (409,
+    // 412) is a problem+json too.
+    let files_responses = &doc["paths"]["/files"]["post"]["responses"];
+    assert_eq!(
+        files_responses["415"]["$ref"],
+        "#/components/responses/UnsupportedMediaType"
+    );
+    assert_eq!(
+        files_responses["default"]["$ref"],
+        "#/components/responses/OtherError"
+    );
+    assert!(hello["responses"].get("415").is_none());
+    // The listener's own routes.
+    for path in ["/health", "/ready", "/openapi.json", "/docs"] {
+        assert!(
+            doc["paths"][path]["get"]["responses"]["200"].is_object(),
+            "{path}"
+        );
+    }
+    assert!(doc["paths"]["/ready"]["get"]["responses"]["503"].is_object());
 
     // `switchyard openapi` prints the same document without a group.
     let printed = switchyard(&["openapi"]);

@@ -301,7 +301,9 @@ async fn discover_routes(server: &Server) -> (Vec<Route>, RoutesFrom) {
 }
 
 /// Every path of an OpenAPI document with a `get` operation, no `{parameter}`
-/// and no required security, with the path itself.
+/// and no required security, with the path itself. A Switchyard group's
+/// own routes (`x-switchyard-builtin`: `/health`, `/openapi.json`, ...)
+/// are not its application's load.
 fn openapi_get_routes(document: &[u8]) -> Vec<(Route, String)> {
     let Ok(document) = serde_json::from_slice::<serde_json::Value>(document) else {
         return Vec::new();
@@ -318,6 +320,7 @@ fn openapi_get_routes(document: &[u8]) -> Vec<(Route, String)> {
                     op.get("security")
                         .and_then(|s| s.as_array())
                         .is_none_or(Vec::is_empty)
+                        && op.get("x-switchyard-builtin").is_none()
                 })
         })
         .filter_map(|(path, _)| Some((format!("GET {path}").parse().ok()?, path.clone())))
@@ -369,6 +372,7 @@ mod tests {
                 "/ready": {"get": {}, "head": {}},
                 "/me": {"get": {"security": [{"bearer": []}]}},
                 "/open": {"get": {"security": []}},
+                "/health": {"get": {"x-switchyard-builtin": true}},
                 "relative": {"get": {}}
             }
         }"#;

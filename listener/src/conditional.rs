@@ -1,8 +1,9 @@
 //! Conditional requests on a manager's answer (RFC 9110 §13): a `GET` or
 //! `HEAD` whose `If-None-Match` names the answer's `ETag` (or whose
 //! `If-Modified-Since` is not older than its `Last-Modified`) gets 304
-//! without the body; a `Range` with an `If-Range` is honoured only when
-//! the validator still names the answer, else the whole body is sent.
+//! without the body, whatever `Range` it also has; a `Range` with an
+//! `If-Range` is honoured only when the validator still names the answer,
+//! else the whole body is sent.
 //! `If-Match` on unsafe methods is the handler's to check (it alone knows
 //! the current tag before it changes anything): the listener forwards it
 //! (`Context::if_match`). Static files have their own, in `static_files`.
@@ -45,10 +46,15 @@ impl Conditions {
         }
     }
 
-    /// The `Range` the answer can be cut to as it is made: one without
-    /// `If-Range`. One with it waits for the answer's validators.
+    /// The `Range` the answer can be cut to as it is made: one with no
+    /// condition. One with a condition waits for the answer's validators:
+    /// a matching `If-None-Match` (or `If-Modified-Since`) is a 304 before
+    /// any range is considered (RFC 9110 §13.2.2), and `If-Range` decides
+    /// whether the range applies at all.
     pub(crate) fn range_now(&self) -> Option<&str> {
-        self.range.as_deref().filter(|_| self.if_range.is_none())
+        let conditional =
+            self.if_range.is_some() || self.if_none_match.is_some() || self.if_modified_since.is_some();
+        self.range.as_deref().filter(|_| !conditional)
     }
 
     /// `reply` as the conditions make it: 304, a range, or as it is.
@@ -70,17 +76,22 @@ impl Conditions {
         if not_modified {
             return not_modified_from(reply);
         }
-        let (Some(range), Some(validator)) = (&self.range, &self.if_range) else {
+        let Some(range) = &self.range else {
             return reply;
         };
-        let validator = validator.trim();
-        let holds = if validator.starts_with('"') || validator.starts_with("W/") {
-            etag.is_some_and(|etag| etag_matches(validator, etag, true))
-        } else {
-            httpdate::parse_http_date(validator)
-                .ok()
-                .zip(modified)
-                .is_some_and(|(asked, m)| secs(asked) == secs(m))
+        let holds = match &self.if_range {
+            None => true,
+            Some(validator) => {
+                let validator = validator.trim();
+                if validator.starts_with('"') || validator.starts_with("W/") {
+                    etag.is_some_and(|etag| etag_matches(validator, etag, true))
+                } else {
+                    httpdate::parse_http_date(validator)
+                        .ok()
+                        .zip(modified)
+                        .is_some_and(|(asked, m)| secs(asked) == secs(m))
+                }
+            }
         };
         if holds { cut(reply, range).await } else { reply }
     }

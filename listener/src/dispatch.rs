@@ -204,11 +204,12 @@ async fn serve_request(
     let mut reply = match req.uri().path() {
         "/health" => {
             *stats = metrics::fixed(Fixed::Health, req.method());
-            json(StatusCode::OK, serde_json::json!({ "status": "alive" }))
+            crate::api::only_get_and_head(req.method())
+                .unwrap_or_else(|| json(StatusCode::OK, serde_json::json!({ "status": "alive" })))
         }
         "/ready" => {
             *stats = metrics::fixed(Fixed::Ready, req.method());
-            ready(state)
+            crate::api::only_get_and_head(req.method()).unwrap_or_else(|| ready(state))
         }
         path if state.config.api.serves(path) => {
             let label = if path == "/docs" {

@@ -256,12 +256,13 @@ async fn request<S, B>(
             StatusCode::TOO_EARLY,
             "sent in 0-RTT early data, which can be replayed; send it again after the handshake",
         );
-        return answer(&mut send, reply).await;
+        return answer(&mut send, reply, false).await;
     }
+    let head = req.method() == Method::HEAD;
     let (parts, ()) = req.into_parts();
     let body = Incoming::H3(H3Body::new(recv, &parts.headers));
     let Ok(response) = service.oneshot(Request::from_parts(parts, body)).await;
-    answer(&mut send, response).await
+    answer(&mut send, response, head).await
 }
 
 /// Headers that name the connection, not the message: not allowed in
@@ -275,8 +276,9 @@ const CONNECTION_HEADERS: [header::HeaderName; 4] = [
 
 /// Writes `response` on `send`: head, data, trailers. A body that fails
 /// midway resets the stream, so the client never takes a cut body for a
-/// whole one.
-async fn answer<B>(send: &mut SendStream, response: Response<B>)
+/// whole one. `head`: the answer to a `HEAD`, whose length (if any) is
+/// the `GET`'s and whose body is never sent.
+async fn answer<B>(send: &mut SendStream, response: Response<B>, head: bool)
 where
     B: http_body::Body<Data = Bytes>,
     B::Error: std::fmt::Display,
@@ -285,9 +287,17 @@ where
     for name in &CONNECTION_HEADERS {
         parts.headers.remove(name);
     }
-    // What hyper does for TCP: a body of known length says so, except
-    // where a length is not allowed.
-    let bodiless = parts.status.is_informational()
+    // What hyper does for TCP: every answer is dated (RFC 9110 §6.6.1:
+    // an origin server with a clock must), and a body of known length says
+    // so, except where a length is not allowed or, for a HEAD, where the
+    // empty body is not the one a GET would have.
+    if !parts.headers.contains_key(header::DATE)
+        && let Ok(date) = HeaderValue::from_str(&httpdate::fmt_http_date(std::time::SystemTime::now()))
+    {
+        parts.headers.insert(header::DATE, date);
+    }
+    let bodiless = head
+        || parts.status.is_informational()
         || parts.status == StatusCode::NO_CONTENT
         || parts.status == StatusCode::NOT_MODIFIED;
     if !bodiless
@@ -300,6 +310,14 @@ where
     }
     if let Err(err) = send.send_response(Response::from_parts(parts, ())).await {
         return tracing::debug!(%err, "HTTP/3 response head not sent");
+    }
+    if head {
+        // Dropping the body stops whatever still produces it.
+        drop(body);
+        if let Err(err) = send.finish().await {
+            tracing::debug!(%err, "HTTP/3 response not finished");
+        }
+        return;
     }
     let mut body = pin!(body);
     while let Some(frame) = body.frame().await {

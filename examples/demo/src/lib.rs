@@ -42,6 +42,28 @@ impl Event for Echo {
     fn from_request(request: &Request<'_>) -> Result<Self, Error> {
         request.body_as().map(Echo)
     }
+    // Hand-written, so described by hand: the body is the event, any JSON.
+    fn schema(
+        _: &mut switchyard_manager::schema::SchemaGenerator,
+    ) -> switchyard_manager::schema::EventSchema {
+        whole_body_schema(
+            "`POST /echo` → the JSON body, echoed.",
+            serde_json::json!({ "description": "Any JSON document; answered as it came." }),
+        )
+    }
+}
+
+/// The description of a hand-written event whose body is the whole event.
+pub(crate) fn whole_body_schema(
+    description: &str,
+    schema: serde_json::Value,
+) -> switchyard_manager::schema::EventSchema {
+    switchyard_manager::schema::EventSchema {
+        description: description.to_owned(),
+        whole_body: true,
+        schema: switchyard_manager::schema::Schema::try_from(schema).unwrap_or_default(),
+        ..switchyard_manager::schema::EventSchema::any()
+    }
 }
 
 /// `GET /hello/{name}` → `{"message":"Hello, NAME!"}`; a browser gets
@@ -186,15 +208,21 @@ pub struct Greet {
     pub excited: bool,
 }
 
-/// `GET /note` → `{"text": ..}` with an entity tag; `PUT /note` replaces
-/// it, refused with 412 when its `If-Match` names an older note (a lost
-/// update).
+/// `GET /note` → `{"text": ..}` with an entity tag (404 until a note is
+/// written); `PUT /note` writes it, refused with 412 when its `If-Match`
+/// names an older note (a lost update) or its `If-None-Match` names the
+/// current one (`*`: any note, so that a create never overwrites).
 #[derive(Deserialize, Serialize, Event)]
 #[event(name = "demo.GetNote", http = "GET /note")]
 pub struct GetNote {}
 
+/// `PUT /note`: the note's new text.
 #[derive(Deserialize, Serialize, Event)]
-#[event(name = "demo.PutNote", http = "PUT /note")]
+#[event(
+    name = "demo.PutNote",
+    http = "PUT /note",
+    request(headers = ["if-match", "if-none-match"])
+)]
 pub struct PutNote {
     #[validate(length(max = 1000))]
     pub text: String,
@@ -203,6 +231,13 @@ pub struct PutNote {
 #[derive(Serialize, Deserialize, Reply, Clone)]
 pub struct Note {
     pub text: String,
+}
+
+/// Whether an `If-None-Match` value (`*` or a list of entity tags) names
+/// `etag`, by the weak comparison RFC 9110 §13.1.2 asks for.
+fn names_weakly(header: &str, etag: &str) -> bool {
+    let opaque = |tag: &str| tag.trim().trim_start_matches("W/").to_owned();
+    header.trim() == "*" || header.split(',').any(|tag| opaque(tag) == opaque(etag))
 }
 
 /// Reads every part of the form as it streams in, hashing it: nothing is
@@ -228,16 +263,14 @@ fn files(ev: Files, form: &mut switchyard_manager::Multipart) -> Result<FilesRec
 
 /// The `basics` manager.
 pub struct Basics {
-    /// `GET`/`PUT /note`.
-    note: Note,
+    /// `GET`/`PUT /note`: none until the first `PUT`.
+    note: Option<Note>,
 }
 
 impl Manager for Basics {
     const NAME: &'static str = "basics";
     fn create(_: &Config) -> Result<Self, Error> {
-        Result::Ok(Basics {
-            note: Note { text: String::new() },
-        })
+        Result::Ok(Basics { note: None })
     }
     fn register(r: &mut Registry<Self>) {
         r.request(Self::noop)
@@ -290,14 +323,39 @@ impl Basics {
     }
 
     fn get_note(&mut self, _: GetNote, _: &mut Context) -> Result<impl Reply + use<>, Error> {
-        Result::Ok(self.note.clone().with_auto_etag())
+        match &self.note {
+            Some(note) => Result::Ok(note.clone().with_auto_etag()),
+            None => Err(Error::not_found("no note yet; PUT /note writes one")),
+        }
     }
 
+    /// The preconditions of RFC 9110 §13.2.2, in its order, against the
+    /// note as it is now; only then the write.
     fn put_note(&mut self, ev: PutNote, cx: &mut Context) -> Result<impl Reply + use<>, Error> {
-        let current = serde_json::to_vec(&self.note).map_err(|e| Error::internal(e.to_string()))?;
-        cx.if_match(&switchyard_manager::etag_of(&current))?;
-        self.note = Note { text: ev.text };
-        Result::Ok(self.note.clone().with_auto_etag())
+        let current = match &self.note {
+            Some(note) => Some(switchyard_manager::etag_of(
+                &serde_json::to_vec(note).map_err(|e| Error::internal(e.to_string()))?,
+            )),
+            None => None,
+        };
+        match &current {
+            Some(tag) => cx.if_match(tag)?,
+            // `If-Match` (even `*`) needs a current note to match.
+            None if cx.header("if-match").is_some() => {
+                return Err(Error::precondition_failed("there is no note yet (If-Match)"));
+            }
+            None => {}
+        }
+        if let (Some(tags), Some(tag)) = (cx.header("if-none-match"), &current)
+            && names_weakly(tags, tag)
+        {
+            return Err(Error::precondition_failed(
+                "a note exists and If-None-Match asks that none does (or names it)",
+            ));
+        }
+        let note = Note { text: ev.text };
+        self.note = Some(note.clone());
+        Result::Ok(note.with_auto_etag())
     }
 
     fn upload_form(&mut self, _: UploadForm, _: &mut Context) -> Result<UploadPage, Error> {
@@ -363,6 +421,8 @@ impl Basics {
 #[derive(Deserialize, Serialize, Event)]
 #[event(name = "demo.Payload", http = "GET /payload/{size}")]
 pub struct Payload {
+    /// At most [`MAX_PAYLOAD`] (16 MiB).
+    #[validate(range(max = 16_777_216))]
     pub size: u64,
 }
 
@@ -424,6 +484,8 @@ impl Manager for Payloads {
 #[derive(Deserialize, Serialize, Event)]
 #[event(name = "demo.Stream", http = "GET /stream/{size}")]
 pub struct Stream {
+    /// At most [`MAX_STREAM`] (64 GiB).
+    #[validate(range(max = 68_719_476_736.0))]
     pub size: u64,
     #[serde(default)]
     pub chunked: bool,
@@ -471,6 +533,19 @@ impl Event for EchoBytes {
     const ROUTE: Option<(&'static str, &'static str)> = Some(("POST", "/echo-bytes"));
     fn from_request(request: &Request<'_>) -> Result<Self, Error> {
         Result::Ok(EchoBytes(bytes::Bytes::copy_from_slice(request.body)))
+    }
+    // Any bytes, whatever the content type says: described as raw.
+    fn schema(
+        _: &mut switchyard_manager::schema::SchemaGenerator,
+    ) -> switchyard_manager::schema::EventSchema {
+        whole_body_schema(
+            "`POST /echo-bytes` → the raw body back, byte for byte.",
+            serde_json::json!({
+                "description": "Any bytes (empty too); answered as they came.",
+                "type": "string",
+                "contentMediaType": "application/octet-stream",
+            }),
+        )
     }
 }
 
@@ -796,7 +871,9 @@ mod tests {
         let r = m.http::<Payload>(&[("size", "1000")], "", b"");
         assert_eq!((r.status, r.body.len()), (200, 1000));
         assert_eq!(m.http::<Payload>(&[("size", "10")], "", b"").body.len(), 10);
-        assert_eq!(m.http::<Payload>(&[("size", "99999999999")], "", b"").status, 400);
+        let r = m.http::<Payload>(&[("size", "16777217")], "", b"");
+        assert_eq!(r.status, 422, "over the documented maximum: {}", r.text());
+        assert!(r.text().contains(r#""field":"size""#), "{}", r.text());
         let r = m.http::<Payload>(&[("size", "-1")], "", b"");
         assert_eq!(r.status, 422);
         assert!(r.text().contains(r#""field":"size""#), "{}", r.text());

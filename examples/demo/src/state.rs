@@ -23,11 +23,15 @@ pub struct KvPut {
     pub value: JsonText,
 }
 
+/// Counted in characters, as `GET /kv/{key}`'s `length` rule and the
+/// description's `maxLength` count: at most 4 × 256 bytes, within the
+/// Store's own limit.
 fn key_of(request: &Request<'_>) -> Result<String, Error> {
     let key = request.path_param("key").unwrap_or_default();
-    if key.is_empty() || key.len() > MAX_KEY {
+    let chars = key.chars().count();
+    if chars == 0 || chars > MAX_KEY {
         return Err(Error::unprocessable(format!(
-            "the key must have 1 to {MAX_KEY} bytes"
+            "the key must have 1 to {MAX_KEY} characters"
         )));
     }
     Ok(key.to_owned())
@@ -47,6 +51,21 @@ impl Event for KvPut {
             key: key_of(request)?,
             value,
         })
+    }
+    // Hand-written, so described by hand: the body is the value, any
+    // JSON; the key is the path's.
+    fn schema(
+        _: &mut switchyard_manager::schema::SchemaGenerator,
+    ) -> switchyard_manager::schema::EventSchema {
+        crate::whole_body_schema(
+            "`PUT /kv/{key}` with any JSON body: stores it (204).",
+            serde_json::json!({
+                "description": "Any JSON value, stored as it came.",
+                "x-switchyard-path-parameters": {
+                    "key": { "type": "string", "minLength": 1, "maxLength": MAX_KEY },
+                },
+            }),
+        )
     }
 }
 

@@ -20,6 +20,20 @@ use crate::reply::{Reply, error};
 
 pub use openapi::document as openapi_document;
 
+/// 405 with `Allow` for a method other than `GET` or `HEAD` on one of the
+/// listener's own read-only routes (these, `/health`, `/ready`): what
+/// their description promises.
+pub(crate) fn only_get_and_head(method: &Method) -> Option<Reply> {
+    if method == Method::GET || method == Method::HEAD {
+        return None;
+    }
+    let mut reply = error(StatusCode::METHOD_NOT_ALLOWED, "only GET and HEAD");
+    reply
+        .headers_mut()
+        .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
+    Some(reply)
+}
+
 /// `[api]`: the API description endpoints.
 #[derive(Clone, Debug)]
 pub struct ApiConfig {
@@ -80,12 +94,8 @@ impl ApiConfig {
 
     /// The answer to a request for `path` (one [`Self::serves`]).
     pub(crate) fn answer(&self, method: &Method, path: &str, auth: &AuthConfig) -> Reply {
-        if method != Method::GET && method != Method::HEAD {
-            let mut reply = error(StatusCode::METHOD_NOT_ALLOWED, "only GET and HEAD");
-            reply
-                .headers_mut()
-                .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
-            return reply;
+        if let Some(refused) = only_get_and_head(method) {
+            return refused;
         }
         let rendered = self.rendered.get_or_init(|| Rendered {
             openapi: Bytes::from(

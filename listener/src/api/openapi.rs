@@ -29,12 +29,15 @@ pub fn document(catalog: &Catalog, settings: &ApiConfig, auth: &AuthConfig) -> V
                 .iter()
                 .find(|t| t.name == handled.name && t.role != TypeRole::Notification);
             let (path, path_params) = template(&route.path);
-            let security = required_auth(auth, &route.path, &handled.name, &schemes);
+            let security = required_auth(auth, &route.path, Some(&handled.name), &schemes);
             let operation = operation(
-                &manager.name,
-                &handled.name,
-                &route.method,
-                &path_params,
+                &Route {
+                    manager: &manager.name,
+                    name: &handled.name,
+                    method: &route.method,
+                    path_params: &path_params,
+                    stream_body: route.stream_body,
+                },
                 doc,
                 security,
                 &mut schemas,
@@ -47,6 +50,8 @@ pub fn document(catalog: &Catalog, settings: &ApiConfig, auth: &AuthConfig) -> V
             tags.push(json!({ "name": manager.name, "description": format!("Manager `{}` ({})", manager.name, manager.kind) }));
         }
     }
+    tags.push(json!({ "name": "switchyard", "description": "The listener's own routes." }));
+    builtin_routes(&mut paths, settings, auth, &schemes);
     let mut components = json!({ "schemas": schemas, "responses": standard_responses() });
     if !schemes.is_empty() {
         components["securitySchemes"] = Value::Object(schemes.into_iter().collect());
@@ -63,6 +68,114 @@ pub fn document(catalog: &Catalog, settings: &ApiConfig, auth: &AuthConfig) -> V
         "paths": paths,
         "components": components,
     })
+}
+
+/// The listener's own routes, which shadow a manager's on the same path
+/// (marked `x-switchyard-builtin`, which `switchyard bench` leaves out):
+/// `/health` and `/ready` (never behind authentication), and the
+/// description endpoints that are on (behind the rules that cover them).
+fn builtin_routes(
+    paths: &mut Map<String, Value>,
+    settings: &ApiConfig,
+    auth: &AuthConfig,
+    schemes: &[(String, Value)],
+) {
+    let tag = "switchyard";
+    let health = json!({
+        "operationId": "switchyard.health",
+        "x-switchyard-builtin": true,
+        "summary": "Liveness: the listener answers.",
+        "tags": [tag],
+        "responses": {
+            "200": {
+                "description": "The listener is alive.",
+                "content": { "application/json": { "schema": {
+                    "type": "object",
+                    "properties": { "status": { "const": "alive" } },
+                    "required": ["status"],
+                } } },
+            },
+            "default": { "$ref": "#/components/responses/OtherError" },
+        },
+    });
+    let readiness = json!({
+        "type": "object",
+        "properties": {
+            "ready": { "type": "boolean", "description": "Every configured manager has an instance up and the router is connected." },
+            "router": { "type": "boolean", "description": "The listener is connected to the router." },
+            "managers": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "name": { "type": "string" },
+                        "instances_up": { "type": "integer", "minimum": 0 },
+                    },
+                    "required": ["name", "instances_up"],
+                },
+            },
+            "cluster": { "description": "The link to the other groups, when the group has one (shown, not required)." },
+        },
+        "required": ["ready", "router", "managers"],
+    });
+    let ready = json!({
+        "operationId": "switchyard.ready",
+        "x-switchyard-builtin": true,
+        "summary": "Readiness: every manager has an instance up.",
+        "tags": [tag],
+        "responses": {
+            "200": { "description": "Ready.", "content": { "application/json": { "schema": readiness } } },
+            "503": { "description": "Not ready (yet): a manager or the router is down.", "content": { "application/json": { "schema": readiness } } },
+            "default": { "$ref": "#/components/responses/OtherError" },
+        },
+    });
+    paths.insert("/health".to_owned(), json!({ "get": health }));
+    paths.insert("/ready".to_owned(), json!({ "get": ready }));
+    let endpoints = [
+        (
+            settings.openapi,
+            "/openapi.json",
+            "switchyard.openapi",
+            "This document (OpenAPI 3.1).",
+            "application/json",
+            json!({ "type": "object" }),
+        ),
+        (
+            settings.docs,
+            "/docs",
+            "switchyard.docs",
+            "The routes, events and notification types, as an HTML page.",
+            "text/html",
+            json!({ "type": "string" }),
+        ),
+    ];
+    for (on, path, id, summary, media, schema) in endpoints {
+        if !on {
+            continue;
+        }
+        let security = required_auth(auth, path, None, schemes);
+        let mut responses = json!({
+            "200": { "description": summary, "content": { media: { "schema": schema } } },
+            "default": { "$ref": "#/components/responses/OtherError" },
+        });
+        if security.is_some() {
+            for code in ["401", "403"] {
+                responses[code] =
+                    json!({ "$ref": format!("#/components/responses/{}", response_name(code)) });
+            }
+        }
+        let mut op = json!({
+            "operationId": id,
+            "summary": summary,
+            "tags": [tag],
+            "x-switchyard-builtin": true,
+            "responses": responses,
+        });
+        if let Some(security) = security {
+            op["security"] = security;
+        }
+        paths.insert(path.to_owned(), json!({ "get": op }));
+    }
 }
 
 /// `/files/{*rest}` → (`/files/{rest}`, [`rest`]).
@@ -86,19 +199,63 @@ fn template(path: &str) -> (String, Vec<String>) {
     (out, names)
 }
 
+/// A manager's route, as the route table has it.
+struct Route<'a> {
+    manager: &'a str,
+    name: &'a str,
+    method: &'a str,
+    path_params: &'a [String],
+    /// The listener streams the body to the handler: an upload (raw
+    /// bytes) or a multipart form.
+    stream_body: bool,
+}
+
+/// How a route takes its request body.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Body {
+    /// None: `GET`, `HEAD`, `DELETE`, `OPTIONS`; the fields are query parameters.
+    Query,
+    /// A JSON object of the event's fields.
+    Fields,
+    /// The whole body is the event (`#[event(body)]`, or a hand-written
+    /// `Event` that says so), in the media type its schema names.
+    Whole,
+    /// Raw bytes streamed to the handler (`Registry::upload`).
+    Upload,
+    /// `multipart/form-data` streamed to the handler (`Registry::multipart`).
+    Multipart,
+}
+
+/// The keyword a hand-written whole-body event's schema may carry to
+/// describe its path parameters (a whole-body schema describes the body,
+/// so it cannot list them as properties); taken out of the body schema.
+const PATH_PARAMETERS: &str = "x-switchyard-path-parameters";
+
 fn operation(
-    manager: &str,
-    name: &str,
-    method: &str,
-    path_params: &[String],
+    route: &Route<'_>,
     doc: Option<&TypeDoc>,
     security: Option<Value>,
     schemas: &mut Map<String, Value>,
 ) -> Value {
-    let schema = doc
+    let Route {
+        manager,
+        name,
+        method,
+        path_params,
+        stream_body,
+    } = *route;
+    let mut schema = doc
         .and_then(|d| serde_json::from_str::<Value>(&d.schema).ok())
         .map(|s| hoist(s, schemas))
         .unwrap_or_else(|| json!({}));
+    let declared_params = schema
+        .as_object_mut()
+        .and_then(|s| s.remove(PATH_PARAMETERS))
+        .and_then(|p| match p {
+            Value::Object(map) => Some(map),
+            _ => None,
+        })
+        .unwrap_or_default();
     let description = doc.map(|d| d.description.as_str()).unwrap_or_default();
     let summary = description.lines().next().unwrap_or(name).trim().to_owned();
     let properties = schema
@@ -111,19 +268,30 @@ fn operation(
         .and_then(Value::as_array)
         .map(|r| r.iter().filter_map(Value::as_str).collect())
         .unwrap_or_default();
-    let has_body = !matches!(method, "GET" | "HEAD" | "DELETE" | "OPTIONS");
-    let whole_body = doc.is_some_and(|d| d.whole_body);
-    let upload = doc.is_some_and(|d| d.role == TypeRole::Upload);
+    // The SDK registers a streamed body either as an upload, which it
+    // documents, or as a multipart form, which it does not.
+    let body = if doc.is_some_and(|d| d.role == TypeRole::Upload) {
+        Body::Upload
+    } else if stream_body {
+        Body::Multipart
+    } else if doc.is_some_and(|d| d.whole_body) {
+        Body::Whole
+    } else if matches!(method, "GET" | "HEAD" | "DELETE" | "OPTIONS") {
+        Body::Query
+    } else {
+        Body::Fields
+    };
 
     let mut parameters = Vec::new();
     for p in path_params {
-        let schema = properties
+        let schema = declared_params
             .get(p)
+            .or_else(|| (body != Body::Whole).then(|| properties.get(p)).flatten())
             .cloned()
             .unwrap_or_else(|| json!({ "type": "string" }));
         parameters.push(parameter("path", p, true, schema));
     }
-    if !has_body && !whole_body {
+    if body == Body::Query {
         for (key, schema) in &properties {
             if !path_params.contains(key) {
                 parameters.push(parameter(
@@ -156,30 +324,68 @@ fn operation(
     if !parameters.is_empty() {
         op["parameters"] = parameters.into();
     }
-    if upload {
-        op["requestBody"] = json!({
-            "required": true,
-            "description": "The raw body, streamed to the handler as it arrives.",
-            "content": { "application/octet-stream": { "schema": { "type": "string", "contentMediaType": "application/octet-stream" } } },
-        });
-    } else if whole_body {
-        op["requestBody"] =
-            json!({ "required": true, "content": { "application/json": { "schema": schema } } });
-    } else if has_body {
-        let mut body = schema.clone();
-        if let Some(object) = body.as_object_mut() {
-            object.remove("description");
-            if let Some(Value::Object(props)) = object.get_mut("properties") {
-                props.retain(|k, _| !path_params.contains(k));
-            }
-            if let Some(Value::Array(req)) = object.get_mut("required") {
-                req.retain(|k| !k.as_str().is_some_and(|k| path_params.iter().any(|p| p == k)));
-            }
+    match body {
+        Body::Query => {}
+        // An empty upload is an upload of zero bytes: the body is optional.
+        Body::Upload => {
+            op["requestBody"] = json!({
+                "required": false,
+                "description": "The raw body, streamed to the handler as it arrives.",
+                "content": { "application/octet-stream": { "schema": { "type": "string", "contentMediaType": "application/octet-stream" } } },
+            });
         }
-        op["requestBody"] = json!({
-            "description": "The event's fields as a JSON object (the query string may set them too; path parameters win).",
-            "content": { "application/json": { "schema": body } },
-        });
+        Body::Multipart => {
+            op["requestBody"] = json!({
+                "required": true,
+                "description": "An HTML form: its text fields up to the first file fill the event's fields; the parts are streamed to the handler as they arrive.",
+                // A part's name is a quoted header parameter: no control
+                // characters, no quote.
+                "content": { "multipart/form-data": { "schema": {
+                    "type": "object",
+                    "propertyNames": { "pattern": "^[^\\u0000-\\u001f\\u007f\"]*$" },
+                } } },
+            });
+        }
+        Body::Whole => {
+            // A schema that names a media type other than JSON describes
+            // raw bytes, which may be empty; a JSON document may not.
+            let media = schema
+                .get("contentMediaType")
+                .and_then(Value::as_str)
+                .filter(|m| !m.eq_ignore_ascii_case("application/json"))
+                .map(str::to_owned);
+            let mut described = json!({ "content": {} });
+            if let Some(object) = schema.as_object_mut()
+                && let Some(Value::String(d)) = object.remove("description")
+            {
+                described["description"] = d.into();
+            }
+            described["required"] = media.is_none().into();
+            let media = media.unwrap_or_else(|| "application/json".to_owned());
+            described["content"][media] = json!({ "schema": schema });
+            op["requestBody"] = described;
+        }
+        Body::Fields => {
+            let mut fields = schema.clone();
+            let mut required = false;
+            if let Some(object) = fields.as_object_mut() {
+                object.remove("description");
+                if let Some(Value::Object(props)) = object.get_mut("properties") {
+                    props.retain(|k, _| !path_params.contains(k));
+                }
+                if let Some(Value::Array(req)) = object.get_mut("required") {
+                    req.retain(|k| !k.as_str().is_some_and(|k| path_params.iter().any(|p| p == k)));
+                    required = !req.is_empty();
+                }
+            }
+            // A required field needs a body: the query could set it too,
+            // but this document describes the body for these methods.
+            op["requestBody"] = json!({
+                "required": required,
+                "description": "The event's fields as a JSON object (the query string may set them too; path parameters win).",
+                "content": { "application/json": { "schema": fields } },
+            });
+        }
     }
 
     let mut responses = Map::new();
@@ -205,8 +411,8 @@ fn operation(
         }
     }
     let mut errors = vec!["400", "404", "422", "500", "503", "504"];
-    if has_body || upload {
-        errors.push("413");
+    if body != Body::Query {
+        errors.extend(["413", "415"]);
     }
     if security.is_some() {
         errors.extend(["401", "403"]);
@@ -219,6 +425,13 @@ fn operation(
             json!({ "$ref": format!("#/components/responses/{}", response_name(code)) }),
         );
     }
+    // A handler may answer any error status it chooses (409 for a
+    // conflict, 412 for a failed precondition, ...): the document cannot
+    // know which, so it says that any other one is a problem+json too.
+    responses.insert(
+        "default".to_owned(),
+        json!({ "$ref": "#/components/responses/OtherError" }),
+    );
     op["responses"] = Value::Object(responses);
     if let Some(security) = security {
         op["security"] = security;
@@ -323,6 +536,10 @@ fn standard_responses() -> Value {
         ("403", "The caller lacks a role or claim the route requires."),
         ("404", "No such route."),
         ("413", "The body is larger than the listener accepts."),
+        (
+            "415",
+            "The body's `Content-Type` or `Content-Encoding` is not one the route takes.",
+        ),
         ("422", "The input does not validate; `errors` names each field."),
         ("429", "Over a rate limit; `Retry-After` says when to retry."),
         (
@@ -336,15 +553,19 @@ fn standard_responses() -> Value {
         ("504", "No answer within the request deadline."),
     ];
     let mut out = Map::new();
+    let problem = |description: &str| {
+        json!({
+            "description": description,
+            "content": { "application/problem+json": { "schema": { "$ref": "#/components/schemas/Problem" } } },
+        })
+    };
     for (code, description) in why {
-        out.insert(
-            response_name(code),
-            json!({
-                "description": description,
-                "content": { "application/problem+json": { "schema": { "$ref": "#/components/schemas/Problem" } } },
-            }),
-        );
+        out.insert(response_name(code), problem(description));
     }
+    out.insert(
+        "OtherError".to_owned(),
+        problem("Another error the handler answers (409 Conflict, 412 Precondition Failed, ...)."),
+    );
     Value::Object(out)
 }
 
@@ -371,7 +592,12 @@ fn security_schemes(auth: &AuthConfig) -> Vec<(String, Value)> {
 /// The `security` of a route: any one configured credential, with the
 /// roles the first matching rule asks for; `None` when no rule requires
 /// an identity.
-fn required_auth(auth: &AuthConfig, path: &str, event: &str, schemes: &[(String, Value)]) -> Option<Value> {
+fn required_auth(
+    auth: &AuthConfig,
+    path: &str,
+    event: Option<&str>,
+    schemes: &[(String, Value)],
+) -> Option<Value> {
     let rule = auth
         .rules
         .iter()

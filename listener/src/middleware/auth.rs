@@ -53,6 +53,8 @@ pub(crate) enum Denied {
     Forbidden(String),
     /// Too many password hashes from this address: 429 after this long.
     Throttled(Duration),
+    /// The request is ambiguous about who it is (400), and how.
+    Ambiguous(&'static str),
 }
 
 struct ApiKeys {
@@ -162,6 +164,23 @@ impl Auth {
         token: Option<&str>,
         client: IpAddr,
     ) -> Result<Option<Identity>, Denied> {
+        // Two credentials of one kind: which one a proxy in front checked,
+        // logged or stripped cannot be known, so neither is taken.
+        if headers
+            .get_all(http::header::AUTHORIZATION)
+            .iter()
+            .nth(1)
+            .is_some()
+        {
+            return Err(Denied::Ambiguous(
+                "the request has more than one Authorization header",
+            ));
+        }
+        if let Some(keys) = &self.api_keys
+            && headers.get_all(&keys.header).iter().nth(1).is_some()
+        {
+            return Err(Denied::Ambiguous("the request has more than one API key header"));
+        }
         if let Some(value) = headers.get(http::header::AUTHORIZATION) {
             let value = value
                 .to_str()

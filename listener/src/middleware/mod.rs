@@ -106,14 +106,14 @@ fn under(path: &str, prefix: &str) -> bool {
 
 /// Whether `rule` covers an HTTP route, by its path template and event
 /// type (the API description says what each route requires).
-pub(crate) fn rule_covers(rule: &config::AuthRule, path: &str, event: &str) -> bool {
+pub(crate) fn rule_covers(rule: &config::AuthRule, path: &str, event: Option<&str>) -> bool {
     let pattern = match rule.event.as_deref().map(Pattern::parse).transpose() {
         Ok(p) => p,
         Err(_) => return false,
     };
     let scope = Scope {
         path: Some(path),
-        event: Some(event),
+        event,
         subscription: false,
     };
     matches(rule.prefix.as_deref(), pattern.as_ref(), &scope)
@@ -152,6 +152,9 @@ pub(crate) enum Refusal {
     Forbidden(String),
     /// 429 / `RESOURCE_EXHAUSTED`, with how long to wait.
     TooMany(Duration),
+    /// 400 / `INVALID_ARGUMENT`: the request is malformed in a way that
+    /// leaves its caller unclear (two credentials), and how.
+    BadRequest(&'static str),
 }
 
 impl From<Denied> for Refusal {
@@ -161,6 +164,7 @@ impl From<Denied> for Refusal {
             Denied::Invalid(why) => Refusal::Unauthenticated(Some(why)),
             Denied::Forbidden(why) => Refusal::Forbidden(why),
             Denied::Throttled(wait) => Refusal::TooMany(wait),
+            Denied::Ambiguous(why) => Refusal::BadRequest(why),
         }
     }
 }
@@ -172,6 +176,7 @@ impl Refusal {
             Refusal::Unauthenticated(_) => 401,
             Refusal::Forbidden(_) => 403,
             Refusal::TooMany(_) => 429,
+            Refusal::BadRequest(_) => 400,
         }
     }
 
@@ -181,6 +186,7 @@ impl Refusal {
             Refusal::Unauthenticated(Some(why)) => format!("authentication failed: {why}"),
             Refusal::Forbidden(why) => format!("forbidden: {why}"),
             Refusal::TooMany(wait) => format!("rate limit exceeded; retry in {} s", retry_after_secs(*wait)),
+            Refusal::BadRequest(why) => (*why).to_owned(),
         }
     }
 
@@ -191,6 +197,7 @@ impl Refusal {
             Refusal::Unauthenticated(_) => tonic::Status::unauthenticated(detail),
             Refusal::Forbidden(_) => tonic::Status::permission_denied(detail),
             Refusal::TooMany(_) => tonic::Status::resource_exhausted(detail),
+            Refusal::BadRequest(_) => tonic::Status::invalid_argument(detail),
         }
     }
 }
@@ -418,6 +425,7 @@ impl Middleware {
             Refusal::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
             Refusal::Forbidden(_) => StatusCode::FORBIDDEN,
             Refusal::TooMany(_) => StatusCode::TOO_MANY_REQUESTS,
+            Refusal::BadRequest(_) => StatusCode::BAD_REQUEST,
         };
         let mut reply = error(status, &refusal.detail());
         let headers = reply.headers_mut();
@@ -432,7 +440,7 @@ impl Middleware {
             Refusal::TooMany(wait) => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs(*wait)));
             }
-            Refusal::Forbidden(_) => {}
+            Refusal::Forbidden(_) | Refusal::BadRequest(_) => {}
         }
         reply
     }
@@ -480,7 +488,7 @@ pub(crate) const SUBPROTOCOL_PREFIX: &str = "bearer.";
 /// origins are configured), response compression, request decoding.
 pub(crate) struct Layers {
     pub(crate) cors: Option<CorsLayer>,
-    pub(crate) compression: CompressionLayer<Compressible>,
+    pub(crate) compression: Compression,
     pub(crate) decompression: RequestDecompressionLayer,
     /// How many times its received size a decoded request body may be.
     pub(crate) max_decode_ratio: u32,
@@ -515,6 +523,185 @@ impl Predicate for Compressible {
     }
 }
 
+/// Response compression (tower-http's), with a `HEAD` answered as its
+/// `GET` would be (RFC 9110 §9.3.2): a `HEAD`'s body is empty, so on its
+/// own the compressor would leave it alone and the client would see an
+/// identity `Content-Length` where the `GET` has `Content-Encoding`,
+/// `Vary` and no length. Inside, a `HEAD`'s empty body is made to claim
+/// the length its `Content-Length` says, so the compressor decides
+/// exactly as for the `GET` (same predicate, same negotiation); outside,
+/// whatever the compressor made of it is dropped.
+#[derive(Clone)]
+pub(crate) struct Compression(CompressionLayer<Compressible>);
+
+impl<S> tower::Layer<S> for Compression {
+    type Service = head::Bodiless<tower_http::compression::Compression<head::Sized<S>, Compressible>>;
+    fn layer(&self, inner: S) -> Self::Service {
+        head::Bodiless(tower::Layer::layer(&self.0, head::Sized(inner)))
+    }
+}
+
+/// The two halves of [`Compression`]'s handling of `HEAD`.
+mod head {
+    use std::marker::PhantomData;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    use bytes::Buf;
+    use futures_util::TryFutureExt;
+    use futures_util::future::MapOk;
+    use http::{Method, Request, Response, header};
+    use http_body::{Body, Frame, SizeHint};
+    use http_body_util::Either;
+
+    /// An empty body that claims a length: what a `HEAD`'s `GET` would
+    /// send, for the compressor to decide on. It yields nothing.
+    pub(crate) struct Claimed<D>(u64, PhantomData<fn() -> D>);
+
+    impl<D: Buf> Body for Claimed<D> {
+        type Data = D;
+        type Error = std::convert::Infallible;
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<D>, Self::Error>>> {
+            Poll::Ready(None)
+        }
+        fn size_hint(&self) -> SizeHint {
+            SizeHint::with_exact(self.0)
+        }
+    }
+
+    type Claiming<B> = Either<B, Claimed<<B as Body>::Data>>;
+
+    /// Inside the compressor: a `HEAD`'s empty body claims its length.
+    #[derive(Clone)]
+    pub(crate) struct Sized<S>(pub(crate) S);
+
+    fn claim<B: Body>(response: Response<B>) -> Response<Claiming<B>> {
+        let (parts, body) = response.into_parts();
+        let length = parts
+            .headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok())
+            .filter(|&n| n > 0 && body.size_hint().exact() == Some(0));
+        match length {
+            // The empty body is dropped: it held nothing.
+            Some(n) => Response::from_parts(parts, Either::Right(Claimed(n, PhantomData))),
+            None => Response::from_parts(parts, Either::Left(body)),
+        }
+    }
+
+    fn pass<B: Body>(response: Response<B>) -> Response<Claiming<B>> {
+        response.map(Either::Left)
+    }
+
+    impl<S, R, B> tower::Service<Request<R>> for Sized<S>
+    where
+        S: tower::Service<Request<R>, Response = Response<B>>,
+        B: Body,
+    {
+        type Response = Response<Claiming<B>>;
+        type Error = S::Error;
+        // Fn pointers, not closures: see `conditional::Weaken`.
+        type Future = MapOk<S::Future, fn(Response<B>) -> Response<Claiming<B>>>;
+
+        fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+            self.0.poll_ready(cx)
+        }
+
+        fn call(&mut self, req: Request<R>) -> Self::Future {
+            let then: fn(Response<B>) -> Response<Claiming<B>> = if req.method() == Method::HEAD {
+                claim::<B>
+            } else {
+                pass::<B>
+            };
+            self.0.call(req).map_ok(then)
+        }
+    }
+
+    pin_project_lite::pin_project! {
+        /// A body, or none at all: a `HEAD`'s answer loses its body.
+        #[project = EmptiedProj]
+        pub(crate) enum Emptied<B> {
+            Sent { #[pin] body: B },
+            Dropped,
+        }
+    }
+
+    // What CORS answers a preflight with. By hand: a `#[default]` variant
+    // inside `pin_project!` is not something the macro promises to keep.
+    #[allow(clippy::derivable_impls)]
+    impl<B> Default for Emptied<B> {
+        fn default() -> Self {
+            Emptied::Dropped
+        }
+    }
+
+    impl<B: Body> Body for Emptied<B> {
+        type Data = B::Data;
+        type Error = B::Error;
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+            match self.project() {
+                EmptiedProj::Sent { body } => body.poll_frame(cx),
+                EmptiedProj::Dropped => Poll::Ready(None),
+            }
+        }
+        fn is_end_stream(&self) -> bool {
+            match self {
+                Emptied::Sent { body } => body.is_end_stream(),
+                Emptied::Dropped => true,
+            }
+        }
+        fn size_hint(&self) -> SizeHint {
+            match self {
+                Emptied::Sent { body } => body.size_hint(),
+                Emptied::Dropped => SizeHint::with_exact(0),
+            }
+        }
+    }
+
+    /// Outside the compressor: a `HEAD`'s answer keeps its headers and
+    /// loses whatever body it has.
+    #[derive(Clone)]
+    pub(crate) struct Bodiless<S>(pub(crate) S);
+
+    fn empty<B: Body>(response: Response<B>) -> Response<Emptied<B>> {
+        response.map(|_| Emptied::Dropped)
+    }
+
+    fn keep<B: Body>(response: Response<B>) -> Response<Emptied<B>> {
+        response.map(|body| Emptied::Sent { body })
+    }
+
+    impl<S, R, B> tower::Service<Request<R>> for Bodiless<S>
+    where
+        S: tower::Service<Request<R>, Response = Response<B>>,
+        B: Body,
+    {
+        type Response = Response<Emptied<B>>;
+        type Error = S::Error;
+        type Future = MapOk<S::Future, fn(Response<B>) -> Response<Emptied<B>>>;
+
+        fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+            self.0.poll_ready(cx)
+        }
+
+        fn call(&mut self, req: Request<R>) -> Self::Future {
+            let then: fn(Response<B>) -> Response<Emptied<B>> = if req.method() == Method::HEAD {
+                empty::<B>
+            } else {
+                keep::<B>
+            };
+            self.0.call(req).map_ok(then)
+        }
+    }
+}
+
 /// The layers of `config`; an error names the key at fault.
 pub(crate) fn layers(config: &MiddlewareConfig) -> Result<Layers, String> {
     let c = &config.compression;
@@ -534,15 +721,17 @@ pub(crate) fn layers(config: &MiddlewareConfig) -> Result<Layers, String> {
         }
     }
     let on = c.enabled;
-    let compression = CompressionLayer::new()
-        .gzip(on && gzip)
-        .br(on && br)
-        .zstd(on && zstd)
-        .quality(CompressionLevel::Default)
-        .compress_when(Compressible {
-            size: SizeAbove::new(c.min_bytes),
-            types: Arc::new(c.content_types.clone()),
-        });
+    let compression = Compression(
+        CompressionLayer::new()
+            .gzip(on && gzip)
+            .br(on && br)
+            .zstd(on && zstd)
+            .quality(CompressionLevel::Default)
+            .compress_when(Compressible {
+                size: SizeAbove::new(c.min_bytes),
+                types: Arc::new(c.content_types.clone()),
+            }),
+    );
     let decode = c.decode_requests;
     let decompression = RequestDecompressionLayer::new()
         .gzip(decode)

@@ -68,6 +68,41 @@ macro_rules! coerce_number {
     )*};
 }
 
+/// 2^53: below it every integer is an exact `f64`, and no other integer
+/// rounds to one (2^53 + 1 parses as 2^53).
+const MAX_EXACT: f64 = 9_007_199_254_740_992.0;
+
+/// As [`coerce_number`], and a JSON number with no fractional part
+/// (`300.0`) is that integer: JSON Schema's `integer` (what the API
+/// description says of these fields) is any such number, and JSON has no
+/// other kind; `300.5` or one out of the type's range is still refused.
+macro_rules! coerce_integer {
+    ($($method:ident => $visit:ident : $ty:ty),* $(,)?) => {$(
+        fn $method<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, E> {
+            match self.0 {
+                Value::String(s) => match s.trim().parse::<$ty>() {
+                    Ok(n) => visitor.$visit(n),
+                    Err(_) => Err(de::Error::invalid_value(de::Unexpected::Str(s), &visitor)),
+                },
+                Value::Number(n) if n.is_f64() => {
+                    let f = n.as_f64().unwrap_or(f64::NAN);
+                    // Below 2^53 a whole f64 is the integer the client
+                    // wrote; from it on, it may be a neighbour (JSON text
+                    // for i64::MIN - 1 parses as i64::MIN's f64).
+                    let whole = (f.fract() == 0.0 && f.abs() < MAX_EXACT)
+                        .then(|| <$ty>::try_from(f as i128).ok())
+                        .flatten();
+                    match whole {
+                        Some(n) => visitor.$visit(n),
+                        None => Err(de::Error::invalid_value(de::Unexpected::Float(f), &visitor)),
+                    }
+                }
+                other => other.$method(visitor),
+            }
+        }
+    )*};
+}
+
 macro_rules! delegate {
     ($($method:ident),* $(,)?) => {$(
         fn $method<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, E> {
@@ -90,13 +125,16 @@ impl<'de> Deserializer<'de> for Coerce<'de> {
         }
     }
 
-    coerce_number! {
+    coerce_integer! {
         deserialize_u8 => visit_u8: u8, deserialize_u16 => visit_u16: u16,
         deserialize_u32 => visit_u32: u32, deserialize_u64 => visit_u64: u64,
         deserialize_i8 => visit_i8: i8, deserialize_i16 => visit_i16: i16,
         deserialize_i32 => visit_i32: i32, deserialize_i64 => visit_i64: i64,
-        deserialize_f32 => visit_f32: f32, deserialize_f64 => visit_f64: f64,
         deserialize_u128 => visit_u128: u128, deserialize_i128 => visit_i128: i128,
+    }
+
+    coerce_number! {
+        deserialize_f32 => visit_f32: f32, deserialize_f64 => visit_f64: f64,
     }
 
     fn deserialize_bool<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, E> {
@@ -257,6 +295,39 @@ mod tests {
         let err = from_value::<Item>(&v).unwrap_err();
         assert!(err.errors[0].message.contains("missing field `name`"), "{err:?}");
         assert_eq!(err.errors[0].field, "name", "a missing field is named: {err:?}");
+    }
+
+    #[test]
+    fn a_whole_float_is_an_integer_and_a_fraction_is_not() {
+        #[derive(Debug, Deserialize, PartialEq)]
+        struct Ints {
+            a: u64,
+            b: i8,
+            #[serde(default)]
+            c: i64,
+        }
+        let ints = |json: &str| from_value::<Ints>(&serde_json::from_str(json).unwrap());
+        assert_eq!(
+            ints(r#"{"a": 300.0, "b": -3.0}"#).unwrap(),
+            Ints { a: 300, b: -3, c: 0 }
+        );
+        assert_eq!(
+            ints(r#"{"a": 1e3, "b": 0}"#).unwrap(),
+            Ints { a: 1000, b: 0, c: 0 }
+        );
+        for bad in [
+            r#"{"a": 300.5, "b": 1}"#,
+            r#"{"a": -1.0, "b": 1}"#,
+            r#"{"a": 1, "b": 128.0}"#,
+            r#"{"a": 1.8446744073709552e19, "b": 1}"#,
+            r#"{"a": 1e300, "b": 1}"#,
+            // From 2^53 on a float may not be the integer the client wrote.
+            r#"{"a": 9007199254740993.0, "b": 1}"#,
+            r#"{"a": 1, "b": 1, "c": -9223372036854775809}"#,
+        ] {
+            let err = ints(bad).unwrap_err();
+            assert_eq!(err.status, 422, "{bad}: {err:?}");
+        }
     }
 }
 
