@@ -399,10 +399,13 @@ async fn a_websocket_client_that_leaves_stops_its_jobs() {
     });
     let base: Vec<u64> = pids.iter().map(|&pid| cpu_ticks(pid, false).unwrap()).collect();
 
-    let (mut ws, _) = tokio::time::timeout(PATIENCE, tokio_tungstenite::connect_async(format!("ws://{}/ws", g.addr)))
-        .await
-        .expect("in time")
-        .expect("a WebSocket session");
+    let (mut ws, _) = tokio::time::timeout(
+        PATIENCE,
+        tokio_tungstenite::connect_async(format!("ws://{}/ws", g.addr)),
+    )
+    .await
+    .expect("in time")
+    .expect("a WebSocket session");
     for id in 0..2 {
         let call = serde_json::json!({ "id": id, "type": "demo.Cpu", "data": { "ms": 20000 } });
         ws.send(Message::text(call.to_string())).await.unwrap();
@@ -417,9 +420,11 @@ async fn a_websocket_client_that_leaves_stops_its_jobs() {
     drop(ws);
 
     tokio::task::spawn_blocking(move || {
-        eventually("both jobs are cancelled", PATIENCE, || match count(&g, &JOB_CANCELLED) {
-            2 => Ok(()),
-            n => Err(n),
+        eventually("both jobs are cancelled", PATIENCE, || {
+            match count(&g, &JOB_CANCELLED) {
+                2 => Ok(()),
+                n => Err(n),
+            }
         });
         for pid in &pids {
             eventually("the worker running a cancelled job is gone", PATIENCE, || {

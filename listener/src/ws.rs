@@ -393,13 +393,13 @@ async fn session(state: Arc<State>, conn: Arc<Conn>, ws: Ws, opener: Arc<Opener>
                             break;
                         };
                         let (state, tx, opener) = (state.clone(), tx.clone(), opener.clone());
-                        let mut abandoned = abandoned.clone();
+                        let abandoned = abandoned.clone();
                         tokio::spawn(async move {
                             tokio::select! {
                                 reply = binary_request(&state, request, &opener) => {
                                     let _ = tx.send(reply).await;
                                 }
-                                _ = abandoned.wait_for(|gone| *gone) => {}
+                                () = session_abandoned(abandoned) => {}
                             }
                             drop(permit);
                         });
@@ -472,13 +472,13 @@ async fn session(state: Arc<State>, conn: Arc<Conn>, ws: Ws, opener: Arc<Opener>
                 .cloned()
                 .unwrap_or(Value::Object(Default::default()));
             let (state, tx, ty, opener) = (state.clone(), tx.clone(), ty.clone(), opener.clone());
-            let mut abandoned = abandoned.clone();
+            let abandoned = abandoned.clone();
             tokio::spawn(async move {
                 tokio::select! {
                     reply = request(&state, &ty, msg_id.as_ref(), &data, &opener) => {
                         let _ = tx.send(reply).await;
                     }
-                    _ = abandoned.wait_for(|gone| *gone) => {}
+                    () = session_abandoned(abandoned) => {}
                 }
                 drop(permit);
             });
@@ -504,6 +504,14 @@ async fn session(state: Arc<State>, conn: Arc<Conn>, ws: Ws, opener: Arc<Opener>
     // are gone (requests still in flight hold one until they are answered).
     drop(tx);
     let _ = writer.await;
+}
+
+/// Resolves once the session is abandoned (never, if its end came
+/// without that word).
+async fn session_abandoned(mut abandoned: watch::Receiver<bool>) {
+    if abandoned.wait_for(|gone| *gone).await.is_err() {
+        std::future::pending::<()>().await;
+    }
 }
 
 fn subscribe(
