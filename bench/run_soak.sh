@@ -61,4 +61,12 @@ for size in 262144 1048576; do
         echo "PSS during (MiB, every 15 s):$samples; after: $(pss)"
     done
 done
+sleep 10
+echo "PSS 10 s after the last phase: $(pss) MiB; by process (KiB):"
+"$target/release/switchyard" status --json --runtime-dir "$dir/run" |
+    python3 -c 'import json,sys; [print(p["pid"], p["role"], p["name"]) for p in json.load(sys.stdin)["processes"] if p.get("pid")]' |
+    while read -r pid role name; do
+        echo "  $role $name: $(awk '/^Pss:/ {print $2}' "/proc/$pid/smaps_rollup" 2>/dev/null)"
+    done
+echo "== the group's warnings and errors"
 grep -E 'descriptors|went down|WARN|ERROR' "$log" | head -20 || true

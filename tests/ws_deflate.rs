@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use std::process::Command;
 
 use bytes::Bytes;
+use common::h2_stream::H2Stream;
 use common::*;
 use flate2::{Compress, Compression, Decompress, FlushCompress, FlushDecompress};
 use futures_util::{SinkExt, StreamExt};
@@ -290,72 +291,6 @@ async fn an_unfinished_message_is_closed_at_its_deadline() {
     assert_eq!(close.reason.as_str(), "message not finished in time");
 }
 
-/// One h2 stream as a byte stream, for tungstenite's client.
-mod h2_stream {
-    use std::pin::Pin;
-    use std::task::{Context, Poll, ready};
-
-    use bytes::{Buf, Bytes};
-    use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-
-    pub(crate) struct H2Stream {
-        pub(crate) send: h2::SendStream<Bytes>,
-        pub(crate) recv: h2::RecvStream,
-        pub(crate) pending: Bytes,
-    }
-
-    impl AsyncRead for H2Stream {
-        fn poll_read(
-            mut self: Pin<&mut Self>,
-            cx: &mut Context<'_>,
-            buf: &mut ReadBuf<'_>,
-        ) -> Poll<std::io::Result<()>> {
-            while self.pending.is_empty() {
-                match ready!(self.recv.poll_data(cx)) {
-                    None => return Poll::Ready(Ok(())),
-                    Some(Err(e)) => return Poll::Ready(Err(std::io::Error::other(e))),
-                    Some(Ok(data)) => {
-                        let _ = self.recv.flow_control().release_capacity(data.len());
-                        self.pending = data;
-                    }
-                }
-            }
-            let n = self.pending.len().min(buf.remaining());
-            buf.put_slice(&self.pending[..n]);
-            self.pending.advance(n);
-            Poll::Ready(Ok(()))
-        }
-    }
-
-    impl AsyncWrite for H2Stream {
-        fn poll_write(
-            mut self: Pin<&mut Self>,
-            cx: &mut Context<'_>,
-            buf: &[u8],
-        ) -> Poll<std::io::Result<usize>> {
-            self.send.reserve_capacity(buf.len());
-            let n = match ready!(self.send.poll_capacity(cx)) {
-                None => return Poll::Ready(Err(std::io::ErrorKind::BrokenPipe.into())),
-                Some(Err(e)) => return Poll::Ready(Err(std::io::Error::other(e))),
-                Some(Ok(n)) => n.min(buf.len()),
-            };
-            self.send
-                .send_data(Bytes::copy_from_slice(&buf[..n]), false)
-                .map_err(std::io::Error::other)?;
-            Poll::Ready(Ok(n))
-        }
-
-        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-            Poll::Ready(Ok(()))
-        }
-
-        fn poll_shutdown(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-            let _ = self.send.send_data(Bytes::new(), true);
-            Poll::Ready(Ok(()))
-        }
-    }
-}
-
 #[tokio::test]
 async fn deflate_over_h2_extended_connect() {
     let g = Group::start("ws-deflate-h2");
@@ -393,7 +328,7 @@ async fn deflate_over_h2_extended_connect() {
         response.headers()["sec-websocket-extensions"],
         "permessage-deflate; server_no_context_takeover; client_no_context_takeover; server_max_window_bits=10"
     );
-    let io = h2_stream::H2Stream {
+    let io = H2Stream {
         send,
         recv: response.into_body(),
         pending: Bytes::new(),

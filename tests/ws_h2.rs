@@ -6,75 +6,14 @@
 
 mod common;
 
-use std::pin::Pin;
-use std::task::{Context, Poll, ready};
-
-use bytes::{Buf, Bytes};
+use bytes::Bytes;
+use common::h2_stream::H2Stream;
 use common::*;
 use futures_util::{SinkExt, StreamExt};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::Role;
-
-/// One h2 stream as a byte stream, for tungstenite's client.
-struct H2Stream {
-    send: h2::SendStream<Bytes>,
-    recv: h2::RecvStream,
-    pending: Bytes,
-}
-
-impl AsyncRead for H2Stream {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        while self.pending.is_empty() {
-            match ready!(self.recv.poll_data(cx)) {
-                None => return Poll::Ready(Ok(())),
-                Some(Err(e)) => return Poll::Ready(Err(std::io::Error::other(e))),
-                Some(Ok(data)) => {
-                    let _ = self.recv.flow_control().release_capacity(data.len());
-                    self.pending = data;
-                }
-            }
-        }
-        let n = self.pending.len().min(buf.remaining());
-        buf.put_slice(&self.pending[..n]);
-        self.pending.advance(n);
-        Poll::Ready(Ok(()))
-    }
-}
-
-impl AsyncWrite for H2Stream {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        self.send.reserve_capacity(buf.len());
-        let n = match ready!(self.send.poll_capacity(cx)) {
-            None => return Poll::Ready(Err(std::io::ErrorKind::BrokenPipe.into())),
-            Some(Err(e)) => return Poll::Ready(Err(std::io::Error::other(e))),
-            Some(Ok(n)) => n.min(buf.len()),
-        };
-        self.send
-            .send_data(Bytes::copy_from_slice(&buf[..n]), false)
-            .map_err(std::io::Error::other)?;
-        Poll::Ready(Ok(n))
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        let _ = self.send.send_data(Bytes::new(), true);
-        Poll::Ready(Ok(()))
-    }
-}
 
 async fn h2_connection(g: &Group) -> h2::client::SendRequest<Bytes> {
     let tcp = TcpStream::connect(g.addr).await.unwrap();

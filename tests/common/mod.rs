@@ -13,6 +13,8 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+pub mod h2_stream;
+
 pub use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 use tempfile::TempDir;
