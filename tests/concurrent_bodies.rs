@@ -243,7 +243,7 @@ fn large_notifications_all_arrive(rt: &tokio::runtime::Runtime, g: &Group) {
         for s in sent {
             s.await.unwrap().expect("a large notification is accepted");
         }
-        let mut seen = vec![false; CLIENTS];
+        let mut seen = [false; CLIENTS];
         within(async {
             while seen.iter().any(|s| !s) {
                 let event = sub.next().await.expect("the subscription stays open");
