@@ -848,3 +848,21 @@ async fn answers_are_dated_a_head_is_its_gets_headers_and_two_credentials_are_re
     }
     assert_eq!(send_headers(&mut h3, "GET", "/noop", &[]).await.status, 200);
 }
+
+/// A client whose QUIC connection goes away before its answer: its
+/// request is dropped, and so cancelled through the group, as a TCP
+/// client's that hangs up.
+#[tokio::test]
+async fn a_client_whose_connection_closes_cancels_its_request() {
+    let mut g = start_logging("h3-cancel", "", "", 0, "info,switchyard_manager_host=debug");
+    let endpoint = client_endpoint(&g.ca);
+    let (mut h3, _driver) = connect(&endpoint, g.udp).await;
+    let req = http::Request::get("https://localhost/sleep/20000")
+        .body(())
+        .unwrap();
+    let mut slow = h3.send_request(req).await.unwrap();
+    slow.finish().await.unwrap();
+    g.group.wait_line("sleeping 20000 ms");
+    endpoint.close(0u32.into(), b"gone");
+    g.group.wait_line("request cancelled; dropping its handler");
+}

@@ -135,13 +135,24 @@ impl H3Conn {
                     // A replay of early data never completes the handshake,
                     // so a replayed request is always seen as early.
                     let early = !confirmed.load(Ordering::Acquire);
+                    let gone = quic.clone();
                     tokio::spawn(async move {
                         let _counted = counted;
-                        let resolved = tokio::time::timeout(header_timeout, resolver.resolve_request()).await;
-                        match resolved {
-                            Ok(Ok((req, stream))) => request(service, req, stream, early).await,
-                            Ok(Err(err)) => tracing::debug!(%err, "HTTP/3 request head refused"),
-                            Err(_) => tracing::debug!("HTTP/3 request head not whole in time"),
+                        let serve = async {
+                            let resolved = tokio::time::timeout(header_timeout, resolver.resolve_request()).await;
+                            match resolved {
+                                Ok(Ok((req, stream))) => request(service, req, stream, early).await,
+                                Ok(Err(err)) => tracing::debug!(%err, "HTTP/3 request head refused"),
+                                Err(_) => tracing::debug!("HTTP/3 request head not whole in time"),
+                            }
+                        };
+                        // A client whose connection is gone (closed, or
+                        // silent past the idle timeout) reads no answer:
+                        // dropping the request cancels its work in the
+                        // group, as for a TCP client that hangs up.
+                        tokio::select! {
+                            () = serve => {}
+                            _ = gone.closed() => {}
                         }
                     });
                 }
