@@ -852,7 +852,9 @@ async fn answers_are_dated_a_head_is_its_gets_headers_and_two_credentials_are_re
 /// A client whose QUIC connection goes away before its answer: its
 /// request is dropped, and so cancelled through the group, as a TCP
 /// client's that hangs up.
-#[tokio::test]
+// Several threads: the harness's blocking waits must not stop the QUIC
+// client's tasks from sending the request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_whose_connection_closes_cancels_its_request() {
     let mut g = start_logging("h3-cancel", "", "", 0, "info,switchyard_manager_host=debug");
     let endpoint = client_endpoint(&g.ca);

@@ -139,7 +139,8 @@ impl H3Conn {
                     tokio::spawn(async move {
                         let _counted = counted;
                         let serve = async {
-                            let resolved = tokio::time::timeout(header_timeout, resolver.resolve_request()).await;
+                            let resolved =
+                                tokio::time::timeout(header_timeout, resolver.resolve_request()).await;
                             match resolved {
                                 Ok(Ok((req, stream))) => request(service, req, stream, early).await,
                                 Ok(Err(err)) => tracing::debug!(%err, "HTTP/3 request head refused"),
