@@ -10,48 +10,12 @@ mod common;
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
-use bytes::{Buf, BufMut, Bytes};
+use bytes::Bytes;
+use common::raw_codec::Raw;
 use common::*;
 use switchyard_listener::api::proto::field_numbers;
 use tonic::Code;
-use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::transport::Channel;
-
-/// Messages as their bytes: the typed rpcs are called with hand-encoded
-/// messages, as a client generated from the group's own `.proto` would.
-#[derive(Clone, Copy, Default)]
-struct Raw;
-
-impl Codec for Raw {
-    type Encode = Bytes;
-    type Decode = Bytes;
-    type Encoder = Raw;
-    type Decoder = Raw;
-    fn encoder(&mut self) -> Raw {
-        Raw
-    }
-    fn decoder(&mut self) -> Raw {
-        Raw
-    }
-}
-
-impl Encoder for Raw {
-    type Item = Bytes;
-    type Error = tonic::Status;
-    fn encode(&mut self, item: Bytes, dst: &mut EncodeBuf<'_>) -> Result<(), tonic::Status> {
-        dst.put(item);
-        Ok(())
-    }
-}
-
-impl Decoder for Raw {
-    type Item = Bytes;
-    type Error = tonic::Status;
-    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Bytes>, tonic::Status> {
-        let len = src.remaining();
-        Ok(Some(src.copy_to_bytes(len)))
-    }
-}
 
 /// `{ms: N}` as the typed message of `demo.Sleep` and `demo.Cpu` (one
 /// field, numbered by its name: decision 0064).

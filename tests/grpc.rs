@@ -6,6 +6,7 @@
 
 mod common;
 
+use common::raw_codec::Raw;
 use common::*;
 use futures_util::StreamExt;
 use prost::Message as _;
@@ -536,49 +537,6 @@ async fn a_message_over_the_receive_limit_is_resource_exhausted() {
         .unwrap()
         .into_inner();
     assert_eq!(reply.status, 200);
-}
-
-/// Messages as their bytes, to send what a generated client would not.
-#[derive(Clone, Copy, Default)]
-struct Raw;
-
-impl tonic::codec::Codec for Raw {
-    type Encode = bytes::Bytes;
-    type Decode = bytes::Bytes;
-    type Encoder = Raw;
-    type Decoder = Raw;
-    fn encoder(&mut self) -> Raw {
-        Raw
-    }
-    fn decoder(&mut self) -> Raw {
-        Raw
-    }
-}
-
-impl tonic::codec::Encoder for Raw {
-    type Item = bytes::Bytes;
-    type Error = tonic::Status;
-    fn encode(
-        &mut self,
-        item: bytes::Bytes,
-        dst: &mut tonic::codec::EncodeBuf<'_>,
-    ) -> Result<(), tonic::Status> {
-        bytes::BufMut::put(dst, item);
-        Ok(())
-    }
-}
-
-impl tonic::codec::Decoder for Raw {
-    type Item = bytes::Bytes;
-    type Error = tonic::Status;
-    fn decode(
-        &mut self,
-        src: &mut tonic::codec::DecodeBuf<'_>,
-    ) -> Result<Option<bytes::Bytes>, tonic::Status> {
-        use bytes::Buf as _;
-        let len = src.remaining();
-        Ok(Some(src.copy_to_bytes(len)))
-    }
 }
 
 /// A `Session` that receives a message it cannot decode ends with an

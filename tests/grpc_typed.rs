@@ -9,12 +9,12 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
-use bytes::{Buf, BufMut, Bytes};
+use bytes::Bytes;
+use common::raw_codec::Raw;
 use common::{Group, plugin};
 use futures_util::StreamExt;
 use serde_json::Value;
 use switchyard_listener::api::proto::field_numbers;
-use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::transport::Channel;
 
 const PATIENCE: Duration = Duration::from_secs(20);
@@ -77,41 +77,6 @@ fn a_python_client_calls_a_typed_rpc_knowing_only_the_address() {
     assert_eq!(payload["output"], "google.api.HttpBody", "{result}");
     assert_eq!(payload["content_type"], "application/octet-stream", "{result}");
     assert_eq!(payload["length"], 1000, "{result}");
-}
-
-/// Messages as their bytes, for calls made with hand-encoded messages.
-#[derive(Clone, Copy, Default)]
-struct Raw;
-
-impl Codec for Raw {
-    type Encode = Bytes;
-    type Decode = Bytes;
-    type Encoder = Raw;
-    type Decoder = Raw;
-    fn encoder(&mut self) -> Raw {
-        Raw
-    }
-    fn decoder(&mut self) -> Raw {
-        Raw
-    }
-}
-
-impl Encoder for Raw {
-    type Item = Bytes;
-    type Error = tonic::Status;
-    fn encode(&mut self, item: Bytes, dst: &mut EncodeBuf<'_>) -> Result<(), tonic::Status> {
-        dst.put(item);
-        Ok(())
-    }
-}
-
-impl Decoder for Raw {
-    type Item = Bytes;
-    type Error = tonic::Status;
-    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Bytes>, tonic::Status> {
-        let len = src.remaining();
-        Ok(Some(src.copy_to_bytes(len)))
-    }
 }
 
 /// A protobuf value as a client that knows only the wire format reads it.
