@@ -518,21 +518,26 @@ fn resuming_endpoint(ca: &CertificateDer<'static>) -> quinn::Endpoint {
 
 /// Connects once to `at` (for a session ticket), then again to `again`
 /// with 0-RTT: the second connection's sender, or none when the client may
-/// not send early data.
+/// not send early data; with it, the future that resolves once the
+/// handshake is complete.
 async fn early(
     endpoint: &quinn::Endpoint,
     at: SocketAddr,
     again: SocketAddr,
-) -> Option<(Sender, tokio::task::JoinHandle<h3::error::ConnectionError>)> {
+) -> Option<(
+    Sender,
+    tokio::task::JoinHandle<h3::error::ConnectionError>,
+    quinn::ZeroRttAccepted,
+)> {
     let (mut first, _driver) = connect(endpoint, at).await;
     // An answer: the tickets came with or before it.
     assert_eq!(send(&mut first, "GET", "/noop", b"").await.status, 200);
     drop(first);
     let connecting = endpoint.connect(again, "localhost").unwrap();
-    let (quic, _accepted) = connecting.into_0rtt().ok()?;
+    let (quic, accepted) = connecting.into_0rtt().ok()?;
     let (mut driver, sender) = h3::client::new(h3_quinn::Connection::new(quic)).await.unwrap();
     let driver = tokio::spawn(async move { std::future::poll_fn(|cx| driver.poll_close(cx)).await });
-    Some((sender, driver))
+    Some((sender, driver, accepted))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -549,7 +554,7 @@ async fn zero_rtt_is_off_unless_asked_and_then_only_for_safe_methods() {
     let on = start("h3-0rtt-on", "zero_rtt = true", "", 0);
     let endpoint = resuming_endpoint(&on.ca);
     let (slow_finish, _) = relay_holding(on.udp, true, Some(std::time::Duration::from_millis(1500))).await;
-    let (mut h3, _driver) = early(&endpoint, on.udp, slow_finish)
+    let (mut h3, _driver, handshake) = early(&endpoint, on.udp, slow_finish)
         .await
         .expect("0-RTT offered");
     // Sent at once, in early data: the handshake is not complete yet.
@@ -565,7 +570,11 @@ async fn zero_rtt_is_off_unless_asked_and_then_only_for_safe_methods() {
         "an unsafe one is not: {}",
         String::from_utf8_lossy(&post.body)
     );
-    // After the handshake the same POST goes through.
+    // After the handshake the same POST goes through: waited for, since
+    // the relay holds the handshake's end back.
+    tokio::time::timeout(PATIENCE, handshake)
+        .await
+        .expect("the handshake completes in time");
     let again = send(&mut h3, "POST", "/echo-bytes", b"replayable").await;
     assert_eq!((again.status, &again.body[..]), (200, &b"replayable"[..]));
 }
