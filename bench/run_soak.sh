@@ -62,7 +62,9 @@ for size in 262144 1048576; do
     done
 done
 sleep 10
-echo "PSS 10 s after the last phase: $(pss) MiB; by process (KiB):"
+echo "PSS 10 s after the last phase: $(pss) MiB"
+sleep 30
+echo "PSS 40 s after the last phase: $(pss) MiB; by process (KiB):"
 "$target/release/switchyard" status --json --runtime-dir "$dir/run" |
     python3 -c 'import json,sys; [print(p["pid"], p["role"], p["name"]) for p in json.load(sys.stdin)["processes"] if p.get("pid")]' |
     while read -r pid role name; do

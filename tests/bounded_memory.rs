@@ -10,6 +10,10 @@ use std::io::Write;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+use bytes::Bytes;
+use http_body_util::Empty;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+
 use common::*;
 
 /// `len` zero bytes as zstd: a few KiB on the wire.
@@ -154,4 +158,56 @@ fn large_replies_cost_one_body_each_and_memory_comes_back() {
             ))
         }
     });
+}
+
+/// Answers whose clients left before they came (the soak's h2load stopping
+/// with hundreds of 1 MiB downloads in flight) release their shared memory
+/// at once: the payload manager's segments go, well before the two-minute
+/// lease that used to hold every one of them busy and mapped.
+#[test]
+fn answers_abandoned_by_their_clients_release_their_segments() {
+    const STREAMS: usize = 200;
+    let g = Group::start("abandoned-answers");
+    let manager = g.pid_of("payload");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let stream = tokio::net::TcpStream::connect(g.addr).await.unwrap();
+        let (sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+            .handshake::<_, Empty<Bytes>>(TokioIo::new(stream))
+            .await
+            .unwrap();
+        let conn = tokio::spawn(conn);
+        let mut answers = tokio::task::JoinSet::new();
+        for _ in 0..STREAMS {
+            let mut sender = sender.clone();
+            let uri = format!("http://{}/payload/1048576", g.addr);
+            answers.spawn(async move {
+                sender.ready().await?;
+                sender
+                    .send_request(http::Request::get(uri).body(Empty::new()).unwrap())
+                    .await
+            });
+        }
+        // Once the first answer is in, the rest are on their way: the
+        // client leaves without reading any of them.
+        let first = tokio::time::timeout(PATIENCE, answers.join_next()).await.unwrap();
+        assert_eq!(first.unwrap().unwrap().unwrap().status(), 200);
+        answers.abort_all();
+        conn.abort();
+    });
+    drop(rt);
+    // The group keeps serving, and the manager's segments are released.
+    let r = get(g.addr, "/payload/1048576").unwrap();
+    assert_eq!((r.status, r.body.len()), (200, 1 << 20));
+    eventually(
+        "the abandoned answers' segments are released",
+        PATIENCE,
+        || match segment_mappings(manager) {
+            0 => Ok(()),
+            n => Err(format!("{n} segments still mapped")),
+        },
+    );
 }

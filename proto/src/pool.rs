@@ -50,8 +50,13 @@ pub(crate) const HEADER: usize = 4096;
 const MAGIC: u64 = u64::from_le_bytes(*b"SWYSEG01");
 const OFF_MAGIC: usize = 0;
 const OFF_STATE: usize = 8;
+const OFF_KIND: usize = 12;
 const FREE: u32 = 0;
 const BUSY: u32 = 1;
+/// Kinds of segment (the header word at `OFF_KIND`): a reusable one of a
+/// pool, or one made for a single body (which a consumer does not cache).
+const REUSABLE: u32 = 0;
+const ONCE: u32 = 1;
 
 /// Smallest body room of a segment; rooms are powers of two above it, and
 /// a segment is its header page plus its room.
@@ -86,6 +91,11 @@ impl PoolSegment {
         // 4-aligned in a page-aligned mapping, and every process accesses
         // the word only atomically.
         unsafe { &*(self.map.as_mut_ptr().add(OFF_STATE) as *const AtomicU32) }
+    }
+
+    fn kind(&self) -> &AtomicU32 {
+        // SAFETY: as for `state`.
+        unsafe { &*(self.map.as_mut_ptr().add(OFF_KIND) as *const AtomicU32) }
     }
 }
 
@@ -151,6 +161,7 @@ impl SegmentPool {
         self.release_read();
         let size = (HEADER + body.len().max(1)).next_multiple_of(HEADER);
         let segment = create(size)?;
+        segment.kind().store(ONCE, Ordering::Relaxed);
         segment.state().store(BUSY, Ordering::Relaxed);
         // SAFETY: as in `place`: the body range lies inside the fresh
         // mapping, which no consumer has seen yet.
@@ -250,6 +261,11 @@ impl Mapped {
         unsafe { &*(self.map.as_mut_ptr().add(OFF_STATE) as *const AtomicU32) }
     }
 
+    fn kind(&self) -> u32 {
+        // SAFETY: as for `state`.
+        unsafe { (*(self.map.as_mut_ptr().add(OFF_KIND) as *const AtomicU32)).load(Ordering::Acquire) }
+    }
+
     /// Copies `len` body bytes into `out` with relaxed atomic loads, 8
     /// bytes at a time: sound whatever the producer does meanwhile (a
     /// concurrent write can only tear the bytes copied), and as fast as a
@@ -347,10 +363,10 @@ fn mapping(fd: &OwnedFd) -> Result<Arc<Mapped>> {
         size,
         _reservation: reservation,
     });
-    // Larger than any pooled segment: one made for a single body
-    // (`place_once`), never to be seen again; caching it would only keep
-    // its memory alive.
-    if size > HEADER + MAX_POOLED_BODY {
+    // One made for a single body (`place_once`), never to be seen again:
+    // caching it would only keep its memory alive. (A segment larger than
+    // any pooled one is such a body whatever its header says.)
+    if size > HEADER + MAX_POOLED_BODY || mapped.kind() != REUSABLE {
         return Ok(mapped);
     }
     let mut cached: usize = cache.values().map(|(m, _)| m.size).sum();
@@ -384,6 +400,40 @@ pub(crate) fn read(fd: &OwnedFd, len: u64) -> Result<Bytes> {
         body,
         _reservation: reservation,
     }))
+}
+
+/// Marks a pool segment free without reading its body, which was dropped
+/// unread (see `shm::Segment`'s drop): its producer may reuse or release it
+/// now rather than when its lease runs out. Best effort: a segment this
+/// process cannot map is left to that lease.
+pub(crate) fn release_unread(fd: &OwnedFd) {
+    let Ok(stat) = nix::sys::stat::fstat(fd) else {
+        return;
+    };
+    if (stat.st_size as usize) < HEADER {
+        return;
+    }
+    let key = (stat.st_dev, stat.st_ino);
+    let cached = MAPPED
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_ref()
+        .and_then(|cache| cache.get(&key).map(|(mapped, _)| mapped.clone()));
+    if let Some(mapped) = cached {
+        return mapped.state().store(FREE, Ordering::Release);
+    }
+    // Only the header page: the body's pages are not touched.
+    let Ok(header) = memmap2::MmapOptions::new().len(HEADER).map_raw(fd) else {
+        return;
+    };
+    // SAFETY: the magic and state words lie inside the mapped header page
+    // (the file is at least a page long, checked above), aligned in a
+    // page-aligned mapping, and every process accesses them atomically.
+    unsafe {
+        if (*(header.as_mut_ptr().add(OFF_MAGIC) as *const AtomicU64)).load(Ordering::Acquire) == MAGIC {
+            (*(header.as_mut_ptr().add(OFF_STATE) as *const AtomicU32)).store(FREE, Ordering::Release);
+        }
+    }
 }
 
 /// A pooled body read out of its segment, counted against the budget; its
@@ -511,7 +561,9 @@ mod tests {
     fn a_full_pool_says_none_and_lost_segments_expire() {
         let mut pool = SegmentPool::new(HEADER + MIN_ROOM, Duration::ZERO);
         let lost = pool.place(&[0u8; 1000]).unwrap().unwrap();
-        drop(lost); // sent and never consumed: stays busy
+        // Sent, and never consumed nor dropped by its receiver: stays busy.
+        let _sent = lost.fd_clone().unwrap();
+        drop(lost);
         // The lease (zero here) is over: the lost segment is given up and a
         // new one made in its place.
         assert!(pool.place(&[0u8; 1000]).unwrap().is_some());
@@ -539,5 +591,51 @@ mod tests {
         assert_eq!(b.map().unwrap(), vec![6u8; 1000]);
         pool.trim(Duration::from_secs(60));
         assert_eq!(pool.once_count(), 0);
+    }
+
+    /// A body dropped unread (its request cancelled, its client gone) frees
+    /// its segment at once; one handed on is the receiver's to free, and
+    /// stays busy while the receiver holds it.
+    #[test]
+    fn a_body_dropped_unread_frees_its_segment() {
+        let mut pool = SegmentPool::new(1 << 20, Duration::from_secs(60));
+        let body = pool.place(&[1u8; 100_000]).unwrap().unwrap();
+        let twin = body.clone();
+        drop(body);
+        assert_eq!(pool.counts(), (1, 0), "a clone still holds it");
+        drop(twin);
+        assert_eq!(pool.counts(), (1, 1));
+
+        // Handed on: the sender's handle goes, the receiver's stays.
+        let body = pool.place(&[2u8; 100_000]).unwrap().unwrap();
+        let received = ShmBody::adopt_pooled(body.fd_clone().unwrap(), 100_000).unwrap();
+        drop(body);
+        assert_eq!(pool.counts(), (1, 0));
+        // The receiver drops it unread (mapped in its cache or not).
+        drop(received);
+        assert_eq!(pool.counts(), (1, 1));
+
+        // A one-body segment goes at the next call on the pool.
+        let once = pool.place_once(&[3u8; 100_000]).unwrap();
+        let received = ShmBody::adopt_pooled(once.fd_clone().unwrap(), 100_000).unwrap();
+        drop(once);
+        pool.trim(Duration::from_secs(60));
+        assert_eq!(pool.once_count(), 1);
+        drop(received);
+        pool.trim(Duration::from_secs(60));
+        assert_eq!(pool.once_count(), 0);
+    }
+
+    /// A consumer keeps pool segments mapped for the next body, but not a
+    /// one-body segment, whatever its size.
+    #[test]
+    fn one_body_segments_are_not_kept_mapped() {
+        let mut pool = SegmentPool::new(HEADER + MIN_ROOM, Duration::from_secs(60));
+        let _busy = pool.place(&[0u8; 1000]).unwrap().unwrap();
+        let once = pool.place_once(&[4u8; 1000]).unwrap();
+        let received = ShmBody::adopt_pooled(once.fd_clone().unwrap(), 1000).unwrap();
+        let before = mapped_segments();
+        assert_eq!(received.map().unwrap(), vec![4u8; 1000]);
+        assert_eq!(mapped_segments(), before);
     }
 }

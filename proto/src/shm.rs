@@ -72,6 +72,27 @@ struct Segment {
     /// A pool segment's body has been read (and the segment freed): its
     /// bytes may be another body's now.
     read: AtomicBool,
+    /// The descriptor went on to another owner (sent on a link, handed
+    /// across the plugin boundary): reading the body, and freeing its
+    /// segment, is theirs now.
+    handed_on: AtomicBool,
+    /// In a reusable pool segment ([`crate::pool`]) rather than a one-shot
+    /// sealed memfd.
+    pooled: bool,
+}
+
+impl Drop for Segment {
+    /// A pooled body whose last handle goes without being read or handed
+    /// on (its request was cancelled, its client left, its consumer gave
+    /// up) frees its segment here, for its producer to reuse or release at
+    /// once: otherwise the segment would stay busy, and mapped, until the
+    /// producer's lease ran out (two minutes; a burst of abandoned 1 MiB
+    /// answers held hundreds of MiB that long).
+    fn drop(&mut self) {
+        if self.pooled && !*self.read.get_mut() && !*self.handed_on.get_mut() {
+            crate::pool::release_unread(&self.fd);
+        }
+    }
 }
 
 /// A shared-memory body. Cloning shares the descriptor (a hop keeps one
@@ -81,9 +102,6 @@ struct Segment {
 pub struct ShmBody {
     segment: Arc<Segment>,
     len: u64,
-    /// In a reusable pool segment ([`crate::pool`]) rather than a one-shot
-    /// sealed memfd.
-    pooled: bool,
 }
 
 impl PartialEq for ShmBody {
@@ -122,9 +140,10 @@ impl ShmBody {
                 fd: Arc::new(fd),
                 _reservation: Some(reservation),
                 read: AtomicBool::new(false),
+                handed_on: AtomicBool::new(false),
+                pooled: false,
             }),
             len,
-            pooled: false,
         })
     }
 
@@ -146,9 +165,10 @@ impl ShmBody {
                 fd: Arc::new(fd),
                 _reservation: None,
                 read: AtomicBool::new(false),
+                handed_on: AtomicBool::new(false),
+                pooled: false,
             }),
             len,
-            pooled: false,
         })
     }
 
@@ -159,9 +179,10 @@ impl ShmBody {
                 fd,
                 _reservation: None,
                 read: AtomicBool::new(false),
+                handed_on: AtomicBool::new(false),
+                pooled: true,
             }),
             len,
-            pooled: true,
         }
     }
 
@@ -173,7 +194,7 @@ impl ShmBody {
 
     /// Whether the body is in a reusable pool segment.
     pub fn is_pooled(&self) -> bool {
-        self.pooled
+        self.segment.pooled
     }
 
     /// The body's length in bytes.
@@ -193,7 +214,7 @@ impl ShmBody {
     /// freed for its producer at once; that happens once for the handle
     /// and all its clones, so reading a clone afterwards is an error.
     pub fn map(self) -> Result<Bytes> {
-        if self.pooled {
+        if self.segment.pooled {
             if self.segment.read.swap(true, Ordering::AcqRel) {
                 return Err(Error::Malformed("a pooled body is read once, and this one was"));
             }
@@ -219,14 +240,18 @@ impl ShmBody {
         }))
     }
 
-    /// A duplicate of the body's descriptor (to hand to another owner in
-    /// this process).
+    /// A duplicate of the body's descriptor, to hand to another owner in
+    /// this process: reading the body is theirs from now on.
     pub fn fd_clone(&self) -> Result<OwnedFd> {
+        self.segment.handed_on.store(true, Ordering::Release);
         Ok(self.segment.fd.try_clone()?)
     }
 
+    /// The body's descriptor, to send to another process: reading the body
+    /// is the receiver's from now on.
     #[cfg(feature = "runtime")]
     pub(crate) fn fd(&self) -> BorrowedFd<'_> {
+        self.segment.handed_on.store(true, Ordering::Release);
         self.segment.fd.as_fd()
     }
 }
