@@ -219,3 +219,80 @@ fn a_killed_manager_mid_upload_leaves_nothing_behind() {
         200
     );
 }
+
+/// A preamble, or a part's header block, that never ends is refused at
+/// 16 KiB: before, multer buffered it (and searched it again per chunk)
+/// up to the whole upload limit, 4 GiB by default. The manager's memory
+/// stays where it was through 64 MiB of either.
+#[test]
+fn endless_preambles_and_part_headers_are_refused_with_memory_flat() {
+    let tmp = tempfile::tempdir().unwrap();
+    let group = start("multipart-flood", tmp.path());
+    let basics = group.pid_of("basics");
+    // Warm: the first upload's thread and buffers are part of the baseline.
+    assert_eq!(
+        post(&group, &multipart(), &form(&[("note", None, None, b"ok")])).status,
+        200
+    );
+    let baseline = common::rss_kib(basics);
+    let flood = vec![b'a'; 64 << 20];
+    let r = post_refused(&group, &flood);
+    assert_eq!(r.status, 413, "{}", r.text());
+    assert!(
+        r.text().contains("preamble is longer than 16384 bytes"),
+        "{}",
+        r.text()
+    );
+    let mut headers =
+        format!("--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"a\"\r\nx-pad: ").into_bytes();
+    headers.extend_from_slice(&flood);
+    let r = post_refused(&group, &headers);
+    assert_eq!(r.status, 413, "{}", r.text());
+    assert!(
+        r.text().contains("header block is longer than 16384 bytes"),
+        "{}",
+        r.text()
+    );
+    let grown = common::rss_kib(basics).saturating_sub(baseline);
+    assert!(grown < 16 << 10, "the manager grew by {grown} KiB");
+    assert_eq!(
+        post(&group, &multipart(), &form(&[("note", None, None, b"ok")])).status,
+        200
+    );
+}
+
+/// Posts a large form that the group answers before reading it all: the
+/// body is written from another thread (a write the server's early close
+/// cuts off is expected), and the answer read as it comes.
+fn post_refused(group: &Group, body: &[u8]) -> HttpResponse {
+    use std::io::Read;
+    let mut stream = TcpStream::connect(group.addr).unwrap();
+    stream.set_read_timeout(Some(PATIENCE)).unwrap();
+    let head = format!(
+        "POST /files HTTP/1.1\r\nhost: t\r\nconnection: close\r\ncontent-type: {}\r\ncontent-length: {}\r\n\r\n",
+        multipart(),
+        body.len()
+    );
+    let mut writer = stream.try_clone().unwrap();
+    let body = body.to_vec();
+    let sending = std::thread::spawn(move || {
+        let _ = writer
+            .write_all(head.as_bytes())
+            .and_then(|()| writer.write_all(&body));
+    });
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 16 << 10];
+    // Up to the end, or a reset once the answer is in (the server closed
+    // with our bytes unread).
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => answer.extend_from_slice(&buf[..n]),
+            Err(_) if !answer.is_empty() => break,
+            Err(err) => panic!("no answer: {err}"),
+        }
+    }
+    let _ = stream.shutdown(std::net::Shutdown::Both);
+    sending.join().unwrap();
+    common::parse_response(&answer).unwrap()
+}

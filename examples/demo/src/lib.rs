@@ -196,6 +196,7 @@ pub const FILES_LIMITS: switchyard_manager::MultipartLimits = switchyard_manager
     max_part_bytes: 8 << 20,
     max_field_bytes: 64 << 10,
     max_parts: 32,
+    max_header_bytes: 16 << 10,
 };
 
 /// `POST /greet` with a JSON body or an HTML form (`name=Ada&excited=true`).

@@ -30,6 +30,11 @@ pub struct MultipartLimits {
     pub max_field_bytes: u64,
     /// Most parts in one body. Default 128.
     pub max_parts: usize,
+    /// Largest preamble (what comes before the first boundary) and largest
+    /// header block of one part, in bytes. Default 16 KiB. Without it, a
+    /// body whose headers never end would be buffered, and rescanned per
+    /// chunk, up to the whole upload limit.
+    pub max_header_bytes: usize,
 }
 
 impl Default for MultipartLimits {
@@ -38,6 +43,7 @@ impl Default for MultipartLimits {
             max_part_bytes: 64 << 20,
             max_field_bytes: 64 << 10,
             max_parts: 128,
+            max_header_bytes: 16 << 10,
         }
     }
 }
@@ -63,9 +69,19 @@ impl Multipart {
             .and_then(|ct| multer::parse_boundary(ct).ok())
             .ok_or_else(|| Error::new(415, "expected a multipart/form-data body with a boundary"))?;
         let mut body = body;
+        let mut framing = Framing::new(&boundary, limits.max_header_bytes);
         // Each poll reads the pipe (blocking): this runs on the upload's
         // own thread, never on the manager's.
-        let chunks = futures_util::stream::iter(std::iter::from_fn(move || body.chunk().transpose()));
+        let chunks = futures_util::stream::iter(std::iter::from_fn(move || {
+            let chunk = match body.chunk() {
+                Ok(chunk) => chunk?,
+                Err(err) => return Some(Err(BoxError::from(err))),
+            };
+            Some(match framing.feed(&chunk) {
+                Ok(()) => Ok(chunk),
+                Err(too_long) => Err(BoxError::from(too_long)),
+            })
+        }));
         let constraints =
             multer::Constraints::new().size_limit(multer::SizeLimit::new().per_field(limits.max_part_bytes));
         Ok(Multipart {
@@ -231,10 +247,129 @@ fn refused(err: multer::Error) -> Error {
         multer::Error::StreamSizeExceeded { limit } => {
             Error::new(413, format!("the form is larger than {limit} bytes"))
         }
-        multer::Error::StreamReadFailed(cause) => {
-            Error::bad_request(format!("the request body broke off: {cause}"))
-        }
+        multer::Error::StreamReadFailed(cause) => match cause.downcast_ref::<TooLong>() {
+            Some(too_long) => Error::new(413, too_long.to_string()),
+            None => Error::bad_request(format!("the request body broke off: {cause}")),
+        },
         other => Error::bad_request(format!("malformed multipart body: {other}")),
+    }
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A preamble or a part's header block past [`MultipartLimits::max_header_bytes`].
+#[derive(Debug, thiserror::Error)]
+#[error("the multipart {what} is longer than {max} bytes")]
+struct TooLong {
+    what: &'static str,
+    max: usize,
+}
+
+/// Where the guard is in the body's framing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stage {
+    /// Before the first boundary.
+    Preamble,
+    /// After a boundary, up to the blank line that ends the part's headers.
+    Headers,
+    /// A part's content, up to the next boundary.
+    Content,
+    /// After the closing boundary: nothing more is parsed.
+    Epilogue,
+}
+
+/// Follows the body's boundaries as the chunks go to multer, which buffers
+/// a preamble and a part's headers until they end, however long: this
+/// refuses either past its bound before multer sees the chunk. One
+/// substring search per chunk, over bytes multer searches anyway.
+struct Framing {
+    /// `\r\n--BOUNDARY`: a delimiter line, as it follows content.
+    delimiter: Vec<u8>,
+    stage: Stage,
+    /// Bytes of the current preamble or header block seen so far.
+    run: usize,
+    /// The end of the previous chunk, where a delimiter split between two
+    /// chunks begins (not yet counted in `run`).
+    tail: Vec<u8>,
+    max: usize,
+}
+
+impl Framing {
+    fn new(boundary: &str, max: usize) -> Framing {
+        let mut delimiter = b"\r\n--".to_vec();
+        delimiter.extend_from_slice(boundary.as_bytes());
+        Framing {
+            delimiter,
+            stage: Stage::Preamble,
+            run: 0,
+            // A body may open with its first boundary, with no line break
+            // before it: as if one came first.
+            tail: b"\r\n".to_vec(),
+            max,
+        }
+    }
+
+    fn feed(&mut self, chunk: &[u8]) -> Result<(), TooLong> {
+        let mut buf = std::mem::take(&mut self.tail);
+        buf.extend_from_slice(chunk);
+        let delimiter = std::mem::take(&mut self.delimiter);
+        let fed = self.scan(&buf, &delimiter);
+        self.delimiter = delimiter;
+        fed
+    }
+
+    fn scan(&mut self, buf: &[u8], delimiter: &[u8]) -> Result<(), TooLong> {
+        let mut at = 0;
+        loop {
+            let rest = &buf[at..];
+            let (needle, keep): (&[u8], usize) = match self.stage {
+                Stage::Epilogue => return Ok(()),
+                Stage::Preamble | Stage::Content => (delimiter, delimiter.len() - 1),
+                Stage::Headers if self.run == 0 && rest.len() < 2 => {
+                    self.tail = rest.to_vec();
+                    return Ok(());
+                }
+                Stage::Headers if self.run == 0 && rest.starts_with(b"--") => {
+                    self.stage = Stage::Epilogue;
+                    return Ok(());
+                }
+                Stage::Headers => (b"\r\n\r\n", 3),
+            };
+            match memchr::memmem::find(rest, needle) {
+                Some(i) => {
+                    self.count(i)?;
+                    at += i + needle.len();
+                    self.run = 0;
+                    self.stage = match self.stage {
+                        Stage::Headers => Stage::Content,
+                        _ => Stage::Headers,
+                    };
+                }
+                None => {
+                    let kept = keep.min(rest.len());
+                    self.count(rest.len() - kept)?;
+                    self.tail = rest[rest.len() - kept..].to_vec();
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    /// Counts `n` more bytes of the stage, refusing past the bound where
+    /// the stage is bounded.
+    fn count(&mut self, n: usize) -> Result<(), TooLong> {
+        let (what, limit) = match self.stage {
+            // The line break assumed before the first boundary is ours,
+            // not the client's.
+            Stage::Preamble => ("preamble", self.max + 2),
+            Stage::Headers => ("part's header block", self.max),
+            Stage::Content | Stage::Epilogue => return Ok(()),
+        };
+        self.run += n;
+        if self.run > limit {
+            return Err(TooLong { what, max: self.max });
+        }
+        Ok(())
     }
 }
 
@@ -255,5 +390,55 @@ fn block_on<F: Future>(future: F) -> F::Output {
             return out;
         }
         std::thread::park();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fed(framing: &mut Framing, body: &[u8], chunk: usize) -> Result<(), TooLong> {
+        body.chunks(chunk).try_for_each(|c| framing.feed(c))
+    }
+
+    /// A well-formed body passes in any chunking, however large its parts'
+    /// content; what comes after the closing boundary is not parsed.
+    #[test]
+    fn well_formed_bodies_pass_in_any_chunking() {
+        let mut body = b"preamble\r\n--XyZ\r\ncontent-disposition: form-data; name=\"a\"\r\n\r\n".to_vec();
+        body.extend(std::iter::repeat_n(b'x', 100_000));
+        body.extend_from_slice(b"\r\n--XyZ\r\n\r\nno headers\r\n--XyZ--\r\n");
+        body.extend(std::iter::repeat_n(b'e', 100_000));
+        for chunk in [1, 2, 3, 7, 64, 4096, body.len()] {
+            let mut framing = Framing::new("XyZ", 64);
+            assert!(fed(&mut framing, &body, chunk).is_ok(), "chunks of {chunk}");
+            assert_eq!(framing.stage, Stage::Epilogue, "chunks of {chunk}");
+        }
+        // A body that opens with its boundary.
+        let mut framing = Framing::new("XyZ", 64);
+        framing.feed(b"--XyZ\r\n\r\nv\r\n--XyZ--").unwrap();
+        assert_eq!(framing.stage, Stage::Epilogue);
+    }
+
+    /// A preamble or a header block that never ends is refused at the
+    /// bound, whatever the chunking, not buffered to the upload's limit.
+    #[test]
+    fn endless_preambles_and_headers_are_refused_at_the_bound() {
+        let flood = vec![b'a'; 1 << 20];
+        for chunk in [1, 1000, 1 << 20] {
+            let mut framing = Framing::new("XyZ", 16 << 10);
+            let err = fed(&mut framing, &flood, chunk).unwrap_err();
+            assert_eq!(err.what, "preamble");
+            let mut framing = Framing::new("XyZ", 16 << 10);
+            let mut body = b"--XyZ\r\ncontent-type: text/plain\r\nx-pad: ".to_vec();
+            body.extend_from_slice(&flood);
+            let err = fed(&mut framing, &body, chunk).unwrap_err();
+            assert_eq!(err.what, "part's header block");
+        }
+        // Just within the bound passes.
+        let mut framing = Framing::new("XyZ", 16);
+        framing.feed(b"0123456789abcdef\r\n--XyZ\r\n").unwrap();
+        let mut framing = Framing::new("XyZ", 16);
+        assert!(framing.feed(b"0123456789abcdefg\r\n--XyZ\r\n").is_err());
     }
 }
