@@ -95,6 +95,11 @@ pub(crate) struct AdminConfig {
     /// no authentication: bind it to loopback or a private network.
     /// `switchyard up --admin-bind ADDR` overrides it.
     pub(crate) bind: Option<std::net::SocketAddr>,
+    /// Host names the endpoint answers to besides IP literals and
+    /// `localhost` (a scraper reaching it as `metrics.internal:9100`). Any
+    /// other `Host` is refused (403), so a web page cannot read it through
+    /// DNS rebinding (a name of the attacker's that resolves to 127.0.0.1).
+    pub(crate) hosts: Vec<String>,
 }
 
 /// `[log]` (docs/operations.md#logs).
@@ -415,6 +420,10 @@ pub(crate) struct ListenerConfig {
     /// `Forwarded` and `X-Forwarded-For` name the client. Default: none.
     #[serde(deserialize_with = "proxy_ranges")]
     pub(crate) trusted_proxies: Vec<ipnet::IpNet>,
+    /// The header those proxies name the client in: `x-forwarded-for`
+    /// (default; nginx, HAProxy) or `forwarded` (RFC 7239). Only that one
+    /// is read.
+    pub(crate) forwarded_header: switchyard_listener::ForwardedHeader,
     /// TLS on every port of the listener (`[listener.tls]`); absent:
     /// plaintext.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -697,6 +706,7 @@ impl Default for ListenerConfig {
             max_connection_bytes: 64 << 20,
             ws: WsLimits::default(),
             trusted_proxies: Vec::new(),
+            forwarded_header: switchyard_listener::ForwardedHeader::default(),
             tls: None,
             http3: Http3Settings::default(),
         }

@@ -281,7 +281,10 @@ fn main() -> ExitCode {
             }
         }
         Command::Check { config } => match load_config(Some(&config)) {
-            Ok(_) => {
+            Ok(loaded) => {
+                for note in switchyard_listener::middleware_check_notes(&loaded.middleware()) {
+                    println!("note: {note}");
+                }
                 println!("{}: ok", config.display());
                 ExitCode::SUCCESS
             }

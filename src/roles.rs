@@ -391,6 +391,7 @@ fn listener_config(config: &Config, paths: &RuntimePaths) -> switchyard_listener
         max_connection_bytes: l.max_connection_bytes,
         ws: l.ws.to_listener(),
         trusted_proxies: l.trusted_proxies.clone(),
+        forwarded_header: l.forwarded_header,
         request_id: config.request_id.to_listener(),
         middleware: config.middleware(),
         tls: l.tls.as_ref().map(TlsSettings::to_listener),

@@ -82,8 +82,13 @@ fn sign(alg: Algorithm, kid: Option<&str>, key: &EncodingKey, claims: Value) -> 
     jsonwebtoken::encode(&header, &claims, key).unwrap()
 }
 
+/// The `iss` and `aud` the group accepts: required with public keys
+/// (decision 0112).
+const ISSUER: &str = "https://id.test";
+const AUDIENCE: &str = "switchyard-tests";
+
 fn claims(sub: &str, roles: &[&str]) -> Value {
-    json!({ "sub": sub, "exp": now() + 600, "roles": roles })
+    json!({ "sub": sub, "exp": now() + 600, "roles": roles, "iss": ISSUER, "aud": AUDIENCE })
 }
 
 /// A JWKS of the three public keys, each under its kid.
@@ -149,6 +154,8 @@ name = "basics"
 algorithms = ["RS256", "ES256", "EdDSA"]
 jwks_file = "{dir}/jwks.json"
 public_key_file = "{dir}/rsa.pub.pem"
+issuer = ["{ISSUER}"]
+audience = ["{AUDIENCE}"]
 
 [auth.api_keys]
 [[auth.api_keys.keys]]
@@ -254,16 +261,32 @@ fn tokens_of_each_algorithm_and_every_forgery() {
         Algorithm::ES256,
         Some("ec-1"),
         &es,
-        json!({"sub": "ada", "exp": now() - 3600}),
+        json!({"sub": "ada", "exp": now() - 3600, "iss": ISSUER, "aud": AUDIENCE}),
     );
     assert!(refused(&expired, "expired").contains("expired"));
     let early = sign(
         Algorithm::ES256,
         Some("ec-1"),
         &es,
-        json!({"sub": "ada", "exp": now() + 7200, "nbf": now() + 3600}),
+        json!({"sub": "ada", "exp": now() + 7200, "nbf": now() + 3600, "iss": ISSUER, "aud": AUDIENCE}),
     );
     refused(&early, "nbf in the future");
+    // Signed by the right key for another service of the same identity
+    // provider (another audience), or by another issuer of the same key.
+    let elsewhere = sign(
+        Algorithm::ES256,
+        Some("ec-1"),
+        &es,
+        json!({"sub": "ada", "exp": now() + 600, "iss": ISSUER, "aud": "billing"}),
+    );
+    assert!(refused(&elsewhere, "another audience").contains("audience"));
+    let other_issuer = sign(
+        Algorithm::ES256,
+        Some("ec-1"),
+        &es,
+        json!({"sub": "ada", "exp": now() + 600, "iss": "https://other.test", "aud": AUDIENCE}),
+    );
+    assert!(refused(&other_issuer, "another issuer").contains("issuer"));
     // `alg: none`, unsigned.
     let none = format!(
         "{}.{}.",

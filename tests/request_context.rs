@@ -124,11 +124,37 @@ fn trusted_proxies_and_request_ids() {
     assert_ne!(id, "client-chosen", "accept_incoming = false");
     assert_eq!(body["request_id"], id.as_str());
     assert_eq!(r.header("x-request-id"), None);
+    // The proxy writes X-Forwarded-For (the default setting): a client's
+    // own `Forwarded`, passed through untouched, does not pick its address.
     let r = request_with(
         group.addr,
         "POST",
         "/ctx/echo/1",
-        &[("forwarded", "for=\"[2001:db8::7]:4711\";proto=http")],
+        &[
+            ("forwarded", "for=\"[2001:db8::7]:4711\";proto=http"),
+            ("x-forwarded-for", "203.0.113.9"),
+        ],
+        b"{}",
+    )
+    .unwrap();
+    assert_eq!(r.json()["client"], "203.0.113.9");
+}
+
+/// Behind a proxy that writes `Forwarded` (`listener.forwarded_header`),
+/// that header names the client and `X-Forwarded-For` is not read.
+#[test]
+fn the_forwarded_header_is_the_configured_one() {
+    let config =
+        fixture_config("[listener]\ntrusted_proxies = [\"127.0.0.0/8\"]\nforwarded_header = \"forwarded\"\n");
+    let group = Group::builder("req-forwarded").config(&config).start();
+    let r = request_with(
+        group.addr,
+        "POST",
+        "/ctx/echo/1",
+        &[
+            ("forwarded", "for=\"[2001:db8::7]:4711\";proto=http"),
+            ("x-forwarded-for", "203.0.113.9"),
+        ],
         b"{}",
     )
     .unwrap();

@@ -138,8 +138,9 @@ fn now() -> String {
 }
 
 /// `TIME CLIENT "METHOD PATH" STATUS BYTES DURATIONms id=ID trace=TRACE`,
-/// a missing value as `-`. The path is percent-encoded as received, so it
-/// has no space or quote.
+/// a missing value as `-`. What the client chose (method, path, request
+/// id) is escaped as nginx does ([`escaped`]), so a line always parses the
+/// same way whatever the request held.
 fn text(e: &Entry<'_>) -> String {
     use std::fmt::Write;
     let mut line = String::with_capacity(160);
@@ -150,7 +151,13 @@ fn text(e: &Entry<'_>) -> String {
         }
         None => line.push_str("- "),
     }
-    let _ = write!(line, "\"{} {}\" {} ", e.method, e.path, e.status);
+    let _ = write!(
+        line,
+        "\"{} {}\" {} ",
+        Escaped(e.method),
+        Escaped(e.path),
+        e.status
+    );
     match e.bytes {
         Some(b) => {
             let _ = write!(line, "{b} ");
@@ -161,10 +168,34 @@ fn text(e: &Entry<'_>) -> String {
         line,
         "{:.3}ms id={} trace={}",
         e.duration.as_secs_f64() * 1000.0,
-        e.request_id.unwrap_or("-"),
-        e.trace_id.unwrap_or("-")
+        Escaped(e.request_id.unwrap_or("-")),
+        Escaped(e.trace_id.unwrap_or("-"))
     );
     line
+}
+
+/// A client's text in a text access line: `"`, `\`, spaces, control
+/// characters and bytes past ASCII become `\xHH`, as nginx writes them,
+/// so a quote in a path cannot end the quoted field early and a line
+/// cannot be forged or split.
+struct Escaped<'a>(&'a str);
+
+impl std::fmt::Display for Escaped<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let plain = |b: &u8| *b != b'"' && *b != b'\\' && (0x21..0x7f).contains(b);
+        // Runs of plain ASCII go out whole; every other byte, escaped.
+        for run in self.0.as_bytes().split_inclusive(|b| !plain(b)) {
+            let (last, head) = match run.split_last() {
+                Some((last, head)) if !plain(last) => (Some(last), head),
+                _ => (None, run),
+            };
+            f.write_str(std::str::from_utf8(head).unwrap_or_default())?;
+            if let Some(b) = last {
+                write!(f, "\\x{b:02X}")?;
+            }
+        }
+        Ok(())
+    }
 }
 
 fn json(e: &Entry<'_>) -> String {
@@ -215,5 +246,21 @@ mod tests {
         assert_eq!(j["request_id"], "r1");
         assert_eq!(j["trace_id"], serde_json::Value::Null);
         assert!(j["time"].as_str().unwrap().ends_with('Z'));
+    }
+
+    /// A quote, a backslash, a space, a newline or a byte past ASCII in
+    /// what the client sent cannot break the line's fields.
+    #[test]
+    fn client_text_is_escaped() {
+        let mut e = entry();
+        e.path = "/a\"b\\c d\né";
+        e.request_id = Some("x\"y");
+        let t = text(&e);
+        let (_, rest) = t.split_once(' ').unwrap();
+        assert_eq!(
+            rest,
+            "192.0.2.1 \"GET /a\\x22b\\x5Cc\\x20d\\x0A\\xC3\\xA9\" 200 17 1.234ms id=x\\x22y trace=-\n"
+        );
+        assert_eq!(t.matches('\n').count(), 1);
     }
 }

@@ -73,11 +73,12 @@ impl Client {
         peer: Option<SocketAddr>,
         headers: &HeaderMap,
         trusted: &[IpNet],
+        header: ForwardedHeader,
         ids: &RequestIdConfig,
         tracing: &crate::trace::TracingConfig,
     ) -> Client {
         Client {
-            ip: peer.map(|p| client_ip(p.ip(), headers, trusted)),
+            ip: peer.map(|p| client_ip(p.ip(), headers, trusted, header)),
             request_id: ids.enabled.then(|| take_or_make(headers, ids)),
             traceparent: tracing.enabled.then(|| crate::trace::take_or_make(headers)),
             timing: tracing.enabled && tracing.server_timing,
@@ -133,21 +134,41 @@ pub(crate) fn new_request_id() -> Arc<str> {
     Arc::from(std::str::from_utf8(&text).unwrap_or_default())
 }
 
+/// Which header the trusted proxies name the client in
+/// (`listener.forwarded_header`). One, never "whichever is there": a
+/// proxy appends to the header it knows and passes the other through as
+/// the client wrote it, so reading the other would let a client pick its
+/// own address (nginx's defaults write `X-Forwarded-For` and pass a
+/// client's `Forwarded` on untouched).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ForwardedHeader {
+    /// `X-Forwarded-For` (nginx, HAProxy, most load balancers).
+    #[default]
+    XForwardedFor,
+    /// `Forwarded` (RFC 7239).
+    Forwarded,
+}
+
 /// The client's address. A peer in `trusted` is a proxy: the addresses it
-/// forwarded (`Forwarded`, else `X-Forwarded-For`) are read from the
-/// right, skipping trusted proxies; the first one that is not trusted is
-/// the client. A client cannot make itself look like another: what it
-/// writes into those headers is at the left, past an untrusted hop.
-pub(crate) fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> IpAddr {
+/// forwarded (in the `header` they write) are read from the right,
+/// skipping trusted proxies; the first one that is not trusted is the
+/// client. A client cannot make itself look like another: what it writes
+/// into that header is at the left, past an untrusted hop.
+pub(crate) fn client_ip(
+    peer: IpAddr,
+    headers: &HeaderMap,
+    trusted: &[IpNet],
+    header: ForwardedHeader,
+) -> IpAddr {
     let peer = peer.to_canonical();
     let is_trusted = |ip: &IpAddr| trusted.iter().any(|net| net.contains(ip));
     if !is_trusted(&peer) {
         return peer;
     }
-    let chain = if headers.contains_key(http::header::FORWARDED) {
-        forwarded_for(headers)
-    } else {
-        x_forwarded_for(headers)
+    let chain = match header {
+        ForwardedHeader::Forwarded => forwarded_for(headers),
+        ForwardedHeader::XForwardedFor => x_forwarded_for(headers),
     };
     let mut client = peer;
     for hop in chain.into_iter().rev() {
@@ -374,26 +395,33 @@ mod tests {
 
     #[test]
     fn forwarded_addresses_count_only_from_trusted_proxies() {
+        const XFF: ForwardedHeader = ForwardedHeader::XForwardedFor;
+        const FWD: ForwardedHeader = ForwardedHeader::Forwarded;
         let trusted: Vec<IpNet> = vec!["10.0.0.0/8".parse().unwrap(), "::1/128".parse().unwrap()];
         let spoof = headers(&[("x-forwarded-for", "1.2.3.4")]);
         // Not from a proxy: the header is the client's word, ignored.
         assert_eq!(
-            client_ip(ip("198.51.100.7"), &spoof, &trusted),
+            client_ip(ip("198.51.100.7"), &spoof, &trusted, XFF),
             ip("198.51.100.7")
         );
-        assert_eq!(client_ip(ip("10.0.0.1"), &spoof, &trusted), ip("1.2.3.4"));
+        assert_eq!(client_ip(ip("10.0.0.1"), &spoof, &trusted, XFF), ip("1.2.3.4"));
         // The client's own forged entry is left of the real one.
         let chain = headers(&[("x-forwarded-for", "6.6.6.6, 203.0.113.5, 10.1.1.1")]);
-        assert_eq!(client_ip(ip("10.0.0.1"), &chain, &trusted), ip("203.0.113.5"));
+        assert_eq!(
+            client_ip(ip("10.0.0.1"), &chain, &trusted, XFF),
+            ip("203.0.113.5")
+        );
         // Every hop trusted: the leftmost.
         let inner = headers(&[("x-forwarded-for", "10.9.9.9, 10.1.1.1")]);
-        assert_eq!(client_ip(ip("10.0.0.1"), &inner, &trusted), ip("10.9.9.9"));
+        assert_eq!(client_ip(ip("10.0.0.1"), &inner, &trusted, XFF), ip("10.9.9.9"));
         // Nothing forwarded: the proxy itself.
         assert_eq!(
-            client_ip(ip("10.0.0.1"), &HeaderMap::new(), &trusted),
+            client_ip(ip("10.0.0.1"), &HeaderMap::new(), &trusted, XFF),
             ip("10.0.0.1")
         );
-        // Forwarded wins over X-Forwarded-For; quoted, bracketed, ports.
+        // Only the configured header is read: behind a proxy that writes
+        // X-Forwarded-For, a client's own `Forwarded` passes through
+        // untouched and must not pick its address (and the other way).
         let both = headers(&[
             (
                 "forwarded",
@@ -401,19 +429,28 @@ mod tests {
             ),
             ("x-forwarded-for", "1.2.3.4"),
         ]);
-        assert_eq!(client_ip(ip("::1"), &both, &trusted), ip("2001:db8:cafe::17"));
+        assert_eq!(client_ip(ip("::1"), &both, &trusted, XFF), ip("1.2.3.4"));
+        assert_eq!(
+            client_ip(ip("::1"), &both, &trusted, FWD),
+            ip("2001:db8:cafe::17")
+        );
+        // Forwarded: quoted, bracketed, ports.
         let ported = headers(&[("forwarded", "for=198.51.100.1:8080;by=10.0.0.2")]);
-        assert_eq!(client_ip(ip("10.0.0.1"), &ported, &trusted), ip("198.51.100.1"));
+        assert_eq!(
+            client_ip(ip("10.0.0.1"), &ported, &trusted, FWD),
+            ip("198.51.100.1")
+        );
+        assert_eq!(client_ip(ip("10.0.0.1"), &ported, &trusted, XFF), ip("10.0.0.1"));
         // An unreadable hop stops the walk at the last trusted proxy.
         let unknown = headers(&[("forwarded", "for=unknown, for=10.2.2.2")]);
-        assert_eq!(client_ip(ip("10.0.0.1"), &unknown, &trusted), ip("10.2.2.2"));
+        assert_eq!(client_ip(ip("10.0.0.1"), &unknown, &trusted, FWD), ip("10.2.2.2"));
         // IPv4-mapped IPv6 peers are IPv4.
         assert_eq!(
-            client_ip(ip("::ffff:10.0.0.1"), &spoof, &trusted),
+            client_ip(ip("::ffff:10.0.0.1"), &spoof, &trusted, XFF),
             ip("1.2.3.4"),
             "a mapped address of a trusted proxy is trusted"
         );
-        assert_eq!(client_ip(ip("10.0.0.1"), &spoof, &[]), ip("10.0.0.1"));
+        assert_eq!(client_ip(ip("10.0.0.1"), &spoof, &[], XFF), ip("10.0.0.1"));
     }
 
     #[test]

@@ -54,6 +54,7 @@ pub(crate) async fn serve(
         peer,
         req.headers(),
         &config.trusted_proxies,
+        config.forwarded_header,
         &config.request_id,
         &config.tracing,
     );

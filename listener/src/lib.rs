@@ -102,8 +102,9 @@ mod upload;
 mod ws;
 
 pub use access::{AccessLogConfig, AccessTarget};
-pub use context::RequestIdConfig;
+pub use context::{ForwardedHeader, RequestIdConfig};
 pub use middleware::check as check_middleware;
+pub use middleware::check_notes as middleware_check_notes;
 pub use middleware::config::{
     ApiKey, ApiKeysConfig, AuthConfig, AuthRule, BasicConfig, BasicUser, CompressionConfig, CorsConfig,
     JwtConfig, MiddlewareConfig, RateKey, RateLimit, RateLimitConfig, Require, SecurityHeadersConfig,
@@ -198,6 +199,9 @@ pub struct Config {
     /// (`listener.trusted_proxies`); from any other peer those headers
     /// are the client's own word, and ignored.
     pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// The header those proxies name the client in
+    /// (`listener.forwarded_header`); the other is never read.
+    pub forwarded_header: ForwardedHeader,
     /// Request ids (`[request_id]`).
     pub request_id: RequestIdConfig,
     /// The built-in middleware (docs/middleware.md).

@@ -111,7 +111,14 @@ fn sample(figures: GroupFigures) -> (Vec<Sampled>, Vec<RouteFigures>) {
 }
 
 /// Serves the admin endpoint on `listener` for the life of the supervisor.
-pub(crate) async fn serve(listener: std::net::TcpListener, events: mpsc::UnboundedSender<Event>) {
+/// `hosts` are the `Host` names it answers to besides IP literals and
+/// `localhost` (`[admin] hosts`).
+pub(crate) async fn serve(
+    listener: std::net::TcpListener,
+    hosts: Vec<String>,
+    events: mpsc::UnboundedSender<Event>,
+) {
+    let hosts: std::sync::Arc<[String]> = hosts.iter().map(|h| h.to_ascii_lowercase()).collect();
     let listener = match listener
         .set_nonblocking(true)
         .and_then(|()| tokio::net::TcpListener::from_std(listener))
@@ -132,10 +139,21 @@ pub(crate) async fn serve(listener: std::net::TcpListener, events: mpsc::Unbound
         };
         let events = events.clone();
         let builder = builder.clone();
+        let hosts = hosts.clone();
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |req| {
                 let events = events.clone();
-                async move { Ok::<_, Infallible>(respond(req, &events).await) }
+                let hosts = hosts.clone();
+                async move {
+                    if !host_allowed(&req, &hosts) {
+                        return Ok::<_, Infallible>(plain(
+                            StatusCode::FORBIDDEN,
+                            "forbidden: this Host is not the admin endpoint's; \
+                             add it to [admin] hosts to reach it by that name\n",
+                        ));
+                    }
+                    Ok::<_, Infallible>(respond(req, &events).await)
+                }
             });
             let _ = builder.serve_connection(TokioIo::new(stream), service).await;
         });
@@ -143,6 +161,30 @@ pub(crate) async fn serve(listener: std::net::TcpListener, events: mpsc::Unbound
 }
 
 type Reply = Response<Full<Bytes>>;
+
+/// Whether a request names the endpoint by an address (an IP literal),
+/// `localhost`, or one of `hosts`. A browser sends the name it resolved,
+/// so a page of another site whose name was rebound to this address is
+/// refused; a request with no `Host` (HTTP/1.0 tools) is not a browser's.
+fn host_allowed<B>(req: &Request<B>, hosts: &[String]) -> bool {
+    let named = req.uri().authority().map(|a| a.as_str().to_owned()).or_else(|| {
+        req.headers()
+            .get(header::HOST)
+            .map(|h| String::from_utf8_lossy(h.as_bytes()).into_owned())
+    });
+    let Some(named) = named else {
+        return true;
+    };
+    let Ok(authority) = named.parse::<http::uri::Authority>() else {
+        return false;
+    };
+    let host = authority.host().to_ascii_lowercase();
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    bare.parse::<std::net::IpAddr>().is_ok()
+        || host == "localhost"
+        || host.ends_with(".localhost")
+        || hosts.contains(&host)
+}
 
 async fn respond(req: Request<hyper::body::Incoming>, events: &mpsc::UnboundedSender<Event>) -> Reply {
     let path = req.uri().path();
@@ -226,6 +268,36 @@ pub(crate) fn bind(addr: SocketAddr) -> anyhow::Result<std::net::TcpListener> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_addresses_localhost_and_listed_names_reach_the_endpoint() {
+        let hosts = vec!["metrics.internal".to_owned()];
+        let with = |host: &str| {
+            Request::get("/metrics")
+                .header(header::HOST, host)
+                .body(())
+                .unwrap()
+        };
+        for ok in [
+            "127.0.0.1:9100",
+            "[::1]:9100",
+            "10.1.2.3",
+            "localhost:9100",
+            "LOCALHOST",
+            "metrics.internal:9100",
+        ] {
+            assert!(host_allowed(&with(ok), &hosts), "{ok}");
+        }
+        for refused in [
+            "evil.example:9100",
+            "rebind.attacker.test",
+            "metrics.internal.evil",
+            "a b",
+        ] {
+            assert!(!host_allowed(&with(refused), &hosts), "{refused}");
+        }
+        assert!(host_allowed(&Request::get("/").body(()).unwrap(), &hosts));
+    }
 
     #[test]
     fn routes_add_up() {

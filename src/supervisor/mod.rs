@@ -623,7 +623,11 @@ async fn up(
             println!("admin on http://{at}");
             sup.source.admin_bound = Some(at);
         }
-        tokio::spawn(crate::admin::serve(listener, sup.events.clone()))
+        tokio::spawn(crate::admin::serve(
+            listener,
+            sup.config.admin.hosts.clone(),
+            sup.events.clone(),
+        ))
     });
     sup.systemd.ready(&format!("serving on {addr}"));
 

@@ -92,7 +92,7 @@ struct Rule {
 
 impl Auth {
     /// The checkers of `config`; an error names the key at fault.
-    pub(crate) fn new(config: &AuthConfig, max_clients: usize) -> Result<Auth, String> {
+    pub(crate) fn new(config: &AuthConfig, max_clients: usize, ipv6_prefix: u8) -> Result<Auth, String> {
         let jwt = config.jwt.as_ref().map(Verifier::new).transpose()?;
         let api_keys = match &config.api_keys {
             None => None,
@@ -121,7 +121,11 @@ impl Auth {
                 Some(ApiKeys { header, by_hash })
             }
         };
-        let basic = config.basic.as_ref().map(|c| basic(c, max_clients)).transpose()?;
+        let basic = config
+            .basic
+            .as_ref()
+            .map(|c| basic(c, max_clients, ipv6_prefix))
+            .transpose()?;
         let mut rules = Vec::new();
         for (i, r) in config.rules.iter().enumerate() {
             rules.push(rule(i, r)?);
@@ -308,7 +312,7 @@ impl ApiKeys {
     }
 }
 
-fn basic(c: &BasicConfig, max_clients: usize) -> Result<Basic, String> {
+fn basic(c: &BasicConfig, max_clients: usize, ipv6_prefix: u8) -> Result<Basic, String> {
     let mut users = HashMap::new();
     for (i, u) in c.users.iter().enumerate() {
         // Parsed once; the text lives as long as the process.
@@ -332,7 +336,7 @@ fn basic(c: &BasicConfig, max_clients: usize) -> Result<Basic, String> {
         users,
         cache: Mutex::new(Verified::default()),
         cache_for: Duration::from_secs(c.cache_s),
-        limiter: Limiter::new(quota, max_clients),
+        limiter: Limiter::new(quota, max_clients, ipv6_prefix),
         hashing: tokio::sync::Semaphore::new(cores),
     })
 }
@@ -475,7 +479,7 @@ mod tests {
 
     #[tokio::test]
     async fn api_keys_and_rules() {
-        let auth = Auth::new(&key_config(), 100).unwrap();
+        let auth = Auth::new(&key_config(), 100, 64).unwrap();
         let ip = IpAddr::from([127, 0, 0, 1]);
         let mut headers = HeaderMap::new();
         assert_eq!(auth.authenticate(&headers, None, ip).await, Ok(None));
@@ -525,7 +529,7 @@ mod tests {
         let mut c = key_config();
         c.api_keys.as_mut().unwrap().keys[0].sha256 = "xyz".into();
         assert!(
-            Auth::new(&c, 1)
+            Auth::new(&c, 1, 64)
                 .err()
                 .unwrap()
                 .starts_with("auth.api_keys.keys[0].sha256")
@@ -534,11 +538,11 @@ mod tests {
             rules: vec![AuthRule::default()],
             ..AuthConfig::default()
         };
-        assert!(Auth::new(&c, 1).err().unwrap().starts_with("auth.rules"));
+        assert!(Auth::new(&c, 1, 64).err().unwrap().starts_with("auth.rules"));
         let mut c = key_config();
         c.rules[0].prefix = Some("admin".into());
         assert!(
-            Auth::new(&c, 1)
+            Auth::new(&c, 1, 64)
                 .err()
                 .unwrap()
                 .starts_with("auth.rules[0].prefix")

@@ -101,6 +101,13 @@ pub struct JwtConfig {
     pub issuer: Vec<String>,
     /// Accepted `aud` values; when set, a token must carry one of them.
     pub audience: Vec<String>,
+    /// With `public_key_file` or `jwks_file` (an identity provider's keys,
+    /// which sign tokens for every service it serves), `issuer` must be
+    /// set unless this waives it. Default false.
+    pub any_issuer: bool,
+    /// Likewise for `audience`: without it, a token the provider minted
+    /// for another service verifies here. Default false.
+    pub any_audience: bool,
     /// Seconds of clock skew allowed on `exp` and `nbf`. Default 30.
     pub leeway_s: u64,
     /// Whether a token without `exp` is refused. Default true.
@@ -125,6 +132,8 @@ impl Default for JwtConfig {
             jwks_file: None,
             issuer: Vec::new(),
             audience: Vec::new(),
+            any_issuer: false,
+            any_audience: false,
             leeway_s: 30,
             require_exp: true,
             roles_claim: "roles".to_owned(),
@@ -319,6 +328,10 @@ pub struct RateLimitConfig {
     /// past the bound, new clients share one bucket until room is made.
     /// Default 100 000 (a few MiB).
     pub max_clients: usize,
+    /// An IPv6 client is counted by this many leading bits of its address
+    /// (a client usually holds a whole /64); 128 counts every address on
+    /// its own. Default 64.
+    pub ipv6_prefix: u8,
 }
 
 impl Default for RateLimitConfig {
@@ -326,6 +339,7 @@ impl Default for RateLimitConfig {
         RateLimitConfig {
             limits: Vec::new(),
             max_clients: 100_000,
+            ipv6_prefix: 64,
         }
     }
 }

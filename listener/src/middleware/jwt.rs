@@ -136,6 +136,26 @@ impl Verifier {
                 "auth.jwt: give a key: `secret`, `secret_file`, `public_key_file` or `jwks_file`".into(),
             );
         }
+        // A provider's public keys sign tokens for every service it serves:
+        // without `iss` and `aud`, a token minted for another API verifies
+        // here. An HMAC secret is this group's own, so it is not asked.
+        let provider = config.public_key_file.is_some() || config.jwks_file.is_some();
+        if provider && config.issuer.is_empty() && !config.any_issuer {
+            return Err(
+                "auth.jwt.issuer: required with public_key_file or jwks_file (a token the same \
+                        keys signed for another issuer would verify); list the accepted `iss`, or set \
+                        any_issuer = true to accept any"
+                    .into(),
+            );
+        }
+        if provider && config.audience.is_empty() && !config.any_audience {
+            return Err(
+                "auth.jwt.audience: required with public_key_file or jwks_file (a token the \
+                        identity provider minted for another service would verify); list the accepted \
+                        `aud`, or set any_audience = true to accept any"
+                    .into(),
+            );
+        }
         Ok(Verifier {
             keys,
             verified: Mutex::default(),
@@ -291,6 +311,7 @@ fn key(
         required.push("exp");
     }
     if config.issuer.is_empty() {
+        // Only an HMAC secret, or waived (`any_issuer`).
         validation.iss = None;
     } else {
         validation.set_issuer(&config.issuer);
@@ -501,5 +522,46 @@ mod tests {
             ..JwtConfig::default()
         };
         assert!(Verifier::new(&c).err().unwrap().contains("give a key"));
+    }
+
+    /// A provider's keys (a JWKS, a public key) need `iss` and `aud`, or an
+    /// explicit waiver: otherwise a token it signed for another service
+    /// would verify here.
+    #[test]
+    fn provider_keys_need_an_issuer_and_an_audience() {
+        let dir = tempfile::tempdir().unwrap();
+        let jwks = dir.path().join("jwks.json");
+        let k = "c2VjcmV0LXNlY3JldC1zZWNyZXQtc2VjcmV0LXNlY3JldC0xMg";
+        std::fs::write(
+            &jwks,
+            serde_json::json!({"keys": [{"kty": "oct", "kid": "k1", "alg": "HS256", "k": k}]}).to_string(),
+        )
+        .unwrap();
+        let base = JwtConfig {
+            algorithms: vec!["HS256".into()],
+            jwks_file: Some(jwks),
+            ..JwtConfig::default()
+        };
+        let err = Verifier::new(&base).err().unwrap();
+        assert!(err.starts_with("auth.jwt.issuer: required"), "{err}");
+        let c = JwtConfig {
+            issuer: vec!["https://id".into()],
+            ..base.clone()
+        };
+        let err = Verifier::new(&c).err().unwrap();
+        assert!(err.starts_with("auth.jwt.audience: required"), "{err}");
+        let c = JwtConfig {
+            audience: vec!["api".into()],
+            ..c
+        };
+        assert!(Verifier::new(&c).is_ok());
+        let waived = JwtConfig {
+            any_issuer: true,
+            any_audience: true,
+            ..base
+        };
+        assert!(Verifier::new(&waived).is_ok());
+        // A secret of the group's own needs neither.
+        assert!(Verifier::new(&hs_config()).is_ok());
     }
 }

@@ -232,8 +232,12 @@ impl Middleware {
         if max_clients == 0 {
             return Err("rate_limit.max_clients: must be positive".into());
         }
+        let ipv6_prefix = config.rate_limit.ipv6_prefix;
+        if !(16..=128).contains(&ipv6_prefix) {
+            return Err("rate_limit.ipv6_prefix: between 16 and 128".into());
+        }
         let auth = if a.any_method() || !a.rules.is_empty() {
-            Some(Auth::new(a, max_clients)?)
+            Some(Auth::new(a, max_clients, ipv6_prefix)?)
         } else {
             None
         };
@@ -277,7 +281,7 @@ impl Middleware {
                 prefix: l.prefix.clone(),
                 event,
                 key: l.key,
-                limiter: Limiter::new(quota, max_clients),
+                limiter: Limiter::new(quota, max_clients, ipv6_prefix),
             });
         }
         let mut security = Vec::new();
@@ -814,6 +818,30 @@ pub fn check(config: &MiddlewareConfig) -> Result<(), String> {
     Middleware::new(config)?;
     layers(config)?;
     Ok(())
+}
+
+/// What `switchyard check` points out in a valid configuration: settings
+/// that weaken a default on purpose, so that the waiver is seen.
+pub fn check_notes(config: &MiddlewareConfig) -> Vec<String> {
+    let mut notes = Vec::new();
+    if let Some(jwt) = &config.auth.jwt
+        && (jwt.public_key_file.is_some() || jwt.jwks_file.is_some())
+    {
+        if jwt.any_issuer {
+            notes.push(
+                "auth.jwt.any_issuer = true: a token any issuer signed with these keys is accepted"
+                    .to_owned(),
+            );
+        }
+        if jwt.any_audience {
+            notes.push(
+                "auth.jwt.any_audience = true: a token minted for any service of the identity provider \
+                 is accepted"
+                    .to_owned(),
+            );
+        }
+    }
+    notes
 }
 
 #[cfg(test)]

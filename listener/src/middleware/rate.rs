@@ -11,7 +11,7 @@
 //! stays at the ceiling.
 
 use std::hash::Hash;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv6Addr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -84,13 +84,18 @@ pub(crate) struct Limiter {
     full: Arc<AtomicBool>,
     /// When the last sweep ran: a full map is swept at most this often.
     swept: Mutex<Instant>,
+    /// IPv6 addresses count by this many leading bits: one client holds a
+    /// whole /64 as a rule, and would otherwise have 2^64 buckets.
+    ipv6_prefix: u8,
 }
 
 /// A full map is swept at most once per this long (a sweep walks it all).
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
 impl Limiter {
-    pub(crate) fn new(quota: Quota, cap: usize) -> Limiter {
+    /// Buckets for `quota`, at most `cap` of them, IPv6 clients counted by
+    /// their first `ipv6_prefix` bits (`rate_limit.ipv6_prefix`).
+    pub(crate) fn new(quota: Quota, cap: usize, ipv6_prefix: u8) -> Limiter {
         let clock = DefaultClock::default();
         let full = Arc::new(AtomicBool::new(false));
         let store = Bounded {
@@ -104,13 +109,23 @@ impl Limiter {
             clock,
             full,
             swept: Mutex::new(Instant::now()),
+            ipv6_prefix: ipv6_prefix.min(128),
         }
     }
 
     /// Takes one request from `key`'s bucket; `Err` with how long until it
     /// has room again.
     pub(crate) fn check(&self, key: &Key) -> Result<(), Duration> {
-        let checked = self.limiter.check_key(key);
+        let checked = match key {
+            Key::Address(IpAddr::V6(ip)) if self.ipv6_prefix < 128 => {
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.ipv6_prefix))
+                    .unwrap_or(0);
+                let network = Ipv6Addr::from(u128::from(*ip) & mask);
+                self.limiter.check_key(&Key::Address(IpAddr::V6(network)))
+            }
+            key => self.limiter.check_key(key),
+        };
         if self.full.swap(false, Ordering::Relaxed) {
             self.sweep();
         }
@@ -144,7 +159,7 @@ mod tests {
 
     #[test]
     fn a_bucket_per_key_and_retry_after() {
-        let limiter = Limiter::new(Quota::per_minute(NonZeroU32::new(2).unwrap()), 100);
+        let limiter = Limiter::new(Quota::per_minute(NonZeroU32::new(2).unwrap()), 100, 64);
         let a = Key::Address(IpAddr::from([10, 0, 0, 1]));
         let b = Key::Subject("b".into());
         assert!(limiter.check(&a).is_ok());
@@ -159,7 +174,7 @@ mod tests {
 
     #[test]
     fn memory_is_bounded_however_many_keys() {
-        let limiter = Limiter::new(Quota::per_hour(NonZeroU32::new(1).unwrap()), 1000);
+        let limiter = Limiter::new(Quota::per_hour(NonZeroU32::new(1).unwrap()), 1000, 64);
         let mut refused = 0;
         for i in 0..100_000u32 {
             let key = Key::Address(IpAddr::from(i.to_be_bytes()));
@@ -170,5 +185,24 @@ mod tests {
         assert!(limiter.len() <= 1000, "{} keys kept", limiter.len());
         // Past the ceiling, the new keys shared one bucket of one request.
         assert_eq!(refused, 100_000 - 1000 - 1);
+    }
+
+    /// An IPv6 client counts by its /64 (the default): the addresses of its
+    /// network share one bucket, so it cannot mint 2^64 fresh ones; other
+    /// networks, and IPv4 addresses, keep their own.
+    #[test]
+    fn ipv6_clients_count_by_their_network() {
+        let limiter = Limiter::new(Quota::per_minute(NonZeroU32::new(2).unwrap()), 100, 64);
+        let host = |i: u16| Key::Address(format!("2001:db8:1:2::{i:x}").parse().unwrap());
+        assert!(limiter.check(&host(1)).is_ok());
+        assert!(limiter.check(&host(2)).is_ok());
+        assert!(limiter.check(&host(3)).is_err(), "same /64, same bucket");
+        let other = Key::Address("2001:db8:1:3::1".parse().unwrap());
+        assert!(limiter.check(&other).is_ok());
+        assert_eq!(limiter.len(), 2);
+        // Every address its own, when configured so.
+        let exact = Limiter::new(Quota::per_minute(NonZeroU32::new(1).unwrap()), 100, 128);
+        assert!(exact.check(&host(1)).is_ok());
+        assert!(exact.check(&host(2)).is_ok());
     }
 }
