@@ -592,7 +592,7 @@ fn dechunk(mut b: &[u8]) -> Option<Vec<u8>> {
 
 pub fn request(addr: SocketAddr, method: &str, path: &str, body: &[u8]) -> std::io::Result<HttpResponse> {
     let mut req = format!(
-        "{method} {path} HTTP/1.1\r\nhost: test\r\nconnection: close\r\ncontent-length: {}\r\n",
+        "{method} {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\ncontent-length: {}\r\n",
         body.len()
     );
     if !body.is_empty() {
@@ -613,7 +613,7 @@ pub fn request_with(
     body: &[u8],
 ) -> std::io::Result<HttpResponse> {
     let mut req = format!(
-        "{method} {path} HTTP/1.1\r\nhost: test\r\nconnection: close\r\ncontent-length: {}\r\n",
+        "{method} {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\ncontent-length: {}\r\n",
         body.len()
     );
     if !body.is_empty() {
