@@ -180,6 +180,21 @@ enum Command {
     },
 }
 
+/// A command whose reader goes away (`switchyard status | head -1`) ends
+/// quietly, as any Unix tool does, instead of panicking on the failed
+/// write: the default action of SIGPIPE, which Rust's runtime ignores.
+/// Not for the group's own processes, which must outlive a closed socket.
+fn quiet_on_closed_output() {
+    // SAFETY: restoring a signal's default disposition, before any thread
+    // is started; no handler is installed.
+    let _ = unsafe {
+        nix::sys::signal::signal(
+            nix::sys::signal::Signal::SIGPIPE,
+            nix::sys::signal::SigHandler::SigDfl,
+        )
+    };
+}
+
 fn load_config(path: Option<&std::path::Path>) -> Result<config::Config, ExitCode> {
     let loaded = match path {
         Some(p) => config::Config::load(p),
@@ -201,6 +216,12 @@ fn inherited_handover(fd: i32) -> Result<std::os::fd::OwnedFd, ExitCode> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if !matches!(
+        cli.command,
+        Command::Up { .. } | Command::Role { .. } | Command::Validate
+    ) {
+        quiet_on_closed_output();
+    }
     match cli.command {
         Command::Up {
             config,
@@ -265,12 +286,23 @@ fn main() -> ExitCode {
             roles,
             config,
         } => {
+            if config.is_none()
+                && let Err(err) = token::demo_key_is_meant()
+            {
+                eprintln!("switchyard token: {err}");
+                return ExitCode::from(EXIT_CONFIG);
+            }
+            let source = match &config {
+                Some(path) => path.display().to_string(),
+                None => "the demo group's configuration (its key is public)".to_owned(),
+            };
             let config = match load_config(config.as_deref()) {
                 Ok(c) => c,
                 Err(code) => return code,
             };
             match token::sign(&config, &sub, &roles, ttl_s) {
-                Ok(token) => {
+                Ok((token, alg)) => {
+                    eprintln!("switchyard token: signed with the {alg:?} secret of {source}");
                     println!("{token}");
                     ExitCode::SUCCESS
                 }

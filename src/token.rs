@@ -9,9 +9,41 @@ use jsonwebtoken::{Algorithm, EncodingKey, Header};
 
 use crate::config::Config;
 
+/// The file `switchyard new` scaffolds, which a project's commands are run
+/// beside.
+const PROJECT_CONFIG: &str = "switchyard.toml";
+
+/// Without `-c`, the demo's key signs: refused when a configuration in
+/// the current directory has an `[auth.jwt]` of its own, since a token
+/// signed with the demo key would only come back 401 ("signature does not
+/// verify") from that group.
+pub(crate) fn demo_key_is_meant() -> Result<(), String> {
+    let here = std::path::Path::new(PROJECT_CONFIG);
+    let Ok(text) = std::fs::read_to_string(here) else {
+        return Ok(());
+    };
+    let has_jwt = text
+        .parse::<toml::Table>()
+        .ok()
+        .and_then(|t| t.get("auth")?.as_table()?.get("jwt").cloned())
+        .is_some();
+    if has_jwt {
+        return Err(format!(
+            "./{PROJECT_CONFIG} configures its own [auth.jwt]; without -c this command signs with the \
+             demo group's key, which that group would refuse: run `switchyard token -c {PROJECT_CONFIG} …`"
+        ));
+    }
+    Ok(())
+}
+
 /// A token for `sub` with `roles`, valid for `ttl_s` seconds, signed with
-/// the first HMAC algorithm `[auth.jwt]` accepts.
-pub(crate) fn sign(config: &Config, sub: &str, roles: &[String], ttl_s: u64) -> Result<String, String> {
+/// the first HMAC algorithm `[auth.jwt]` accepts (returned with it).
+pub(crate) fn sign(
+    config: &Config,
+    sub: &str,
+    roles: &[String],
+    ttl_s: u64,
+) -> Result<(String, Algorithm), String> {
     let jwt = config
         .auth
         .jwt
@@ -54,5 +86,6 @@ pub(crate) fn sign(config: &Config, sub: &str, roles: &[String], ttl_s: u64) -> 
         claims["aud"] = serde_json::json!(aud);
     }
     jsonwebtoken::encode(&Header::new(alg), &claims, &EncodingKey::from_secret(&secret))
+        .map(|token| (token, alg))
         .map_err(|e| format!("cannot sign: {e}"))
 }

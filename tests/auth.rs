@@ -584,3 +584,58 @@ fn demo_me_takes_the_token_switchyard_token_prints() {
         assert_eq!(r.status, 401, "{what}: {}", r.text());
     }
 }
+
+/// Without `-c`, `switchyard token` signs with the demo's public key, and
+/// says so; beside a project configuration with its own `[auth.jwt]` it
+/// refuses (that group would answer 401 "signature does not verify"), and
+/// with `-c` it signs with that configuration's secret.
+#[test]
+fn switchyard_token_says_which_key_and_refuses_the_demo_key_beside_a_project() {
+    let project = scratch_dir("token-project");
+    let secret = "a-project-secret-of-thirty-two-bytes-or-more";
+    std::fs::write(
+        project.path().join("switchyard.toml"),
+        format!("[auth.jwt]\nalgorithms = [\"HS256\"]\nsecret = \"{secret}\"\n"),
+    )
+    .unwrap();
+    let token = |dir: &std::path::Path, args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_switchyard"))
+            .current_dir(dir)
+            .args(["token", "--sub", "ada"])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let refused = token(project.path(), &[]);
+    assert!(!refused.status.success());
+    let why = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        why.contains("configures its own [auth.jwt]") && why.contains("-c switchyard.toml"),
+        "{why}"
+    );
+    assert!(refused.stdout.is_empty());
+
+    let signed = token(project.path(), &["-c", "switchyard.toml"]);
+    let said = String::from_utf8_lossy(&signed.stderr);
+    assert!(signed.status.success(), "{said}");
+    assert!(
+        said.contains("signed with the HS256 secret of switchyard.toml"),
+        "{said}"
+    );
+    let jwt = String::from_utf8(signed.stdout).unwrap().trim().to_owned();
+    let mut check = jsonwebtoken::Validation::new(Algorithm::HS256);
+    check.required_spec_claims.clear();
+    check.validate_aud = false;
+    jsonwebtoken::decode::<Value>(
+        &jwt,
+        &jsonwebtoken::DecodingKey::from_secret(secret.as_bytes()),
+        &check,
+    )
+    .expect("signed with the project's secret");
+
+    // Elsewhere, the demo key, named as such.
+    let elsewhere = scratch_dir("token-elsewhere");
+    let demo = token(elsewhere.path(), &[]);
+    assert!(demo.status.success());
+    assert!(String::from_utf8_lossy(&demo.stderr).contains("the demo group's configuration"));
+}

@@ -59,3 +59,34 @@ fn queued_jobs_and_requests_in_flight_show_in_status() {
         });
     }
 }
+
+/// A command whose reader goes away (`switchyard status | head -1`) ends
+/// quietly, as any Unix tool does: not exit 101 with a panic's backtrace.
+#[test]
+fn a_command_whose_reader_leaves_ends_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::{Command, Stdio};
+    let g = Group::start("status-pipe");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args(["status", "--runtime-dir"])
+        .arg(&g.runtime_dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The reader is gone before the first line is written.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(
+        out.status.success() || out.status.signal() == Some(libc_sigpipe()),
+        "{:?}: {stderr}",
+        out.status
+    );
+}
+
+/// SIGPIPE's number on Linux.
+fn libc_sigpipe() -> i32 {
+    nix::sys::signal::Signal::SIGPIPE as i32
+}
