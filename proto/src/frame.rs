@@ -32,8 +32,8 @@ use crate::pipe::StreamHandle;
 use crate::shm::ShmBody;
 use crate::{Error, Result, codec};
 
-/// Default maximum frame size: bodies larger than this must go through
-/// shared memory (or, until issue #4 lands, a larger configured limit).
+/// Default maximum frame size: bodies larger than this go through shared
+/// memory (decision 0007) or, past a segment, a pipe (decision 0010).
 pub const DEFAULT_MAX_FRAME: usize = 1024 * 1024;
 
 /// Bytes of the two length fields.

@@ -2,7 +2,7 @@
 //! file descriptor travels with the frame (`SCM_RIGHTS`) hop by hop, so the
 //! broker and router forward a 16 MiB body as a descriptor, never as bytes.
 //!
-//! Why memfd and not named segments (docs/decisions/0006-shared-memory.md):
+//! Why memfd and not named segments (docs/decisions/0007-shared-memory.md):
 //! an unnamed memfd exists only while some process holds its descriptor or a
 //! mapping of it, so a `kill -9` anywhere leaks nothing and there is nothing
 //! in `/dev/shm` to sweep. Sealing (no write, no resize) lets a receiver map
