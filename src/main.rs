@@ -281,7 +281,10 @@ fn main() -> ExitCode {
             }
         }
         Command::Check { config } => match load_config(Some(&config)) {
-            Ok(_) => {
+            Ok(loaded) => {
+                for line in validate::rule_coverage(&loaded) {
+                    println!("{line}");
+                }
                 println!("{}: ok", config.display());
                 ExitCode::SUCCESS
             }

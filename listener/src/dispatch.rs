@@ -10,7 +10,10 @@
 //! admitted by the middleware first (rate limits, authentication, rules),
 //! except `/health`, `/ready` and gRPC health and reflection, which load
 //! balancers and tools reach without credentials. A path under a
-//! `[[static]]` mount is a file (`static_files`), never a route.
+//! `[[static]]` mount is a file (`static_files`), never a route. Every
+//! path is normalized once, before any of this looks at it
+//! (`routes::normalize_path`), and a WebSocket upgrade from a foreign
+//! browser origin is refused before its credential is looked at.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -186,6 +189,30 @@ async fn serve_request(
         }
         return grpc.serve(req).await.map(Either::Right);
     }
+    // One path for every rule, route and static mount (decision 0104).
+    match crate::routes::normalize_path(req.uri().path()) {
+        Ok(None) => {}
+        Ok(Some(normal)) => {
+            let mut parts = req.uri().clone().into_parts();
+            let target = match req.uri().query() {
+                Some(q) => format!("{normal}?{q}"),
+                None => normal,
+            };
+            match target.parse() {
+                Ok(pq) => parts.path_and_query = Some(pq),
+                Err(_) => return error(StatusCode::BAD_REQUEST, "malformed request path").map(Either::Left),
+            }
+            match http::Uri::from_parts(parts) {
+                Ok(uri) => *req.uri_mut() = uri,
+                Err(_) => return error(StatusCode::BAD_REQUEST, "malformed request path").map(Either::Left),
+            }
+        }
+        Err(bad) => {
+            let mut reply = error(StatusCode::BAD_REQUEST, bad.detail());
+            state.middleware.secure(reply.headers_mut());
+            return reply.map(Either::Left);
+        }
+    }
     if let Some((mount, rest)) = crate::static_files::mount_for(&state.config.statics, req.uri().path()) {
         *stats = metrics::fixed(Fixed::Static, req.method());
         let rest = rest.to_owned();
@@ -240,8 +267,16 @@ async fn serve_request(
                 path: Some(&path),
                 ..Scope::default()
             };
-            match admit(state, client, &mut req, token.as_deref(), scope, true).await {
-                Ok(()) => ws::upgrade(state.clone(), conn, req, echo),
+            let tls = state.config.tls.is_some();
+            let admitted = match state.middleware.check_origin(&req, tls) {
+                Ok(()) => admit(state, client, &mut req, token.as_deref(), scope, true).await,
+                Err(refusal) => Err(refusal),
+            };
+            match admitted {
+                Ok(()) => {
+                    let credential = state.middleware.credential(req.headers(), token, client, true);
+                    ws::upgrade(state.clone(), conn, req, echo, credential)
+                }
                 Err(refusal) => state.middleware.refuse(&refusal),
             }
         }
@@ -345,7 +380,6 @@ async fn route(
     if head {
         lookup = routes.lookup(Method::GET.as_str(), req.uri().path());
     }
-    drop(routes);
     if let Lookup::Found(m) = &lookup {
         // Refused by the middleware or not, it counts as this route's.
         *stats = m.stats;
@@ -361,8 +395,11 @@ async fn route(
         path: Some(&path),
         event: event.as_deref(),
         subscription: false,
+        routes: Some(&routes),
     };
-    if let Err(refusal) = admit(state, client, &mut req, None, scope, true).await {
+    let admitted = admit(state, client, &mut req, None, scope, true).await;
+    drop(routes);
+    if let Err(refusal) = admitted {
         return state.middleware.refuse(&refusal);
     }
     let matched = match lookup {

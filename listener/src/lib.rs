@@ -109,6 +109,7 @@ pub use middleware::config::{
     JwtConfig, MiddlewareConfig, RateKey, RateLimit, RateLimitConfig, Require, SecurityHeadersConfig,
     TokenSource, WsAuthConfig,
 };
+pub use middleware::describe_rules;
 pub use routes::percent_decode;
 pub use static_files::StaticMount;
 pub use trace::TracingConfig;
@@ -432,11 +433,11 @@ pub async fn run(
         http3.port = tcp.local_addr()?.port();
     }
     let config = Arc::new(config);
-    let pool = pipes::Pool::start(config.clone());
+    let middleware = Arc::new(middleware::Middleware::new(&config.middleware).map_err(Error::Config)?);
+    let pool = pipes::Pool::start(config.clone(), middleware.clone());
     let connections = Connections::start(limits(&config));
     // Before the pipes are ready: a certificate that cannot be used stops
     // the listener at start, not at its first handshake.
-    let middleware = middleware::Middleware::new(&config.middleware).map_err(Error::Config)?;
     let access = access::AccessLog::open(&config.access_log)?;
     let mut current = Generation::new(
         state::State::start(pool.clone(), config.clone(), middleware, access),
@@ -482,6 +483,8 @@ pub async fn run(
                         endpoint.set_server_config(next.quic.clone());
                     }
                     current = next;
+                    // Open sessions follow the new rules and keys too.
+                    pool.set_policy(current.state.middleware.clone());
                 });
                 match &applied {
                     Ok(()) => tracing::info!(tls = current.tls.is_some(), "configuration reloaded; new connections use it"),
@@ -630,7 +633,7 @@ fn reconfigure(current: &Generation, mut config: Config) -> Result<Generation, E
     }
     config.validate()?;
     // Rate-limit buckets start afresh with a reloaded configuration.
-    let middleware = middleware::Middleware::new(&config.middleware).map_err(Error::Config)?;
+    let middleware = Arc::new(middleware::Middleware::new(&config.middleware).map_err(Error::Config)?);
     let access = access::AccessLog::open(&config.access_log)?;
     Generation::new(
         current.state.reconfigured(Arc::new(config), middleware, access),

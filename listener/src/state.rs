@@ -19,7 +19,7 @@ pub(crate) struct State {
     pub(crate) config: Arc<Config>,
     /// Rate limits, authentication and security headers (built once per
     /// generation of the configuration).
-    pub(crate) middleware: Middleware,
+    pub(crate) middleware: Arc<Middleware>,
     /// Reusable shared memory for large request bodies (decision 0011);
     /// shared by every generation of the configuration.
     pub(crate) segments: Arc<Mutex<SegmentPool>>,
@@ -43,7 +43,7 @@ impl State {
     pub(crate) fn start(
         pool: Arc<Pool>,
         config: Arc<Config>,
-        middleware: Middleware,
+        middleware: Arc<Middleware>,
         access: Option<AccessLog>,
     ) -> Arc<State> {
         let segments = Arc::new(Mutex::new(SegmentPool::new(SEGMENT_POOL_BYTES, SEGMENT_LEASE)));
@@ -74,7 +74,7 @@ impl State {
     pub(crate) fn reconfigured(
         &self,
         config: Arc<Config>,
-        middleware: Middleware,
+        middleware: Arc<Middleware>,
         access: Option<AccessLog>,
     ) -> Arc<State> {
         Arc::new(State {

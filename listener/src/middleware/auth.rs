@@ -234,9 +234,43 @@ impl Auth {
     /// Whether `identity` may make a request in `scope`: the first rule
     /// that matches decides.
     pub(crate) fn authorize(&self, scope: &Scope<'_>, identity: Option<&Identity>) -> Result<(), Denied> {
-        let Some(rule) = self.rules.iter().find(|r| r.matches(scope)) else {
-            return Ok(());
+        match self.rules.iter().find(|r| r.matches(scope)) {
+            Some(rule) => self.check(rule, identity),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether `identity` may have every event type of the subscription
+    /// pattern in `scope`: each rule that could match one of them must
+    /// allow it, until a rule that matches all of them (no prefix, an
+    /// event pattern that contains the subscription's) ends the search,
+    /// since no type of it reaches a later rule. So `public.*` open before
+    /// `*` requiring an identity lets anyone subscribe to `public.*`, and
+    /// only an identity to `*`.
+    pub(crate) fn authorize_every(
+        &self,
+        scope: &Scope<'_>,
+        identity: Option<&Identity>,
+    ) -> Result<(), Denied> {
+        let Some(Ok(wanted)) = scope.event.map(Pattern::parse) else {
+            return Err(Denied::Forbidden("not a subscription pattern".to_owned()));
         };
+        for rule in self.rules.iter().filter(|r| r.matches(scope)) {
+            self.check(rule, identity)?;
+            if rule.prefix.is_none() && rule.event.as_ref().is_none_or(|e| e.contains(&wanted)) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// The API key header, when API keys are accepted.
+    pub(crate) fn api_key_header(&self) -> Option<&http::HeaderName> {
+        self.api_keys.as_ref().map(|k| &k.header)
+    }
+
+    /// Whether `identity` meets what `rule` requires.
+    fn check(&self, rule: &Rule, identity: Option<&Identity>) -> Result<(), Denied> {
         if rule.require == Require::None {
             return Ok(());
         }
@@ -470,6 +504,7 @@ mod tests {
             path: Some(path),
             event,
             subscription: false,
+            routes: None,
         }
     }
 
