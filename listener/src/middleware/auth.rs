@@ -508,6 +508,61 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_subscription_meets_every_rule_that_could_decide_it() {
+        let rules = |rules: Vec<AuthRule>| {
+            let mut c = key_config();
+            c.rules = rules;
+            Auth::new(&c, 100).unwrap()
+        };
+        let open = |event: &str| AuthRule {
+            event: Some(event.into()),
+            require: Require::None,
+            ..AuthRule::default()
+        };
+        let needs = |event: &str, roles: &[&str]| AuthRule {
+            event: Some(event.into()),
+            roles: roles.iter().map(|r| (*r).to_owned()).collect(),
+            ..AuthRule::default()
+        };
+        let sub = |pattern: &'static str| Scope {
+            path: None,
+            event: Some(pattern),
+            subscription: true,
+            routes: None,
+        };
+        let viewer = Identity {
+            subject: "v".into(),
+            claims: claims_of("v", &["viewer".into()]),
+            method: AuthMethod::ApiKey,
+        };
+        let exception_first = rules(vec![
+            open("public.*"),
+            needs("admin.*", &["admin"]),
+            needs("*", &[]),
+        ]);
+        let a = &exception_first;
+        assert_eq!(a.authorize_every(&sub("public.*"), None), Ok(()));
+        assert_eq!(a.authorize_every(&sub("public.News"), None), Ok(()));
+        assert_eq!(a.authorize_every(&sub("*"), None), Err(Denied::Missing));
+        assert!(matches!(
+            a.authorize_every(&sub("*"), Some(&viewer)),
+            Err(Denied::Forbidden(_))
+        ));
+        assert_eq!(a.authorize_every(&sub("user.*"), Some(&viewer)), Ok(()));
+        // The first matching rule alone would have let both through.
+        assert_eq!(a.authorize(&sub("*"), None), Ok(()));
+        let broad_first = rules(vec![needs("*", &[]), open("public.*")]);
+        assert_eq!(
+            broad_first.authorize_every(&sub("public.*"), None),
+            Err(Denied::Missing)
+        );
+        assert_eq!(
+            broad_first.authorize_every(&sub("public.*"), Some(&viewer)),
+            Ok(())
+        );
+    }
+
     #[tokio::test]
     async fn api_keys_and_rules() {
         let auth = Auth::new(&key_config(), 100).unwrap();
