@@ -554,3 +554,36 @@ allow_origins = ["https://app.example"]
         assert_eq!(response.status(), status, "{origin} over h2");
     }
 }
+
+#[test]
+fn check_prints_what_each_rule_covers() {
+    let dir = scratch_dir("one-policy-check");
+    let file = dir.path().join("switchyard.toml");
+    std::fs::write(&file, RULES).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args(["check", "-c"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let line = |i: usize| {
+        text.lines()
+            .find(|l| l.starts_with(&format!("auth.rules[{i}]")))
+            .unwrap_or_else(|| panic!("no line for rule {i}: {text}"))
+            .to_owned()
+    };
+    let me = line(0);
+    assert!(me.contains("prefix /me") && me.contains("an identity"), "{me}");
+    assert!(me.contains("WebSocket, gRPC") && me.contains("demo.Me"), "{me}");
+    assert!(!me.contains("demo.Hello"), "{me}");
+    let hello = line(1);
+    assert!(
+        hello.contains("a role of admin") && hello.contains("demo.Hello"),
+        "{hello}"
+    );
+    assert!(
+        !hello.contains("demo.Hi,") && !hello.contains("demo.Me"),
+        "{hello}"
+    );
+}

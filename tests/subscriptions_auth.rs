@@ -114,6 +114,19 @@ async fn next(ws: &mut Ws) -> Result<Value, Option<u16>> {
     }
 }
 
+/// The close code `ws` ends with, within PATIENCE (pings do not extend it).
+async fn closed(ws: &mut Ws) -> Option<u16> {
+    tokio::time::timeout(PATIENCE, async {
+        loop {
+            if let Err(code) = next(ws).await {
+                return code;
+            }
+        }
+    })
+    .await
+    .expect("the session is closed in time")
+}
+
 /// Subscribes to `pattern`: `Ok` or the refusal's status.
 async fn subscribe(ws: &mut Ws, pattern: &str) -> Result<(), u64> {
     ws.send(Message::text(
@@ -252,12 +265,7 @@ async fn sessions_end_at_their_tokens_exp() {
     let short = token("vera", &["viewer"], 2);
     let mut ws = connect(&g, Some(&short)).await;
     assert_eq!(subscribe(&mut ws, "user.*").await, Ok(()));
-    let closed = loop {
-        match next(&mut ws).await {
-            Ok(_) => continue,
-            Err(code) => break code,
-        }
-    };
+    let closed = closed(&mut ws).await;
     assert_eq!(closed, Some(1008), "closed at exp with a policy violation");
 
     let channel = tonic::transport::Channel::from_shared(format!("http://{}", g.addr))
@@ -316,12 +324,7 @@ async fn a_reload_that_tightens_the_rules_ends_the_sessions_it_no_longer_allows(
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let closed = loop {
-        match next(&mut viewer).await {
-            Ok(_) => continue,
-            Err(code) => break code,
-        }
-    };
+    let closed = closed(&mut viewer).await;
     assert_eq!(closed, Some(1008), "the rules no longer allow user.*");
     // The session the new rules still allow goes on.
     let mut sender = connect(&g, Some(&viewer_token)).await;

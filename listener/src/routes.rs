@@ -27,6 +27,9 @@ pub(crate) struct Routes {
     /// covers when the event comes without a path (a WebSocket message, a
     /// gRPC call), derived once per table rather than per message.
     paths: HashMap<String, Vec<String>>,
+    /// Counts the tables merged: what was decided on an older snapshot is
+    /// known to be older.
+    generation: u64,
     /// The router's last view of manager health.
     pub(crate) table: RouteTable,
 }
@@ -92,8 +95,14 @@ impl Routes {
             by_method,
             needs,
             paths,
+            generation: self.generation + 1,
             table,
         }
+    }
+
+    /// Which snapshot this is (each merge counts one more).
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation
     }
 
     /// The path templates of the routes of event type `name` (none for a

@@ -76,7 +76,7 @@ pub(crate) struct SessionAuth {
 struct Decisions {
     /// The policy generation and route table the decisions were made
     /// under; either changing forgets them.
-    under: (u64, usize),
+    under: (u64, u64),
     allowed: HashMap<String, bool>,
 }
 
@@ -91,8 +91,8 @@ impl SessionAuth {
 
     /// Whether a notification of type `event` may be pushed to this
     /// session under `policy`: the rules, as for sending it.
-    pub(crate) fn may_receive(&self, policy: &Policy, event: &str, routes: &Arc<Routes>) -> bool {
-        let under = (policy.generation, Arc::as_ptr(routes) as usize);
+    pub(crate) fn may_receive(&self, policy: &Policy, event: &str, routes: &Routes) -> bool {
+        let under = (policy.generation, routes.generation());
         let mut d = self.decisions.lock().unwrap_or_else(|p| p.into_inner());
         if d.under != under || d.allowed.len() >= MAX_DECISIONS {
             d.under = under;
