@@ -6,7 +6,8 @@
 //! one of its types allows the caller, and no session receives a
 //! notification its caller could not have asked for. Sessions end at
 //! their token's `exp` (WebSocket close 1008, gRPC `UNAUTHENTICATED`), and
-//! a reload that tightens the rules ends the sessions it no longer allows.
+//! a reload that tightens the rules or rotates the keys ends the sessions
+//! it no longer allows (and holds at once on kept-alive connections).
 //!
 //! One return pipe per listener, so a session's pushes arrive in the order
 //! they were emitted: a marker notification that every session may receive
@@ -265,8 +266,7 @@ async fn sessions_end_at_their_tokens_exp() {
     let short = token("vera", &["viewer"], 2);
     let mut ws = connect(&g, Some(&short)).await;
     assert_eq!(subscribe(&mut ws, "user.*").await, Ok(()));
-    let closed = closed(&mut ws).await;
-    assert_eq!(closed, Some(1008), "closed at exp with a policy violation");
+    assert_eq!(closed(&mut ws).await, Some(1008), "closed at exp with a policy violation");
 
     let channel = tonic::transport::Channel::from_shared(format!("http://{}", g.addr))
         .unwrap()
@@ -300,7 +300,7 @@ async fn sessions_end_at_their_tokens_exp() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reload_that_tightens_the_rules_ends_the_sessions_it_no_longer_allows() {
+async fn a_reload_that_tightens_the_rules_or_rotates_the_keys_ends_the_sessions_it_no_longer_allows() {
     let dir = scratch_dir("subs-reload");
     let file = dir.path().join("switchyard.toml");
     std::fs::write(&file, config(EXCEPTION_FIRST)).unwrap();
@@ -324,10 +324,45 @@ async fn a_reload_that_tightens_the_rules_ends_the_sessions_it_no_longer_allows(
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let closed = closed(&mut viewer).await;
-    assert_eq!(closed, Some(1008), "the rules no longer allow user.*");
+    assert_eq!(closed(&mut viewer).await, Some(1008), "the rules no longer allow user.*");
     // The session the new rules still allow goes on.
     let mut sender = connect(&g, Some(&viewer_token)).await;
     notify(&mut sender, "public.Done").await;
     assert_eq!(pushed_until(&mut public, "public.Done").await, ["public.Done"]);
+
+    // A gRPC channel opened before the keys change.
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", g.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = switchyard_client::proto::events_client::EventsClient::new(channel);
+    let call = || {
+        let mut req = tonic::Request::new(switchyard_client::proto::CallRequest {
+            r#type: "demo.Noop".into(),
+            content_type: "application/json".into(),
+            payload: b"{}".to_vec().into(),
+            deadline_ms: 0,
+        });
+        req.metadata_mut()
+            .insert("authorization", format!("Bearer {viewer_token}").parse().unwrap());
+        req
+    };
+    assert!(client.call(call()).await.is_ok());
+    // The key is rotated: the open session's token no longer verifies, so
+    // the session ends, and the kept-alive channel's next call is refused.
+    std::fs::write(
+        &file,
+        config(EXCEPTION_FIRST).replace(SECRET, "another-secret-after-rotation-32-bytes!"),
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args(["reload", "--runtime-dir"])
+        .arg(&g.runtime_dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(closed(&mut public).await, Some(1008), "the token's key is gone");
+    let err = client.call(call()).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unauthenticated, "{err:?}");
 }

@@ -209,7 +209,7 @@ async fn serve_request(
         }
         Err(bad) => {
             let mut reply = error(StatusCode::BAD_REQUEST, bad.detail());
-            state.middleware.secure(reply.headers_mut());
+            state.policy().secure(reply.headers_mut());
             return reply.map(Either::Left);
         }
     }
@@ -223,9 +223,9 @@ async fn serve_request(
         };
         let mut reply = match admit(state, client, &mut req, None, scope, true).await {
             Ok(()) => crate::static_files::serve(mount, &rest, req.method(), req.headers()).await,
-            Err(refusal) => state.middleware.refuse(&refusal).map(Either::Left),
+            Err(refusal) => state.policy().refuse(&refusal).map(Either::Left),
         };
-        state.middleware.secure(reply.headers_mut());
+        state.policy().secure(reply.headers_mut());
         return reply;
     }
     let mut reply = match req.uri().path() {
@@ -255,34 +255,34 @@ async fn serve_request(
                     .config
                     .api
                     .answer(req.method(), &path, &state.config.middleware.auth),
-                Err(refusal) => state.middleware.refuse(&refusal),
+                Err(refusal) => state.policy().refuse(&refusal),
             }
         }
         path @ ("/ws" | "/ws/echo") if ws::is_upgrade(&req) => {
             let echo = path == "/ws/echo";
             *stats = metrics::fixed(if echo { Fixed::WsEcho } else { Fixed::Ws }, req.method());
-            let token = state.middleware.ws_token(req.headers(), req.uri().query());
+            let token = state.policy().ws_token(req.headers(), req.uri().query());
             let path = path.to_owned();
             let scope = Scope {
                 path: Some(&path),
                 ..Scope::default()
             };
             let tls = state.config.tls.is_some();
-            let admitted = match state.middleware.check_origin(&req, tls) {
+            let admitted = match state.policy().check_origin(&req, tls) {
                 Ok(()) => admit(state, client, &mut req, token.as_deref(), scope, true).await,
                 Err(refusal) => Err(refusal),
             };
             match admitted {
                 Ok(()) => {
-                    let credential = state.middleware.credential(req.headers(), token, client, true);
+                    let credential = state.policy().credential(req.headers(), token, client, true);
                     ws::upgrade(state.clone(), conn, req, echo, credential)
                 }
-                Err(refusal) => state.middleware.refuse(&refusal),
+                Err(refusal) => state.policy().refuse(&refusal),
             }
         }
         _ => route(state, client, req, stats).await,
     };
-    state.middleware.secure(reply.headers_mut());
+    state.policy().secure(reply.headers_mut());
     reply.map(Either::Left)
 }
 
@@ -297,7 +297,7 @@ async fn admit(
     scope: Scope<'_>,
     rules: bool,
 ) -> Result<(), crate::middleware::Refusal> {
-    let mw = &state.middleware;
+    let mw = state.policy();
     if !mw.admits() {
         return Ok(());
     }
@@ -400,7 +400,7 @@ async fn route(
     let admitted = admit(state, client, &mut req, None, scope, true).await;
     drop(routes);
     if let Err(refusal) = admitted {
-        return state.middleware.refuse(&refusal);
+        return state.policy().refuse(&refusal);
     }
     let matched = match lookup {
         Lookup::Found(m) => m,
