@@ -115,6 +115,20 @@ async fn next(ws: &mut Ws) -> Result<Value, Option<u16>> {
     }
 }
 
+/// The next text message as it came; `None` once closed.
+async fn next_text(ws: &mut Ws) -> Option<String> {
+    loop {
+        match tokio::time::timeout(PATIENCE, ws.next())
+            .await
+            .expect("a message in time")
+        {
+            Some(Ok(Message::Text(t))) => return Some(t.as_str().to_owned()),
+            Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return None,
+            Some(Ok(_)) => continue,
+        }
+    }
+}
+
 /// The close code `ws` ends with, within PATIENCE (pings do not extend it).
 async fn closed(ws: &mut Ws) -> Option<u16> {
     tokio::time::timeout(PATIENCE, async {
@@ -266,7 +280,24 @@ async fn sessions_end_at_their_tokens_exp() {
     let short = token("vera", &["viewer"], 2);
     let mut ws = connect(&g, Some(&short)).await;
     assert_eq!(subscribe(&mut ws, "user.*").await, Ok(()));
-    assert_eq!(closed(&mut ws).await, Some(1008), "closed at exp with a policy violation");
+    assert_eq!(
+        closed(&mut ws).await,
+        Some(1008),
+        "closed at exp with a policy violation"
+    );
+    // `/ws/echo` too.
+    let short = token("vera", &["viewer"], 2);
+    let mut req = format!("ws://{}/ws/echo", g.addr).into_client_request().unwrap();
+    req.headers_mut()
+        .insert("authorization", format!("Bearer {short}").parse().unwrap());
+    let (mut echo, _) = tokio_tungstenite::connect_async(req).await.expect("upgraded");
+    echo.send(Message::text("still here")).await.unwrap();
+    assert_eq!(next_text(&mut echo).await.as_deref(), Some("still here"));
+    assert_eq!(
+        closed(&mut echo).await,
+        Some(1008),
+        "the echo session ends at exp too"
+    );
 
     let channel = tonic::transport::Channel::from_shared(format!("http://{}", g.addr))
         .unwrap()
@@ -324,7 +355,11 @@ async fn a_reload_that_tightens_the_rules_or_rotates_the_keys_ends_the_sessions_
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(closed(&mut viewer).await, Some(1008), "the rules no longer allow user.*");
+    assert_eq!(
+        closed(&mut viewer).await,
+        Some(1008),
+        "the rules no longer allow user.*"
+    );
     // The session the new rules still allow goes on.
     let mut sender = connect(&g, Some(&viewer_token)).await;
     notify(&mut sender, "public.Done").await;

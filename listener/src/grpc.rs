@@ -360,7 +360,7 @@ fn open(
     let session = state
         .pool
         .open_session(Outbox::Grpc(tx.clone()), kill.clone(), Some(auth.clone()));
-    policy::watch(state.pool.clone(), session, auth, kill);
+    policy::watch(state.pool.clone(), Some(session), auth, kill);
     let guard = SessionGuard {
         pool: state.pool.clone(),
         session,

@@ -329,7 +329,10 @@ impl Config {
 /// `config` and used for the connections accepted from then on, while open
 /// connections finish with the generation they started with. Connection
 /// admission and the sweeper's timeouts switch at once for every
-/// connection. What the return pipes were built with (`broker_socket`,
+/// connection. The middleware's decisions (authentication, rules, rate
+/// limits) switch at once too: every request and every open session is
+/// held to the newest configuration's (decision 0106). What the return
+/// pipes were built with (`broker_socket`,
 /// `pipes`, `max_frame`, `queue_capacity`, `shm_threshold`) cannot change
 /// in a running process: those values are kept, and the supervisor reports
 /// them as needing a restart.

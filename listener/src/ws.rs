@@ -181,7 +181,7 @@ pub(crate) fn upgrade(
         let _open = crate::metrics::WsSession::open();
         let compress = agreed.is_some_and(|a| a.compress_out);
         if echo {
-            echo_session(state, conn, ws, opener, compress).await
+            echo_session(state, conn, ws, opener, auth, compress).await
         } else {
             session(state, conn, ws, opener, auth, compress).await
         }
@@ -342,7 +342,7 @@ async fn session(
     let id = state
         .pool
         .open_session(Outbox::Ws(tx.clone()), kill.clone(), Some(auth.clone()));
-    policy::watch(state.pool.clone(), id, auth.clone(), kill.clone());
+    policy::watch(state.pool.clone(), Some(id), auth.clone(), kill.clone());
     let writer = tokio::spawn(writer(sink, rx, kill.subscribe(), compress));
     let in_flight = Arc::new(Semaphore::new(cfg.max_in_flight));
     let mut ping = tokio::time::interval(cfg.ping_interval);
@@ -658,8 +658,18 @@ async fn request(state: &State, ty: &str, id: Option<&Value>, data: &Value, open
 /// `demo.WsEcho` and its reply comes back as the same kind of message, in
 /// order. A failed round trip closes with 1011; a caller the rules do not
 /// let send `demo.WsEcho` is closed at once with 1008.
-async fn echo_session(state: Arc<State>, conn: Arc<Conn>, ws: Ws, opener: Arc<Opener>, compress: bool) {
+async fn echo_session(
+    state: Arc<State>,
+    conn: Arc<Conn>,
+    ws: Ws,
+    opener: Arc<Opener>,
+    auth: Arc<SessionAuth>,
+    compress: bool,
+) {
     let (mut sink, mut stream) = ws.split();
+    // Ends at the token's `exp`, or when a reload no longer accepts it.
+    let (kill, mut killed) = watch::channel::<CloseReason>(None);
+    policy::watch(state.pool.clone(), None, auth, kill);
     if state
         .pool
         .policy()
@@ -679,6 +689,11 @@ async fn echo_session(state: Arc<State>, conn: Arc<Conn>, ws: Ws, opener: Arc<Op
             },
             _ = conn.closing() => {
                 let _ = tokio::time::timeout(Duration::from_secs(1), sink.send(close_message(TOO_SLOW))).await;
+                return;
+            }
+            _ = killed.changed() => {
+                let reason = *killed.borrow();
+                let _ = tokio::time::timeout(Duration::from_secs(1), sink.send(close_message(reason))).await;
                 return;
             }
         };

@@ -132,10 +132,16 @@ impl SessionAuth {
     }
 }
 
-/// Watches session `session` for as long as it lives (until every
-/// receiver of `kill` is gone): ends it at its token's `exp`, and after
-/// each reload unless its credential and subscriptions still hold.
-pub(crate) fn watch(pool: Arc<Pool>, session: u64, auth: Arc<SessionAuth>, kill: watch::Sender<CloseReason>) {
+/// Watches a session for as long as it lives (until every receiver of
+/// `kill` is gone): ends it at its token's `exp`, and after each reload
+/// unless its credential and the subscriptions of `session` (its number in
+/// the pool, if it has subscriptions there) still hold.
+pub(crate) fn watch(
+    pool: Arc<Pool>,
+    session: Option<u64>,
+    auth: Arc<SessionAuth>,
+    kill: watch::Sender<CloseReason>,
+) {
     let mut policies = pool.watch_policy();
     policies.borrow_and_update();
     tokio::spawn(async move {
@@ -164,7 +170,8 @@ pub(crate) fn watch(pool: Arc<Pool>, session: u64, auth: Arc<SessionAuth>, kill:
                         return;
                     }
                     let routes = pool.routes();
-                    let refused = pool.patterns(session).iter().any(|pattern| {
+                    let patterns = session.map(|s| pool.patterns(s)).unwrap_or_default();
+                    let refused = patterns.iter().any(|pattern| {
                         policy
                             .middleware
                             .authorize_subscription(auth.identity.as_ref(), pattern, &routes)
