@@ -1181,6 +1181,62 @@ mod tests {
     }
 
     #[test]
+    fn a_prefix_covers_the_events_routed_under_it() {
+        use switchyard_proto::EventType;
+        use switchyard_proto::control::{HttpRoute, RouteEntry, RouteTable};
+        let entry = |path: &str, name: &str| RouteEntry {
+            route: HttpRoute {
+                method: "GET".into(),
+                path: path.into(),
+                stream_body: false,
+            },
+            event_type: EventType::of(name),
+            type_name: name.into(),
+            manager: "m".into(),
+        };
+        let routes = Routes::default().merged(RouteTable {
+            routes: vec![
+                entry("/me", "demo.Me"),
+                entry("/api/me", "demo.Me"),
+                entry("/users/{name}", "demo.User"),
+                entry("/noop", "demo.Noop"),
+            ],
+            ..Default::default()
+        });
+        let event = |e: &'static str| Scope {
+            path: None,
+            event: Some(e),
+            subscription: false,
+            routes: Some(&routes),
+        };
+        let http = |p: &'static str, e: &'static str| Scope {
+            path: Some(p),
+            event: Some(e),
+            subscription: false,
+            routes: Some(&routes),
+        };
+        let sub = |p: &'static str| Scope {
+            path: None,
+            event: Some(p),
+            subscription: true,
+            routes: Some(&routes),
+        };
+        assert!(prefix_covers("/me", &event("demo.Me")));
+        assert!(!prefix_covers("/me", &event("demo.Noop")));
+        // Without a path, a rule on one value of a parameter covers the event.
+        assert!(prefix_covers("/users/admin", &event("demo.User")));
+        // With one, the path decides...
+        assert!(!prefix_covers("/users/admin", &http("/users/bob", "demo.User")));
+        assert!(prefix_covers("/users/admin", &http("/users/admin", "demo.User")));
+        // ...and another route of the same event wholly under the prefix.
+        assert!(prefix_covers("/me", &http("/api/me", "demo.Me")));
+        assert!(prefix_covers("/me", &sub("demo.*")));
+        assert!(prefix_covers("/me", &sub("*")));
+        assert!(!prefix_covers("/me", &sub("shop.*")));
+        assert!(!prefix_covers("/me", &sub("demo.Noop")));
+    }
+
+    #[test]
     fn origins() {
         assert!(same_origin("http://a.example:8080", "a.example:8080", false));
         assert!(same_origin("https://A.example", "a.example:443", false));
