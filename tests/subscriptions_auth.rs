@@ -275,9 +275,10 @@ async fn sessions_end_at_their_tokens_exp() {
     let g = Group::builder("subs-exp")
         .config(&config(EXCEPTION_FIRST))
         .start();
-    // Two seconds of validity: the session is closed when they are over,
+    // Four seconds of validity (room for a loaded machine to subscribe
+    // first): the session is closed when they are over,
     // whatever it is doing.
-    let short = token("vera", &["viewer"], 2);
+    let short = token("vera", &["viewer"], 4);
     let mut ws = connect(&g, Some(&short)).await;
     assert_eq!(subscribe(&mut ws, "user.*").await, Ok(()));
     assert_eq!(
@@ -286,7 +287,7 @@ async fn sessions_end_at_their_tokens_exp() {
         "closed at exp with a policy violation"
     );
     // `/ws/echo` too.
-    let short = token("vera", &["viewer"], 2);
+    let short = token("vera", &["viewer"], 4);
     let mut req = format!("ws://{}/ws/echo", g.addr).into_client_request().unwrap();
     req.headers_mut()
         .insert("authorization", format!("Bearer {short}").parse().unwrap());
@@ -304,7 +305,7 @@ async fn sessions_end_at_their_tokens_exp() {
         .connect()
         .await
         .unwrap();
-    let short = token("vera", &["viewer"], 2);
+    let short = token("vera", &["viewer"], 4);
     let mut req = tonic::Request::new(SubscribeRequest {
         pattern: "user.*".into(),
         filter_json: String::new(),
