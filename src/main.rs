@@ -314,6 +314,9 @@ fn main() -> ExitCode {
         }
         Command::Check { config } => match load_config(Some(&config)) {
             Ok(loaded) => {
+                for line in validate::rule_coverage(&loaded) {
+                    println!("{line}");
+                }
                 for note in switchyard_listener::middleware_check_notes(&loaded.middleware()) {
                     println!("note: {note}");
                 }

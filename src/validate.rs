@@ -270,3 +270,22 @@ pub(crate) fn child_main() -> ExitCode {
     }
     ExitCode::SUCCESS
 }
+
+/// What each `[[auth.rules]]` entry covers, on every transport, given the
+/// routes the managers declared: `switchyard check` prints it, so an
+/// operator sees which events a `prefix` rule reaches over WebSocket and
+/// gRPC (decision 0105).
+pub(crate) fn rule_coverage(config: &Config) -> Vec<String> {
+    let routes: Vec<(String, String, String)> = config
+        .catalog
+        .managers
+        .iter()
+        .flat_map(|m| m.handles.iter())
+        .filter_map(|h| {
+            h.route
+                .as_ref()
+                .map(|r| (r.method.clone(), r.path.clone(), h.name.clone()))
+        })
+        .collect();
+    switchyard_listener::describe_rules(&config.middleware().auth, &routes)
+}

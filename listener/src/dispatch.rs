@@ -10,7 +10,10 @@
 //! admitted by the middleware first (rate limits, authentication, rules),
 //! except `/health`, `/ready` and gRPC health and reflection, which load
 //! balancers and tools reach without credentials. A path under a
-//! `[[static]]` mount is a file (`static_files`), never a route.
+//! `[[static]]` mount is a file (`static_files`), never a route. Every
+//! path is normalized once, before any of this looks at it
+//! (`routes::normalize_path`), and a WebSocket upgrade from a foreign
+//! browser origin is refused before its credential is looked at.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -187,6 +190,30 @@ async fn serve_request(
         }
         return grpc.serve(req).await.map(Either::Right);
     }
+    // One path for every rule, route and static mount (decision 0104).
+    match crate::routes::normalize_path(req.uri().path()) {
+        Ok(None) => {}
+        Ok(Some(normal)) => {
+            let mut parts = req.uri().clone().into_parts();
+            let target = match req.uri().query() {
+                Some(q) => format!("{normal}?{q}"),
+                None => normal,
+            };
+            match target.parse() {
+                Ok(pq) => parts.path_and_query = Some(pq),
+                Err(_) => return error(StatusCode::BAD_REQUEST, "malformed request path").map(Either::Left),
+            }
+            match http::Uri::from_parts(parts) {
+                Ok(uri) => *req.uri_mut() = uri,
+                Err(_) => return error(StatusCode::BAD_REQUEST, "malformed request path").map(Either::Left),
+            }
+        }
+        Err(bad) => {
+            let mut reply = error(StatusCode::BAD_REQUEST, bad.detail());
+            state.policy().secure(reply.headers_mut());
+            return reply.map(Either::Left);
+        }
+    }
     if let Some((mount, rest)) = crate::static_files::mount_for(&state.config.statics, req.uri().path()) {
         *stats = metrics::fixed(Fixed::Static, req.method());
         let rest = rest.to_owned();
@@ -197,9 +224,9 @@ async fn serve_request(
         };
         let mut reply = match admit(state, client, &mut req, None, scope, true).await {
             Ok(()) => crate::static_files::serve(mount, &rest, req.method(), req.headers()).await,
-            Err(refusal) => state.middleware.refuse(&refusal).map(Either::Left),
+            Err(refusal) => state.policy().refuse(&refusal).map(Either::Left),
         };
-        state.middleware.secure(reply.headers_mut());
+        state.policy().secure(reply.headers_mut());
         return reply;
     }
     let mut reply = match req.uri().path() {
@@ -229,26 +256,34 @@ async fn serve_request(
                     .config
                     .api
                     .answer(req.method(), &path, &state.config.middleware.auth),
-                Err(refusal) => state.middleware.refuse(&refusal),
+                Err(refusal) => state.policy().refuse(&refusal),
             }
         }
         path @ ("/ws" | "/ws/echo") if ws::is_upgrade(&req) => {
             let echo = path == "/ws/echo";
             *stats = metrics::fixed(if echo { Fixed::WsEcho } else { Fixed::Ws }, req.method());
-            let token = state.middleware.ws_token(req.headers(), req.uri().query());
+            let token = state.policy().ws_token(req.headers(), req.uri().query());
             let path = path.to_owned();
             let scope = Scope {
                 path: Some(&path),
                 ..Scope::default()
             };
-            match admit(state, client, &mut req, token.as_deref(), scope, true).await {
-                Ok(()) => ws::upgrade(state.clone(), conn, req, echo),
-                Err(refusal) => state.middleware.refuse(&refusal),
+            let tls = state.config.tls.is_some();
+            let admitted = match state.policy().check_origin(&req, tls) {
+                Ok(()) => admit(state, client, &mut req, token.as_deref(), scope, true).await,
+                Err(refusal) => Err(refusal),
+            };
+            match admitted {
+                Ok(()) => {
+                    let credential = state.policy().credential(req.headers(), token, client, true);
+                    ws::upgrade(state.clone(), conn, req, echo, credential)
+                }
+                Err(refusal) => state.policy().refuse(&refusal),
             }
         }
         _ => route(state, client, req, stats).await,
     };
-    state.middleware.secure(reply.headers_mut());
+    state.policy().secure(reply.headers_mut());
     reply.map(Either::Left)
 }
 
@@ -263,7 +298,7 @@ async fn admit(
     scope: Scope<'_>,
     rules: bool,
 ) -> Result<(), crate::middleware::Refusal> {
-    let mw = &state.middleware;
+    let mw = state.policy();
     if !mw.admits() {
         return Ok(());
     }
@@ -346,7 +381,6 @@ async fn route(
     if head {
         lookup = routes.lookup(Method::GET.as_str(), req.uri().path());
     }
-    drop(routes);
     if let Lookup::Found(m) = &lookup {
         // Refused by the middleware or not, it counts as this route's.
         *stats = m.stats;
@@ -362,9 +396,12 @@ async fn route(
         path: Some(&path),
         event: event.as_deref(),
         subscription: false,
+        routes: Some(&routes),
     };
-    if let Err(refusal) = admit(state, client, &mut req, None, scope, true).await {
-        return state.middleware.refuse(&refusal);
+    let admitted = admit(state, client, &mut req, None, scope, true).await;
+    drop(routes);
+    if let Err(refusal) = admitted {
+        return state.policy().refuse(&refusal);
     }
     let matched = match lookup {
         Lookup::Found(m) => m,

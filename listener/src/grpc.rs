@@ -44,6 +44,7 @@ use crate::context::{Front, Opener};
 use crate::exchange::emit_notification;
 use crate::identity::Identity;
 use crate::middleware::Refusal;
+use crate::middleware::session::{self as policy, SessionAuth};
 use crate::pipes::{CloseReason, Outbox, SessionGuard, Subscription, check_subscription};
 use crate::state::State;
 
@@ -210,9 +211,12 @@ async fn call(state: &State, req: CallRequest, front: &Front<'_>) -> Result<Call
     if req.r#type.is_empty() {
         return Err(CallError::invalid("`type` names the event type"));
     }
-    state
-        .middleware
-        .authorize_event(front.identity, &req.r#type, false)?;
+    state.pool.policy().middleware.admit_event(
+        front.identity,
+        front.client.ip,
+        &req.r#type,
+        &state.pool.routes(),
+    )?;
     let content_type = if req.content_type.is_empty() {
         "application/json"
     } else {
@@ -320,9 +324,31 @@ fn check(req: &SubscribeRequest) -> Result<String, String> {
 
 type GrpcTx = mpsc::Sender<Result<ServerMessage, Status>>;
 
-/// Opens a session whose pushes go to a new bounded queue.
+/// What a stream keeps of its caller (`middleware::session`): the
+/// identity the call was admitted with and its credential.
+fn session_auth(
+    state: &State,
+    metadata: &tonic::metadata::MetadataMap,
+    extensions: &http::Extensions,
+) -> Arc<SessionAuth> {
+    let client = extensions
+        .get::<crate::context::Client>()
+        .and_then(|c| c.ip)
+        .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED.into());
+    let credential =
+        state
+            .pool
+            .policy()
+            .middleware
+            .credential(&metadata.clone().into_headers(), None, client, false);
+    SessionAuth::new(extensions.get::<Identity>().cloned(), credential)
+}
+
+/// Opens a session whose pushes go to a new bounded queue, checked against
+/// `auth` and watched for as long as it lives.
 fn open(
     state: &Arc<State>,
+    auth: Arc<SessionAuth>,
 ) -> (
     SessionGuard,
     GrpcTx,
@@ -331,7 +357,10 @@ fn open(
 ) {
     let (tx, rx) = mpsc::channel(state.config.ws.queue);
     let (kill, killed) = watch::channel::<CloseReason>(None);
-    let session = state.pool.open_session(Outbox::Grpc(tx.clone()), kill);
+    let session = state
+        .pool
+        .open_session(Outbox::Grpc(tx.clone()), kill.clone(), Some(auth.clone()));
+    policy::watch(state.pool.clone(), Some(session), auth, kill);
     let guard = SessionGuard {
         pool: state.pool.clone(),
         session,
@@ -361,8 +390,9 @@ fn outbound(
                 Some(m) => Some((m, (guard, rx, killed, false))),
                 None => {
                     let reason = *killed.borrow();
-                    let (_, why) = reason?;
-                    let status = Status::resource_exhausted(format!("stream ended: {why}"));
+                    let reason = reason?;
+                    let status = policy::grpc_status(reason)
+                        .unwrap_or_else(|| Status::resource_exhausted(format!("stream ended: {}", reason.1)));
                     Some((Err(status), (guard, rx, killed, true)))
                 }
             }
@@ -380,9 +410,20 @@ impl Events for EventsService {
             return Err(Status::invalid_argument("notifications are JSON"));
         }
         let identity = request.extensions().get::<Identity>();
+        let client = request
+            .extensions()
+            .get::<crate::context::Client>()
+            .and_then(|c| c.ip);
         self.state
+            .pool
+            .policy()
             .middleware
-            .authorize_event(identity, &request.get_ref().r#type, false)
+            .admit_event(
+                identity,
+                client,
+                &request.get_ref().r#type,
+                &self.state.pool.routes(),
+            )
             .map_err(|r| r.grpc())?;
         let request = request.into_inner();
         if serde_json::from_slice::<serde::de::IgnoredAny>(&request.payload).is_err() {
@@ -411,14 +452,16 @@ impl Events for EventsService {
         &self,
         request: tonic::Request<SubscribeRequest>,
     ) -> Result<tonic::Response<Self::SubscribeStream>, Status> {
-        let identity = request.extensions().get::<Identity>().cloned();
+        let auth = session_auth(&self.state, request.metadata(), request.extensions());
         let req = request.into_inner();
         let filter_json = check(&req).map_err(Status::invalid_argument)?;
         self.state
+            .pool
+            .policy()
             .middleware
-            .authorize_event(identity.as_ref(), &req.pattern, true)
+            .authorize_subscription(auth.identity.as_ref(), &req.pattern, &self.state.pool.routes())
             .map_err(|r| r.grpc())?;
-        let (guard, tx, rx, killed) = open(&self.state);
+        let (guard, tx, rx, killed) = open(&self.state, auth);
         // The pool holds the queue's sender: the stream ends with the session.
         drop(tx);
         self.state.pool.subscribe(
@@ -450,12 +493,13 @@ impl Events for EventsService {
         request: tonic::Request<Streaming<ClientMessage>>,
     ) -> Result<tonic::Response<Self::SessionStream>, Status> {
         let (metadata, extensions, inbound) = request.into_parts();
+        let auth = session_auth(&self.state, &metadata, &extensions);
         let opener = Arc::new(Opener::of(
             &metadata.into_headers(),
             &extensions,
             &self.state.pool.routes(),
         ));
-        let (guard, tx, rx, killed) = open(&self.state);
+        let (guard, tx, rx, killed) = open(&self.state, auth);
         tokio::spawn(read_session(self.state.clone(), guard, tx, inbound, opener));
         Ok(tonic::Response::new(Box::pin(outbound(None, rx, killed))))
     }
@@ -544,8 +588,10 @@ async fn read_session(
                 .map_err(|reason| (400, Status::invalid_argument(reason)))
                 .and_then(|filter| {
                     state
+                        .pool
+                        .policy()
                         .middleware
-                        .authorize_event(opener.identity.as_ref(), &req.pattern, true)
+                        .authorize_subscription(opener.identity.as_ref(), &req.pattern, &state.pool.routes())
                         .map(|()| filter)
                         .map_err(|refusal| (refusal.status(), refusal.grpc()))
                 }) {

@@ -110,6 +110,7 @@ pub use middleware::config::{
     JwtConfig, MiddlewareConfig, RateKey, RateLimit, RateLimitConfig, Require, SecurityHeadersConfig,
     TokenSource, WsAuthConfig,
 };
+pub use middleware::describe_rules;
 pub use routes::percent_decode;
 pub use static_files::StaticMount;
 pub use trace::TracingConfig;
@@ -332,7 +333,10 @@ impl Config {
 /// `config` and used for the connections accepted from then on, while open
 /// connections finish with the generation they started with. Connection
 /// admission and the sweeper's timeouts switch at once for every
-/// connection. What the return pipes were built with (`broker_socket`,
+/// connection. The middleware's decisions (authentication, rules, rate
+/// limits) switch at once too: every request and every open session is
+/// held to the newest configuration's (decision 0106). What the return
+/// pipes were built with (`broker_socket`,
 /// `pipes`, `max_frame`, `queue_capacity`, `shm_threshold`) cannot change
 /// in a running process: those values are kept, and the supervisor reports
 /// them as needing a restart.
@@ -436,11 +440,11 @@ pub async fn run(
         http3.port = tcp.local_addr()?.port();
     }
     let config = Arc::new(config);
-    let pool = pipes::Pool::start(config.clone());
+    let middleware = Arc::new(middleware::Middleware::new(&config.middleware).map_err(Error::Config)?);
+    let pool = pipes::Pool::start(config.clone(), middleware.clone());
     let connections = Connections::start(limits(&config));
     // Before the pipes are ready: a certificate that cannot be used stops
     // the listener at start, not at its first handshake.
-    let middleware = middleware::Middleware::new(&config.middleware).map_err(Error::Config)?;
     let access = access::AccessLog::open(&config.access_log)?;
     let mut current = Generation::new(
         state::State::start(pool.clone(), config.clone(), middleware, access),
@@ -486,6 +490,8 @@ pub async fn run(
                         endpoint.set_server_config(next.quic.clone());
                     }
                     current = next;
+                    // Open sessions follow the new rules and keys too.
+                    pool.set_policy(current.state.middleware.clone());
                 });
                 match &applied {
                     Ok(()) => tracing::info!(tls = current.tls.is_some(), "configuration reloaded; new connections use it"),
@@ -634,7 +640,7 @@ fn reconfigure(current: &Generation, mut config: Config) -> Result<Generation, E
     }
     config.validate()?;
     // Rate-limit buckets start afresh with a reloaded configuration.
-    let middleware = middleware::Middleware::new(&config.middleware).map_err(Error::Config)?;
+    let middleware = Arc::new(middleware::Middleware::new(&config.middleware).map_err(Error::Config)?);
     let access = access::AccessLog::open(&config.access_log)?;
     Generation::new(
         current.state.reconfigured(Arc::new(config), middleware, access),

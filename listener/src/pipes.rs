@@ -30,6 +30,8 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio_tungstenite::tungstenite::Message;
 
 use crate::Config;
+use crate::middleware::Middleware;
+use crate::middleware::session::{Policy, SessionAuth};
 use crate::routes::Routes;
 
 type Pending = HashMap<u64, oneshot::Sender<Envelope>>;
@@ -59,6 +61,9 @@ pub(crate) struct Session {
     /// Set to end the session with a close code.
     pub(crate) kill: watch::Sender<CloseReason>,
     pub(crate) subs: HashMap<u64, Subscription>,
+    /// Its caller, against whom each push is checked (`None`: the policy
+    /// is not consulted, as for `/ws/echo`).
+    pub(crate) auth: Option<Arc<SessionAuth>>,
 }
 
 /// One subscription of a session.
@@ -161,6 +166,9 @@ pub(crate) struct Pool {
     progress: watch::Sender<(usize, bool)>,
     /// Bumped whenever the route table or the router's state changes.
     changes: watch::Sender<u64>,
+    /// The policy in force for sessions, whichever configuration they
+    /// were opened under.
+    policy: watch::Sender<Policy>,
     config: Arc<Config>,
 }
 
@@ -188,7 +196,7 @@ impl Drop for InFlight<'_> {
 }
 
 impl Pool {
-    pub(crate) fn start(config: Arc<Config>) -> Arc<Pool> {
+    pub(crate) fn start(config: Arc<Config>, middleware: Arc<Middleware>) -> Arc<Pool> {
         // Correlation ids start at a random point so that a restarted
         // listener never matches a late response meant for its predecessor.
         let seed = switchyard_proto::event::now_micros() ^ ((std::process::id() as u64) << 40);
@@ -207,6 +215,11 @@ impl Pool {
             router_up: AtomicBool::new(false),
             progress: watch::channel((0, false)).0,
             changes: watch::channel(0).0,
+            policy: watch::channel(Policy {
+                middleware,
+                generation: 0,
+            })
+            .0,
             config,
         });
         for index in 0..pool.slots.len() {
@@ -246,6 +259,33 @@ impl Pool {
 
     fn changed(&self) {
         self.changes.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// The policy sessions are held to now.
+    pub(crate) fn policy(&self) -> Policy {
+        self.policy.borrow().clone()
+    }
+
+    /// Changes with every reload's policy.
+    pub(crate) fn watch_policy(&self) -> watch::Receiver<Policy> {
+        self.policy.subscribe()
+    }
+
+    /// A reload's middleware becomes the sessions' policy; each open
+    /// session checks itself against it (`middleware::session`).
+    pub(crate) fn set_policy(&self, middleware: Arc<Middleware>) {
+        self.policy.send_modify(|p| {
+            p.middleware = middleware;
+            p.generation += 1;
+        });
+    }
+
+    /// The patterns session `session` is subscribed to.
+    pub(crate) fn patterns(&self, session: u64) -> Vec<String> {
+        lock(&self.slot_of(session).sessions)
+            .get(&session)
+            .map(|s| s.subs.values().map(|sub| sub.pattern.clone()).collect())
+            .unwrap_or_default()
     }
 
     /// Sends a request on the next live pipe; the response arrives on the
@@ -309,12 +349,18 @@ impl Pool {
     }
 
     /// Registers a session; returns its number.
-    pub(crate) fn open_session(&self, tx: Outbox, kill: watch::Sender<CloseReason>) -> u64 {
+    pub(crate) fn open_session(
+        &self,
+        tx: Outbox,
+        kill: watch::Sender<CloseReason>,
+        auth: Option<Arc<SessionAuth>>,
+    ) -> u64 {
         let session = self.next_session.fetch_add(1, Ordering::Relaxed);
         let entry = Session {
             tx,
             kill,
             subs: HashMap::new(),
+            auth,
         };
         lock(&self.slot_of(session).sessions).insert(session, entry);
         session
@@ -494,6 +540,8 @@ fn push(pool: &Pool, slot: &Slot, env: &Envelope) {
         }
     }
     let mut dropped = Vec::new();
+    let policy = pool.policy();
+    let routes = pool.routes();
     {
         let sessions = lock(&slot.sessions);
         for (session, subs) in by_session {
@@ -507,6 +555,14 @@ fn push(pool: &Pool, slot: &Slot, env: &Envelope) {
                 continue;
             };
             let name = env.meta.get(META_EVENT).unwrap_or(&first.pattern);
+            // The subscription was allowed for the pattern; this
+            // notification meets the rules for its own type too
+            // (decision 0106), under the rules in force now.
+            if let Some(auth) = &s.auth
+                && !auth.may_receive(&policy, name, &routes)
+            {
+                continue;
+            }
             let sent = match &s.tx {
                 Outbox::Ws(tx) => {
                     let text = format!(

@@ -23,6 +23,13 @@ pub(crate) struct Routes {
     /// What each request type reads of its request; merged, never
     /// forgotten, like the routes.
     needs: HashMap<EventType, Arc<RequestNeeds>>,
+    /// Each routed event type's path templates: what a `prefix` rule
+    /// covers when the event comes without a path (a WebSocket message, a
+    /// gRPC call), derived once per table rather than per message.
+    paths: HashMap<String, Vec<String>>,
+    /// Counts the tables merged: what was decided on an older snapshot is
+    /// known to be older.
+    generation: u64,
     /// The router's last view of manager health.
     pub(crate) table: RouteTable,
 }
@@ -68,7 +75,12 @@ impl Routes {
         }
         known.retain(|_, entry| !table.retired.contains(&entry.manager));
         let mut by_method: HashMap<String, matchit::Router<Routed>> = HashMap::new();
+        let mut paths: HashMap<String, Vec<String>> = HashMap::new();
         for ((method, path), entry) in &known {
+            let of_type = paths.entry(entry.type_name.clone()).or_default();
+            if !of_type.contains(path) {
+                of_type.push(path.clone());
+            }
             let router = by_method.entry(method.clone()).or_default();
             let routed = Routed {
                 entry: entry.clone(),
@@ -82,8 +94,26 @@ impl Routes {
             known,
             by_method,
             needs,
+            paths,
+            generation: self.generation + 1,
             table,
         }
+    }
+
+    /// Which snapshot this is (each merge counts one more).
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// The path templates of the routes of event type `name` (none for a
+    /// type without a route).
+    pub(crate) fn paths_of(&self, name: &str) -> &[String] {
+        self.paths.get(name).map_or(&[], Vec::as_slice)
+    }
+
+    /// Every routed event type with its path templates.
+    pub(crate) fn typed_paths(&self) -> impl Iterator<Item = (&str, &[String])> {
+        self.paths.iter().map(|(t, p)| (t.as_str(), p.as_slice()))
     }
 
     /// The request headers some type declares, and whether some type
@@ -137,6 +167,83 @@ impl Routes {
             Lookup::WrongMethod(allowed)
         }
     }
+}
+
+/// Why a request path is refused before anything looks at it (400).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum BadPath {
+    /// `%2F`: one segment would hold two.
+    EncodedSlash,
+    /// `%5C`: a separator on other systems.
+    EncodedBackslash,
+    /// `%00`.
+    EncodedNul,
+    /// `%` not followed by two hex digits.
+    Malformed,
+}
+
+impl BadPath {
+    pub(crate) fn detail(&self) -> &'static str {
+        match self {
+            BadPath::EncodedSlash => "the path contains an encoded `/` (%2F); send the segments as they are",
+            BadPath::EncodedBackslash => "the path contains an encoded backslash (%5C)",
+            BadPath::EncodedNul => "the path contains an encoded NUL character (%00)",
+            BadPath::Malformed => "the path contains a `%` that is not followed by two hex digits",
+        }
+    }
+}
+
+/// The request path every rule, route and static mount sees (decision
+/// 0104): escapes of unreserved characters (RFC 3986 §2.3: letters, digits,
+/// `-`, `.`, `_`, `~`) decoded, since they name the same resource as the
+/// character itself (`/users/%61dmin` is `/users/admin`); every other
+/// escape kept, its hex digits in upper case, so one resource has one
+/// spelling. An encoded `/`, `\` or NUL, or a malformed escape, is
+/// refused: no rule could say which path it stands for. `None`: the path
+/// is already normal.
+pub(crate) fn normalize_path(path: &str) -> Result<Option<String>, BadPath> {
+    let bytes = path.as_bytes();
+    let Some(first) = bytes.iter().position(|&b| b == b'%') else {
+        return Ok(None);
+    };
+    let hex = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
+    let mut out = String::with_capacity(path.len());
+    out.push_str(&path[..first]);
+    let mut i = first;
+    while i < bytes.len() {
+        let b = bytes[i];
+        if b != b'%' {
+            // Up to the next escape, as it came (a `%` is ASCII, so this
+            // cuts on a character boundary).
+            let next = bytes[i..]
+                .iter()
+                .position(|&c| c == b'%')
+                .map_or(bytes.len(), |n| i + n);
+            out.push_str(&path[i..next]);
+            i = next;
+            continue;
+        }
+        let (Some(hi), Some(lo)) = (
+            bytes.get(i + 1).copied().and_then(hex),
+            bytes.get(i + 2).copied().and_then(hex),
+        ) else {
+            return Err(BadPath::Malformed);
+        };
+        let value = (hi << 4) | lo;
+        match value {
+            b'/' => return Err(BadPath::EncodedSlash),
+            b'\\' => return Err(BadPath::EncodedBackslash),
+            0 => return Err(BadPath::EncodedNul),
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => out.push(value as char),
+            _ => {
+                out.push('%');
+                out.push(char::from(b"0123456789ABCDEF"[usize::from(hi)]));
+                out.push(char::from(b"0123456789ABCDEF"[usize::from(lo)]));
+            }
+        }
+        i += 3;
+    }
+    Ok((out != path).then_some(out))
 }
 
 /// Decodes `%XX` escapes; invalid escapes are kept raw, and a result that
@@ -198,6 +305,30 @@ mod tests {
             ..Default::default()
         });
         assert!(matches!(routes.lookup("GET", "/noop"), Lookup::NotFound));
+    }
+
+    #[test]
+    fn paths_are_normalized_once() {
+        assert_eq!(normalize_path("/plain/path"), Ok(None));
+        assert_eq!(normalize_path("/users/%61dmin"), Ok(Some("/users/admin".into())));
+        assert_eq!(
+            normalize_path("/files/%70rivate/x"),
+            Ok(Some("/files/private/x".into()))
+        );
+        assert_eq!(normalize_path("/a%7E%2d%2E%5f"), Ok(Some("/a~-._".into())));
+        // Reserved and non-ASCII escapes stay escaped, in one spelling.
+        assert_eq!(normalize_path("/a%20b"), Ok(None));
+        assert_eq!(normalize_path("/caf%c3%a9"), Ok(Some("/caf%C3%A9".into())));
+        assert_eq!(normalize_path("/x%3f"), Ok(Some("/x%3F".into())));
+        assert_eq!(normalize_path("/a%2fb"), Err(BadPath::EncodedSlash));
+        assert_eq!(normalize_path("/a%2Fb"), Err(BadPath::EncodedSlash));
+        assert_eq!(normalize_path("/a%5cb"), Err(BadPath::EncodedBackslash));
+        assert_eq!(normalize_path("/a%00"), Err(BadPath::EncodedNul));
+        assert_eq!(normalize_path("/100%"), Err(BadPath::Malformed));
+        assert_eq!(normalize_path("/%zz"), Err(BadPath::Malformed));
+        assert_eq!(normalize_path("/%+f"), Err(BadPath::Malformed));
+        // Once: a `%25` stays, so `%2561` is the text `%61`, not `a`.
+        assert_eq!(normalize_path("/%2561"), Ok(None));
     }
 
     #[test]

@@ -18,8 +18,9 @@ pub(crate) struct State {
     pub(crate) pool: Arc<Pool>,
     pub(crate) config: Arc<Config>,
     /// Rate limits, authentication and security headers (built once per
-    /// generation of the configuration).
-    pub(crate) middleware: Middleware,
+    /// generation of the configuration); requests use the newest one
+    /// ([`State::policy`]), which the pool holds.
+    pub(crate) middleware: Arc<Middleware>,
     /// Reusable shared memory for large request bodies (decision 0011);
     /// shared by every generation of the configuration.
     pub(crate) segments: Arc<Mutex<SegmentPool>>,
@@ -43,7 +44,7 @@ impl State {
     pub(crate) fn start(
         pool: Arc<Pool>,
         config: Arc<Config>,
-        middleware: Middleware,
+        middleware: Arc<Middleware>,
         access: Option<AccessLog>,
     ) -> Arc<State> {
         let segments = Arc::new(Mutex::new(SegmentPool::new(SEGMENT_POOL_BYTES, SEGMENT_LEASE)));
@@ -74,7 +75,7 @@ impl State {
     pub(crate) fn reconfigured(
         &self,
         config: Arc<Config>,
-        middleware: Middleware,
+        middleware: Arc<Middleware>,
         access: Option<AccessLog>,
     ) -> Arc<State> {
         Arc::new(State {
@@ -84,6 +85,14 @@ impl State {
             segments: self.segments.clone(),
             access,
         })
+    }
+
+    /// The middleware requests are admitted by: the newest configuration's,
+    /// also for connections accepted under an older one, so that a reload
+    /// that removes a key or tightens a rule holds at once on kept-alive
+    /// connections and long-lived gRPC channels too.
+    pub(crate) fn policy(&self) -> Arc<Middleware> {
+        self.pool.policy().middleware
     }
 
     /// A request body as the event carries it: inline below the threshold,

@@ -45,6 +45,7 @@ use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use crate::conn::Conn;
 use crate::context::Opener;
 use crate::exchange::{call, emit_notification, round_trip};
+use crate::middleware::session::{self as policy, Credential, SessionAuth};
 use crate::pipes::{CloseReason, Outbox, Subscription, check_subscription};
 use crate::reply::{Reply, error};
 use crate::state::State;
@@ -111,6 +112,7 @@ pub(crate) fn upgrade(
     conn: &Arc<Conn>,
     mut req: Request<RequestBody>,
     echo: bool,
+    credential: Credential,
 ) -> Reply {
     let h2 = req.version() == http::Version::HTTP_2;
     if !h2 && req.method() != http::Method::GET {
@@ -144,7 +146,9 @@ pub(crate) fn upgrade(
     // headers (cookies, say), address and identity.
     let opener = Arc::new(Opener::of(req.headers(), req.extensions(), &state.pool.routes()));
     // The middleware admitted the upgrade; its identity (in `opener`) is
-    // the session's, and each message's event type is checked against the rules.
+    // the session's, and each message's event meets the policy
+    // (`middleware::session` watches the rest of the session's life).
+    let auth = SessionAuth::new(opener.identity.clone(), credential);
     let protocol = chosen_protocol(req.headers(), &state.config.ws.subprotocols);
     let deflate = if state.config.ws.deflate {
         deflate::negotiate(req.headers())
@@ -177,9 +181,9 @@ pub(crate) fn upgrade(
         let _open = crate::metrics::WsSession::open();
         let compress = agreed.is_some_and(|a| a.compress_out);
         if echo {
-            echo_session(state, conn, ws, opener, compress).await
+            echo_session(state, conn, ws, opener, auth, compress).await
         } else {
-            session(state, conn, ws, opener, compress).await
+            session(state, conn, ws, opener, auth, compress).await
         }
     });
     let mut reply = Response::new(http_body_util::Either::Left(Full::new(Bytes::new())));
@@ -323,12 +327,22 @@ fn error_message(id: Option<&Value>, status: u16, detail: &str) -> Message {
 }
 
 /// The `/ws` session: requests, subscriptions, pushes.
-async fn session(state: Arc<State>, conn: Arc<Conn>, ws: Ws, opener: Arc<Opener>, compress: bool) {
+async fn session(
+    state: Arc<State>,
+    conn: Arc<Conn>,
+    ws: Ws,
+    opener: Arc<Opener>,
+    auth: Arc<SessionAuth>,
+    compress: bool,
+) {
     let cfg = state.config.ws.clone();
     let (sink, mut stream) = ws.split();
     let (tx, rx) = mpsc::channel::<Message>(cfg.queue);
     let (kill, mut killed) = watch::channel::<CloseReason>(None);
-    let id = state.pool.open_session(Outbox::Ws(tx.clone()), kill.clone());
+    let id = state
+        .pool
+        .open_session(Outbox::Ws(tx.clone()), kill.clone(), Some(auth.clone()));
+    policy::watch(state.pool.clone(), Some(id), auth.clone(), kill.clone());
     let writer = tokio::spawn(writer(sink, rx, kill.subscribe(), compress));
     let in_flight = Arc::new(Semaphore::new(cfg.max_in_flight));
     let mut ping = tokio::time::interval(cfg.ping_interval);
@@ -378,10 +392,11 @@ async fn session(state: Arc<State>, conn: Arc<Conn>, ws: Ws, opener: Arc<Opener>
                 // A bincode request: answered with a bincode reply.
                 match switchyard_proto::codec::decode::<WsBinaryRequest>(&bytes) {
                     Ok(request) => {
-                        if let Err(refusal) = state.middleware.authorize_event(
-                            opener.identity.as_ref(),
+                        if let Err(refusal) = state.pool.policy().middleware.admit_event(
+                            auth.identity.as_ref(),
+                            opener.client.ip,
                             &request.event_type,
-                            false,
+                            &state.pool.routes(),
                         ) {
                             let e = error_message(None, refusal.status(), &refusal.detail());
                             if tx.send(e).await.is_err() {
@@ -439,10 +454,20 @@ async fn session(state: Arc<State>, conn: Arc<Conn>, ws: Ws, opener: Arc<Opener>
             _ => None,
         };
         let refused = asked.and_then(|(event, subscription)| {
-            state
-                .middleware
-                .authorize_event(opener.identity.as_ref(), event, subscription)
-                .err()
+            let policy = state.pool.policy();
+            let routes = state.pool.routes();
+            let who = auth.identity.as_ref();
+            if subscription {
+                policy
+                    .middleware
+                    .authorize_subscription(who, event, &routes)
+                    .err()
+            } else {
+                policy
+                    .middleware
+                    .admit_event(who, opener.client.ip, event, &routes)
+                    .err()
+            }
         });
         let reply = if let Some(refusal) = refused {
             Some(error_message(
@@ -633,11 +658,23 @@ async fn request(state: &State, ty: &str, id: Option<&Value>, data: &Value, open
 /// `demo.WsEcho` and its reply comes back as the same kind of message, in
 /// order. A failed round trip closes with 1011; a caller the rules do not
 /// let send `demo.WsEcho` is closed at once with 1008.
-async fn echo_session(state: Arc<State>, conn: Arc<Conn>, ws: Ws, opener: Arc<Opener>, compress: bool) {
+async fn echo_session(
+    state: Arc<State>,
+    conn: Arc<Conn>,
+    ws: Ws,
+    opener: Arc<Opener>,
+    auth: Arc<SessionAuth>,
+    compress: bool,
+) {
     let (mut sink, mut stream) = ws.split();
+    // Ends at the token's `exp`, or when a reload no longer accepts it.
+    let (kill, mut killed) = watch::channel::<CloseReason>(None);
+    policy::watch(state.pool.clone(), None, auth, kill);
     if state
+        .pool
+        .policy()
         .middleware
-        .authorize_event(opener.identity.as_ref(), ECHO_EVENT, false)
+        .authorize_event(opener.identity.as_ref(), ECHO_EVENT, &state.pool.routes())
         .is_err()
     {
         let policy = close_message(Some((1008, "not allowed to send demo.WsEcho")));
@@ -652,6 +689,11 @@ async fn echo_session(state: Arc<State>, conn: Arc<Conn>, ws: Ws, opener: Arc<Op
             },
             _ = conn.closing() => {
                 let _ = tokio::time::timeout(Duration::from_secs(1), sink.send(close_message(TOO_SLOW))).await;
+                return;
+            }
+            _ = killed.changed() => {
+                let reason = *killed.borrow();
+                let _ = tokio::time::timeout(Duration::from_secs(1), sink.send(close_message(reason))).await;
                 return;
             }
         };

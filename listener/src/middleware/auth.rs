@@ -238,9 +238,43 @@ impl Auth {
     /// Whether `identity` may make a request in `scope`: the first rule
     /// that matches decides.
     pub(crate) fn authorize(&self, scope: &Scope<'_>, identity: Option<&Identity>) -> Result<(), Denied> {
-        let Some(rule) = self.rules.iter().find(|r| r.matches(scope)) else {
-            return Ok(());
+        match self.rules.iter().find(|r| r.matches(scope)) {
+            Some(rule) => self.check(rule, identity),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether `identity` may have every event type of the subscription
+    /// pattern in `scope`: each rule that could match one of them must
+    /// allow it, until a rule that matches all of them (no prefix, an
+    /// event pattern that contains the subscription's) ends the search,
+    /// since no type of it reaches a later rule. So `public.*` open before
+    /// `*` requiring an identity lets anyone subscribe to `public.*`, and
+    /// only an identity to `*`.
+    pub(crate) fn authorize_every(
+        &self,
+        scope: &Scope<'_>,
+        identity: Option<&Identity>,
+    ) -> Result<(), Denied> {
+        let Some(Ok(wanted)) = scope.event.map(Pattern::parse) else {
+            return Err(Denied::Forbidden("not a subscription pattern".to_owned()));
         };
+        for rule in self.rules.iter().filter(|r| r.matches(scope)) {
+            self.check(rule, identity)?;
+            if rule.prefix.is_none() && rule.event.as_ref().is_none_or(|e| e.contains(&wanted)) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// The API key header, when API keys are accepted.
+    pub(crate) fn api_key_header(&self) -> Option<&http::HeaderName> {
+        self.api_keys.as_ref().map(|k| &k.header)
+    }
+
+    /// Whether `identity` meets what `rule` requires.
+    fn check(&self, rule: &Rule, identity: Option<&Identity>) -> Result<(), Denied> {
         if rule.require == Require::None {
             return Ok(());
         }
@@ -474,7 +508,63 @@ mod tests {
             path: Some(path),
             event,
             subscription: false,
+            routes: None,
         }
+    }
+
+    #[test]
+    fn a_subscription_meets_every_rule_that_could_decide_it() {
+        let rules = |rules: Vec<AuthRule>| {
+            let mut c = key_config();
+            c.rules = rules;
+            Auth::new(&c, 100).unwrap()
+        };
+        let open = |event: &str| AuthRule {
+            event: Some(event.into()),
+            require: Require::None,
+            ..AuthRule::default()
+        };
+        let needs = |event: &str, roles: &[&str]| AuthRule {
+            event: Some(event.into()),
+            roles: roles.iter().map(|r| (*r).to_owned()).collect(),
+            ..AuthRule::default()
+        };
+        let sub = |pattern: &'static str| Scope {
+            path: None,
+            event: Some(pattern),
+            subscription: true,
+            routes: None,
+        };
+        let viewer = Identity {
+            subject: "v".into(),
+            claims: claims_of("v", &["viewer".into()]),
+            method: AuthMethod::ApiKey,
+        };
+        let exception_first = rules(vec![
+            open("public.*"),
+            needs("admin.*", &["admin"]),
+            needs("*", &[]),
+        ]);
+        let a = &exception_first;
+        assert_eq!(a.authorize_every(&sub("public.*"), None), Ok(()));
+        assert_eq!(a.authorize_every(&sub("public.News"), None), Ok(()));
+        assert_eq!(a.authorize_every(&sub("*"), None), Err(Denied::Missing));
+        assert!(matches!(
+            a.authorize_every(&sub("*"), Some(&viewer)),
+            Err(Denied::Forbidden(_))
+        ));
+        assert_eq!(a.authorize_every(&sub("user.*"), Some(&viewer)), Ok(()));
+        // The first matching rule alone would have let both through.
+        assert_eq!(a.authorize(&sub("*"), None), Ok(()));
+        let broad_first = rules(vec![needs("*", &[]), open("public.*")]);
+        assert_eq!(
+            broad_first.authorize_every(&sub("public.*"), None),
+            Err(Denied::Missing)
+        );
+        assert_eq!(
+            broad_first.authorize_every(&sub("public.*"), Some(&viewer)),
+            Ok(())
+        );
     }
 
     #[tokio::test]

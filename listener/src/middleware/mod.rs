@@ -11,9 +11,17 @@
 //!   limits by address, authentication (the [`Identity`] goes into the
 //!   request's extensions), rate limits by API key or identity, then the
 //!   first matching `[[auth.rules]]` entry. WebSocket sessions and gRPC
-//!   streams are admitted once, at the upgrade or the call; each message's
-//!   event type is then checked against the rules
-//!   ([`Middleware::authorize_event`]).
+//!   streams are authenticated once, at the upgrade or the call; each
+//!   message's or call's event then meets the same limits and rules as
+//!   the event's HTTP route would ([`Middleware::admit_event`]), a
+//!   subscription every rule that could decide one of its types
+//!   ([`Middleware::authorize_subscription`]), and each notification the
+//!   rules again before it is pushed (`session`).
+//!
+//! One policy, decided on the event (decision 0105): a rule's `prefix`
+//! covers the paths under it and, through the route table, the event
+//! types whose routes lie under it, so the same rule holds for the same
+//! event whichever way it comes in.
 //!
 //! Security headers are added to every HTTP answer that does not set them.
 //!
@@ -22,12 +30,16 @@
 //! - `auth`: credentials (JWT, API keys, Basic) and rules.
 //! - `jwt`: bearer token verification.
 //! - `rate`: token buckets per client, in bounded memory.
+//! - `session`: what a long-lived session (WebSocket, gRPC stream) keeps
+//!   of its caller: the credential to check again, the decisions on what
+//!   it may receive, its end at the token's `exp`.
 
 pub(crate) mod config;
 
 mod auth;
 mod jwt;
 mod rate;
+pub(crate) mod session;
 
 use std::net::IpAddr;
 use std::num::NonZeroU32;
@@ -45,16 +57,20 @@ use self::config::{DEFAULT_SECURITY_HEADERS, MiddlewareConfig, RateKey, TokenSou
 use self::rate::{Key, Limiter};
 use crate::identity::{AuthMethod, Identity};
 use crate::reply::{Reply, error};
+use crate::routes::Routes;
 
 /// What a request is, for rules and limits: its path (HTTP requests and
 /// WebSocket upgrades) and its event type (a route's, a WebSocket
 /// message's, a gRPC call's), or a subscription pattern.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Default)]
 pub(crate) struct Scope<'a> {
     pub(crate) path: Option<&'a str>,
     pub(crate) event: Option<&'a str>,
     /// `event` is a subscription pattern (`shop.*`), not one type.
     pub(crate) subscription: bool,
+    /// The route table: which paths each event type is routed at, for
+    /// the `prefix` of rules and limits on an event.
+    pub(crate) routes: Option<&'a Routes>,
 }
 
 /// An event type or a prefix of types, as subscriptions spell them:
@@ -77,6 +93,16 @@ impl Pattern {
         match self {
             Pattern::Exact(e) => e == event,
             Pattern::Prefix(p) => event.starts_with(p.as_str()),
+        }
+    }
+
+    /// Whether every event type `other` matches, `self` matches too.
+    fn contains(&self, other: &Pattern) -> bool {
+        match (self, other) {
+            (Pattern::Exact(a), Pattern::Exact(b)) => a == b,
+            (Pattern::Exact(_), Pattern::Prefix(_)) => false,
+            (Pattern::Prefix(p), Pattern::Exact(e)) => e.starts_with(p.as_str()),
+            (Pattern::Prefix(p), Pattern::Prefix(q)) => q.starts_with(p.as_str()),
         }
     }
 
@@ -104,6 +130,57 @@ fn under(path: &str, prefix: &str) -> bool {
     }
 }
 
+/// Whether some path of route `template` (`/users/{name}`, `/files/{*rest}`)
+/// lies under `prefix`: segment by segment, a parameter matches any
+/// segment and a catch-all any rest. Over a transport without a path, a
+/// rule on `/users/admin` cannot tell `admin` from `bob` in the message,
+/// so it covers the whole event of `/users/{name}`.
+fn reaches(template: &str, prefix: &str) -> bool {
+    let prefix = prefix.trim_end_matches('/');
+    let mut route = template.split('/').skip(1);
+    for want in prefix.split('/').skip(1) {
+        match route.next() {
+            None => return false,
+            Some(seg) if seg.starts_with("{*") => return true,
+            Some(seg) if seg.contains('{') => {}
+            Some(seg) if seg == want => {}
+            Some(_) => return false,
+        }
+    }
+    true
+}
+
+/// Whether a rule's or limit's `prefix` concerns `scope`: its path is
+/// under the prefix, or its event is routed under it (decision 0105). A
+/// request with a path (HTTP) is covered through its event when another
+/// route of the same event lies wholly under the prefix; one without
+/// (WebSocket, gRPC) when some path of one of its routes does; a
+/// subscription when some type it matches is.
+fn prefix_covers(prefix: &str, scope: &Scope<'_>) -> bool {
+    if scope.path.is_some_and(|p| under(p, prefix)) {
+        return true;
+    }
+    let (Some(routes), Some(event)) = (scope.routes, scope.event) else {
+        return false;
+    };
+    if scope.subscription {
+        let Ok(pattern) = Pattern::parse(event) else {
+            return false;
+        };
+        return routes
+            .typed_paths()
+            .any(|(ty, paths)| pattern.covers(ty) && paths.iter().any(|t| reaches(t, prefix)));
+    }
+    let paths = routes.paths_of(event);
+    if scope.path.is_some() {
+        // The template starts with the prefix's very text: its literal
+        // segments put every path of it under the prefix.
+        paths.iter().any(|t| under(t, prefix))
+    } else {
+        paths.iter().any(|t| reaches(t, prefix))
+    }
+}
+
 /// Whether `rule` covers an HTTP route, by its path template and event
 /// type (the API description says what each route requires).
 pub(crate) fn rule_covers(rule: &config::AuthRule, path: &str, event: Option<&str>) -> bool {
@@ -115,15 +192,78 @@ pub(crate) fn rule_covers(rule: &config::AuthRule, path: &str, event: Option<&st
         path: Some(path),
         event,
         subscription: false,
+        routes: None,
     };
     matches(rule.prefix.as_deref(), pattern.as_ref(), &scope)
+}
+
+/// What each `[[auth.rules]]` entry covers, given the group's routes
+/// (`(method, path template, event type)`): one line per rule, for
+/// `switchyard check`. The same derivation the listener makes from its
+/// route table.
+pub fn describe_rules(auth: &config::AuthConfig, routes: &[(String, String, String)]) -> Vec<String> {
+    let mut out = Vec::new();
+    for (i, rule) in auth.rules.iter().enumerate() {
+        let pattern = rule.event.as_deref().and_then(|e| Pattern::parse(e).ok());
+        let mut what = Vec::new();
+        if let Some(prefix) = &rule.prefix {
+            what.push(format!("prefix {prefix}"));
+        }
+        if let Some(event) = &rule.event {
+            what.push(format!("event {event}"));
+        }
+        let needs = match rule.require {
+            config::Require::None => "nothing".to_owned(),
+            config::Require::Identity if rule.roles.is_empty() && rule.claims.is_empty() => {
+                "an identity".to_owned()
+            }
+            config::Require::Identity => {
+                let mut n = Vec::new();
+                if !rule.roles.is_empty() {
+                    n.push(format!("a role of {}", rule.roles.join(", ")));
+                }
+                for (k, v) in &rule.claims {
+                    n.push(format!("{k} = {v}"));
+                }
+                n.join(" and ")
+            }
+        };
+        let mut types: Vec<&str> = routes
+            .iter()
+            .filter(|(_, path, ty)| {
+                let prefix_ok = rule.prefix.as_deref().is_none_or(|p| reaches(path, p));
+                let event_ok = pattern.as_ref().is_none_or(|e| e.covers(ty));
+                prefix_ok && event_ok
+            })
+            .map(|(_, _, ty)| ty.as_str())
+            .collect();
+        types.sort_unstable();
+        types.dedup();
+        let what = if what.is_empty() {
+            "everything".to_owned()
+        } else {
+            what.join(", ")
+        };
+        let events = match (&rule.event, types.is_empty()) {
+            (Some(e), true) => format!("events {e} (no route yet)"),
+            (Some(e), false) => format!("events {e}; routed now: {}", types.join(", ")),
+            (None, _) if rule.prefix.is_none() => "every event".to_owned(),
+            (None, true) => "no routed event".to_owned(),
+            (None, false) => format!("events {}", types.join(", ")),
+        };
+        out.push(format!(
+            "auth.rules[{i}] ({what}) requires {needs}: HTTP paths{} and, on HTTP, HTTP/3, WebSocket, gRPC and subscriptions, {events}",
+            rule.prefix.as_deref().map_or_else(|| " of those events".to_owned(), |p| format!(" under {p}"))
+        ));
+    }
+    out
 }
 
 /// Whether a rule or limit on `prefix` and `event` (each optional; neither
 /// matches everything) concerns `scope`.
 fn matches(prefix: Option<&str>, event: Option<&Pattern>, scope: &Scope<'_>) -> bool {
     if let Some(prefix) = prefix
-        && !scope.path.is_some_and(|p| under(p, prefix))
+        && !prefix_covers(prefix, scope)
     {
         return false;
     }
@@ -202,6 +342,37 @@ impl Refusal {
     }
 }
 
+/// Whether `origin` (`https://host:port`) is the server's own, reached as
+/// `host` (`Host` or `:authority`). With TLS here only `https` is; without
+/// (a proxy in front may terminate TLS) either scheme is, with its default
+/// port when the host names none. Names compare without case.
+fn same_origin(origin: &str, host: &str, tls: bool) -> bool {
+    let Some((scheme, rest)) = origin.split_once("://") else {
+        return false;
+    };
+    let default_port = match scheme.to_ascii_lowercase().as_str() {
+        "https" => 443,
+        "http" if !tls => 80,
+        _ => return false,
+    };
+    let split = |hp: &str| -> Option<(String, u16)> {
+        let hp = hp.trim();
+        // `[v6]:port`, `[v6]`, `name:port`, `name`.
+        let (name, port) = match hp.rfind(':') {
+            Some(i) if !hp[i..].contains(']') => (&hp[..i], Some(hp[i + 1..].parse::<u16>().ok()?)),
+            _ => (hp, None),
+        };
+        if name.is_empty() || name.contains(['/', '@']) {
+            return None;
+        }
+        Some((name.to_ascii_lowercase(), port.unwrap_or(default_port)))
+    };
+    match (split(rest), split(host)) {
+        (Some(a), Some(b)) => a == b,
+        _ => false,
+    }
+}
+
 /// Whole seconds to wait, at least 1 (`Retry-After` has no fractions).
 fn retry_after_secs(wait: Duration) -> u64 {
     wait.as_secs() + u64::from(wait.subsec_nanos() > 0)
@@ -222,6 +393,9 @@ pub(crate) struct Middleware {
     limits: Vec<Limit>,
     security: Vec<(HeaderName, HeaderValue)>,
     ws: WsAuthConfig,
+    /// `[cors] allow_origins`: the browser origins, besides the server's
+    /// own, that may open a WebSocket (`*`: any).
+    origins: Vec<String>,
 }
 
 impl Middleware {
@@ -309,6 +483,7 @@ impl Middleware {
             limits,
             security,
             ws: a.websocket.clone(),
+            origins: config.cors.allow_origins.clone(),
         })
     }
 
@@ -363,13 +538,52 @@ impl Middleware {
         Ok(identity)
     }
 
-    /// Whether `identity` (a session's, a stream's) may send `event` (or,
-    /// with `subscription`, subscribe to that pattern).
+    /// Lets one event from a session or stream through, as its HTTP route
+    /// would be: the rate limits that concern the event (by its type, or
+    /// by a `prefix` its routes lie under), then the rules. `identity`,
+    /// `client`: the caller the session or call was authenticated as. The
+    /// one place a client-supplied event type meets the policy on
+    /// WebSocket and gRPC.
+    pub(crate) fn admit_event(
+        &self,
+        identity: Option<&Identity>,
+        client: Option<IpAddr>,
+        event: &str,
+        routes: &Routes,
+    ) -> Result<(), Refusal> {
+        let scope = Scope {
+            path: None,
+            event: Some(event),
+            subscription: false,
+            routes: Some(routes),
+        };
+        // Limits with neither prefix nor event count requests, upgrades
+        // and gRPC calls where they come in (`admit`); counting them per
+        // message too would count a unary call twice.
+        let client = client.unwrap_or(std::net::Ipv4Addr::UNSPECIFIED.into());
+        for limit in self.limits.iter().filter(|l| {
+            (l.prefix.is_some() || l.event.is_some())
+                && matches(l.prefix.as_deref(), l.event.as_ref(), &scope)
+        }) {
+            let key = match (identity, limit.key) {
+                (Some(who), RateKey::Identity) => Key::Subject(who.subject.clone()),
+                (Some(who), RateKey::ApiKey) if who.method == AuthMethod::ApiKey => {
+                    Key::Subject(who.subject.clone())
+                }
+                _ => Key::Address(client),
+            };
+            limit.limiter.check(&key).map_err(Refusal::TooMany)?;
+        }
+        self.authorize_event(identity, event, routes)
+    }
+
+    /// Whether the rules let `identity` have `event`: send it, or receive
+    /// it as a notification. No rate limit.
     pub(crate) fn authorize_event(
         &self,
         identity: Option<&Identity>,
         event: &str,
-        subscription: bool,
+        routes: &Routes,
     ) -> Result<(), Refusal> {
         let Some(auth) = &self.auth else {
             return Ok(());
@@ -377,9 +591,114 @@ impl Middleware {
         let scope = Scope {
             path: None,
             event: Some(event),
-            subscription,
+            subscription: false,
+            routes: Some(routes),
         };
         auth.authorize(&scope, identity).map_err(Refusal::from)
+    }
+
+    /// Whether `identity` may subscribe to `pattern`: every rule that
+    /// could decide one of the types it matches must allow it, up to the
+    /// first rule that decides them all (decision 0106).
+    pub(crate) fn authorize_subscription(
+        &self,
+        identity: Option<&Identity>,
+        pattern: &str,
+        routes: &Routes,
+    ) -> Result<(), Refusal> {
+        let Some(auth) = &self.auth else {
+            return Ok(());
+        };
+        let scope = Scope {
+            path: None,
+            event: Some(pattern),
+            subscription: true,
+            routes: Some(routes),
+        };
+        auth.authorize_every(&scope, identity).map_err(Refusal::from)
+    }
+
+    /// Authenticates a session's credential again (after a reload that
+    /// may have changed the keys); `Ok(None)`: it had none.
+    pub(crate) async fn reauthenticate(
+        &self,
+        credential: &session::Credential,
+    ) -> Result<Option<Identity>, Refusal> {
+        let Some(auth) = &self.auth else {
+            return Ok(None);
+        };
+        Ok(auth
+            .authenticate(
+                &credential.headers,
+                credential.token.as_deref(),
+                credential.client,
+            )
+            .await?)
+    }
+
+    /// What a session keeps of the credential it was opened with, to check
+    /// again on reload: the headers a credential can be in, and a token
+    /// from elsewhere.
+    pub(crate) fn credential(
+        &self,
+        headers: &HeaderMap,
+        token: Option<String>,
+        client: IpAddr,
+        ws: bool,
+    ) -> session::Credential {
+        let mut kept = HeaderMap::new();
+        if !ws || self.ws_header_tokens() {
+            let mut names = vec![header::AUTHORIZATION];
+            if let Some(auth) = &self.auth {
+                names.extend(auth.api_key_header().cloned());
+            }
+            for name in names {
+                for value in headers.get_all(&name) {
+                    if let Ok(copy) = HeaderValue::from_bytes(value.as_bytes()) {
+                        kept.append(name.clone(), copy);
+                    }
+                }
+            }
+        }
+        session::Credential {
+            headers: kept,
+            token,
+            client,
+        }
+    }
+
+    /// Whether a WebSocket upgrade may come from its `Origin` (decision
+    /// 0107): none (not a browser), the server's own (same host and port
+    /// as the request's `Host` or `:authority`, and with TLS here, https),
+    /// or one of `[cors] allow_origins`. Else 403: a page elsewhere would
+    /// drive the session with the user's cookies.
+    pub(crate) fn check_origin<B>(&self, req: &http::Request<B>, tls: bool) -> Result<(), Refusal> {
+        let Some(origin) = req.headers().get(header::ORIGIN) else {
+            return Ok(());
+        };
+        let origin = origin.to_str().unwrap_or("").trim();
+        if self
+            .origins
+            .iter()
+            .any(|o| o == "*" || o.eq_ignore_ascii_case(origin))
+        {
+            return Ok(());
+        }
+        let host = req.uri().authority().map(|a| a.as_str().to_owned()).or_else(|| {
+            req.headers()
+                .get(header::HOST)
+                .and_then(|h| h.to_str().ok())
+                .map(str::to_owned)
+        });
+        if let Some(host) = host
+            && same_origin(origin, &host, tls)
+        {
+            return Ok(());
+        }
+        Err(Refusal::Forbidden(format!(
+            "a WebSocket from the origin `{}` is refused: it is not this server's, nor in [cors] allow_origins",
+            origin.escape_debug()
+        )))
     }
 
     /// A WebSocket upgrade's bearer token from where `[auth.websocket]`
@@ -870,10 +1189,91 @@ mod tests {
             path: None,
             event: Some("*"),
             subscription: true,
+            routes: None,
         };
         assert!(matches(None, Some(&shop), &sub));
         assert!(!matches(Some("/x"), None, &sub));
         assert!(matches(None, None, &sub));
+    }
+
+    #[test]
+    fn route_templates_reach_prefixes() {
+        assert!(reaches("/me", "/me"));
+        assert!(reaches("/me/x", "/me"));
+        assert!(!reaches("/mega", "/me"));
+        assert!(reaches("/users/{name}", "/users/admin"));
+        assert!(reaches("/files/{*rest}", "/files/private/x"));
+        assert!(!reaches("/users", "/users/admin"));
+        assert!(!reaches("/hello/{name}", "/me"));
+        assert!(reaches("/anything", "/"));
+    }
+
+    #[test]
+    fn a_prefix_covers_the_events_routed_under_it() {
+        use switchyard_proto::EventType;
+        use switchyard_proto::control::{HttpRoute, RouteEntry, RouteTable};
+        let entry = |path: &str, name: &str| RouteEntry {
+            route: HttpRoute {
+                method: "GET".into(),
+                path: path.into(),
+                stream_body: false,
+            },
+            event_type: EventType::of(name),
+            type_name: name.into(),
+            manager: "m".into(),
+        };
+        let routes = Routes::default().merged(RouteTable {
+            routes: vec![
+                entry("/me", "demo.Me"),
+                entry("/api/me", "demo.Me"),
+                entry("/users/{name}", "demo.User"),
+                entry("/noop", "demo.Noop"),
+            ],
+            ..Default::default()
+        });
+        let event = |e: &'static str| Scope {
+            path: None,
+            event: Some(e),
+            subscription: false,
+            routes: Some(&routes),
+        };
+        let http = |p: &'static str, e: &'static str| Scope {
+            path: Some(p),
+            event: Some(e),
+            subscription: false,
+            routes: Some(&routes),
+        };
+        let sub = |p: &'static str| Scope {
+            path: None,
+            event: Some(p),
+            subscription: true,
+            routes: Some(&routes),
+        };
+        assert!(prefix_covers("/me", &event("demo.Me")));
+        assert!(!prefix_covers("/me", &event("demo.Noop")));
+        // Without a path, a rule on one value of a parameter covers the event.
+        assert!(prefix_covers("/users/admin", &event("demo.User")));
+        // With one, the path decides...
+        assert!(!prefix_covers("/users/admin", &http("/users/bob", "demo.User")));
+        assert!(prefix_covers("/users/admin", &http("/users/admin", "demo.User")));
+        // ...and another route of the same event wholly under the prefix.
+        assert!(prefix_covers("/me", &http("/api/me", "demo.Me")));
+        assert!(prefix_covers("/me", &sub("demo.*")));
+        assert!(prefix_covers("/me", &sub("*")));
+        assert!(!prefix_covers("/me", &sub("shop.*")));
+        assert!(!prefix_covers("/me", &sub("demo.Noop")));
+    }
+
+    #[test]
+    fn origins() {
+        assert!(same_origin("http://a.example:8080", "a.example:8080", false));
+        assert!(same_origin("https://A.example", "a.example:443", false));
+        assert!(same_origin("http://127.0.0.1:80", "127.0.0.1", false));
+        assert!(same_origin("http://[::1]:9", "[::1]:9", false));
+        assert!(!same_origin("http://a.example", "a.example", true));
+        assert!(!same_origin("https://evil.example", "a.example", false));
+        assert!(!same_origin("http://a.example:8081", "a.example:8080", false));
+        assert!(!same_origin("null", "a.example", false));
     }
 
     #[test]
