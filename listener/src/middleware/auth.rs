@@ -517,7 +517,7 @@ mod tests {
         let rules = |rules: Vec<AuthRule>| {
             let mut c = key_config();
             c.rules = rules;
-            Auth::new(&c, 100).unwrap()
+            Auth::new(&c, 100, 64).unwrap()
         };
         let open = |event: &str| AuthRule {
             event: Some(event.into()),
