@@ -741,6 +741,14 @@ pub(crate) struct GroupConfig {
     /// incoming ring empty gives up the CPU (re-checking in between) before
     /// it sleeps and must be woken. 0: sleep at once. Default 3.
     pub(crate) ring_yields: usize,
+    /// Environment variables the group's processes get from the
+    /// supervisor's environment besides the fixed list (`PATH`, `HOME`,
+    /// `LANG`, `LC_*`, `TZ`, `RUST_LOG`, `RUST_BACKTRACE`, ...): what the
+    /// plugins need, such as `DATABASE_URL`. A name ending in `*` passes
+    /// every variable it begins. Default empty: no other variable, so no
+    /// secret of the supervisor's environment reaches a plugin
+    /// (docs/decisions/0101-child-environment-and-secrets.md).
+    pub(crate) pass_env: Vec<String>,
 }
 
 impl Default for GroupConfig {
@@ -757,6 +765,7 @@ impl Default for GroupConfig {
             handler_timeout_ms: 30_000,
             transport: switchyard_proto::link::Transport::default(),
             ring_yields: switchyard_proto::link::DEFAULT_YIELDS,
+            pass_env: Vec::new(),
         }
     }
 }

@@ -24,6 +24,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 mod admin;
 mod apidoc;
 mod config;
+mod hardening;
 mod inherit;
 mod roles;
 mod scaffold;

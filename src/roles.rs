@@ -86,6 +86,10 @@ impl Spec {
         if role != Role::Listener {
             config.auth = Default::default();
         }
+        // `[cluster]` (NATS credentials) is the router's alone.
+        if role != Role::Router {
+            config.cluster = Default::default();
+        }
         Spec {
             config,
             runtime_dir: runtime_dir.to_path_buf(),
@@ -96,6 +100,13 @@ impl Spec {
 
 pub(crate) fn main(role: Role, name: String, instance: u32) -> ExitCode {
     init_child_logging();
+    // Before the spec is read and any plugin is loaded: no other process
+    // of this user (a plugin in another manager) may read this one's
+    // memory or descriptors through /proc or ptrace.
+    if let Err(err) = crate::hardening::not_dumpable() {
+        tracing::error!(%err, "cannot make this process non-dumpable");
+        return ExitCode::FAILURE;
+    }
     // Inherited from the supervisor already; raised again in case this
     // child was started some other way.
     if let Err(err) = switchyard_proto::accept::raise_nofile_limit() {
@@ -170,6 +181,7 @@ async fn serve(role: Role, name: String, instance: u32, spec: Spec) -> anyhow::R
             let cfg = switchyard_broker::Config {
                 max_frame,
                 queue_capacity,
+                roster: Some(control.roster()),
             };
             Box::pin(async move { Ok(switchyard_broker::run(listener, cfg, ready_tx, stop).await?) })
         }
@@ -183,6 +195,7 @@ async fn serve(role: Role, name: String, instance: u32, spec: Spec) -> anyhow::R
                 max_outstanding: config.group.max_outstanding_per_instance,
                 cluster: config.cluster.clone(),
                 shm_threshold: config.group.shm_threshold_bytes,
+                roster: Some(control.roster()),
             };
             let (declared_tx, declared) = tokio::sync::watch::channel(cfg.declared_managers.clone());
             live = Some(Live::Router(declared_tx));

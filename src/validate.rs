@@ -103,7 +103,13 @@ fn run_child(
         config.group.shm_budget_bytes,
     ))
     .map_err(|e| e.to_string())?;
+    // The plugins run in it: the same environment as the group's children.
     let mut child = Command::new(exe)
+        .env_clear()
+        .envs(crate::hardening::child_env(
+            std::env::vars_os(),
+            &config.group.pass_env,
+        ))
         .arg("__validate")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

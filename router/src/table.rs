@@ -17,6 +17,14 @@ struct Instance {
     outstanding: u32,
     /// Being replaced: gets no new work, finishes what it has.
     draining: bool,
+    /// The request types it declared, with their routes: what no other
+    /// manager may declare while it is connected.
+    handles: Vec<(EventType, Option<(String, String)>)>,
+    /// Responses it sent for requests it was not sent; only the first is
+    /// logged as a warning.
+    refused_responses: u64,
+    /// Whether it was told about (logged for) stripped request context.
+    stripped_logged: bool,
 }
 
 struct Known {
@@ -120,11 +128,28 @@ impl Table {
         description: ManagerDescription,
         sink: FrameSink,
     ) -> Result<u64, String> {
-        for HandledType { name, event_type, .. } in &description.handles {
+        for HandledType {
+            name,
+            event_type,
+            route,
+            ..
+        } in &description.handles
+        {
             if let Some(known) = self.known.get(event_type)
                 && known.type_name != *name
             {
                 return Err(format!("event type `{name}` collides with `{}`", known.type_name));
+            }
+            if let Some(owner) = self.type_owner(*event_type, &description.name) {
+                return Err(format!("event type `{name}` is declared by manager `{owner}`"));
+            }
+            if let Some(route) = route
+                && let Some(owner) = self.route_owner(&route.method, &route.path, &description.name)
+            {
+                return Err(format!(
+                    "route `{} {}` is declared by manager `{owner}`",
+                    route.method, route.path
+                ));
             }
         }
         self.next_id += 1;
@@ -160,6 +185,14 @@ impl Table {
         }
         self.registered.insert(description.name.clone());
         self.retired.remove(&description.name);
+        let handles = description
+            .handles
+            .iter()
+            .map(|h| {
+                let route = h.route.as_ref().map(|r| (r.method.clone(), r.path.clone()));
+                (h.event_type, route)
+            })
+            .collect();
         self.instances.insert(
             id,
             Instance {
@@ -167,10 +200,69 @@ impl Table {
                 sink,
                 outstanding: 0,
                 draining: false,
+                handles,
+                refused_responses: 0,
+                stripped_logged: false,
             },
         );
         self.publish();
         Ok(id)
+    }
+
+    /// The manager other than `name` that owns request type `ty`: one with
+    /// a connected instance declaring it, or, while it has no instance
+    /// (restarting), the declared manager that last did — so a type cannot
+    /// be taken in the moment its manager is down. A manager whose running
+    /// instances no longer declare a type has given it up.
+    fn type_owner(&self, ty: EventType, name: &str) -> Option<String> {
+        if let Some(inst) = self
+            .instances
+            .values()
+            .find(|i| i.name != name && i.handles.iter().any(|(t, _)| *t == ty))
+        {
+            return Some(inst.name.clone());
+        }
+        let known = self.known.get(&ty)?;
+        self.held_while_down(&known.manager, name)
+    }
+
+    /// As [`Table::type_owner`], for the route `method path`.
+    fn route_owner(&self, method: &str, path: &str, name: &str) -> Option<String> {
+        if let Some(inst) = self.instances.values().find(|i| {
+            i.name != name
+                && i.handles
+                    .iter()
+                    .any(|(_, r)| r.as_ref().is_some_and(|(m, p)| m == method && p == path))
+        }) {
+            return Some(inst.name.clone());
+        }
+        let entry = self.routes.get(&(method.to_owned(), path.to_owned()))?;
+        self.held_while_down(&entry.manager, name)
+    }
+
+    /// `owner`, when it is another declared manager with no instance up.
+    fn held_while_down(&self, owner: &str, name: &str) -> Option<String> {
+        let down = owner != name
+            && self.declared.iter().any(|d| d == owner)
+            && !self.instances.values().any(|i| i.name == owner);
+        down.then(|| owner.to_owned())
+    }
+
+    /// Instance `id` sent request context only the listener sets: it was
+    /// stripped (logged once per instance).
+    pub(crate) fn stripped_context(&mut self, id: u64, count: usize) {
+        let Some(inst) = self.instances.get_mut(&id) else {
+            return;
+        };
+        if !inst.stripped_logged {
+            inst.stripped_logged = true;
+            tracing::warn!(
+                manager = %inst.name,
+                instance = id,
+                count,
+                "stripped listener-only request context (`:` meta keys such as `:identity`) from what this manager sent; only the listener sets it"
+            );
+        }
     }
 
     /// Removes a disconnected instance and answers its requests in flight
@@ -244,6 +336,16 @@ impl Table {
 
     /// Sends a request to one instance, or answers it at once.
     pub(crate) fn route_request(&mut self, env: Envelope) {
+        if let Some((status, detail)) = self.misnamed(&env) {
+            tracing::warn!(
+                request_id = env.meta.request_id(),
+                origin = ?env.origin,
+                status,
+                %detail,
+                "request refused: its name is not its type's"
+            );
+            return self.deliver(Envelope::error_to(&env, status, &detail));
+        }
         if self.goes_remote(&env) {
             return self.route_remote(env);
         }
@@ -300,6 +402,24 @@ impl Table {
                 self.deliver(err);
             }
         }
+    }
+
+    /// A request whose name (meta `event`, set when a client named its
+    /// type) is not the name of the type its id routes to: 400 when the id
+    /// is not even the name's hash, 404 when it is but another type holds
+    /// that id (a collision: the name is declared by nobody). Types are
+    /// routed by a 64-bit hash that is cheap to collide on purpose, while
+    /// rules are written on names; this is where the two must agree.
+    fn misnamed(&self, env: &Envelope) -> Option<(u16, String)> {
+        let name = env.meta.get(META_EVENT)?;
+        if EventType::of(name) != env.event_type {
+            return Some((
+                400,
+                format!("event type `{name}` does not match the type id it was sent with"),
+            ));
+        }
+        let known = self.known.get(&env.event_type)?;
+        (known.type_name != name).then(|| (404, format!("no manager declares event type `{name}`")))
     }
 
     /// Whether a request goes to the other groups: local managers first
@@ -485,15 +605,42 @@ impl Table {
         best.map(|(_, id)| id)
     }
 
-    /// A response from a manager: close its in-flight entry and pass it on.
-    /// A response with no entry was already answered (503/504) and is dropped.
-    pub(crate) fn complete(&mut self, env: Envelope) {
-        let Some(flight) = self.in_flight.remove(&(env.origin, env.correlation)) else {
+    /// A response from instance `from` (or the bridge): close its in-flight
+    /// entry and pass it on. A response with no entry was already answered
+    /// (503/504) and is dropped; one from an instance the request was not
+    /// sent to is refused, and the request stays in flight for the
+    /// instance that has it.
+    pub(crate) fn complete(&mut self, env: Envelope, from: u64) {
+        let key = (env.origin, env.correlation);
+        let Some(flight) = self.in_flight.get(&key) else {
             return tracing::debug!(
                 origin = ?env.origin,
                 request_id = env.meta.request_id(), trace_id = env.meta.trace_id(),
                 "late response dropped"
             );
+        };
+        if flight.instance != from {
+            let (manager, first) = match self.instances.get_mut(&from) {
+                Some(inst) => {
+                    inst.refused_responses += 1;
+                    (inst.name.clone(), inst.refused_responses == 1)
+                }
+                None => (String::from("cluster"), true),
+            };
+            if first {
+                tracing::warn!(
+                    manager = %manager,
+                    instance = from,
+                    origin = ?env.origin,
+                    "response refused: this instance was not sent the request (later ones from it are logged at debug)"
+                );
+            } else {
+                tracing::debug!(manager = %manager, instance = from, origin = ?env.origin, "response refused: not sent the request");
+            }
+            return;
+        }
+        let Some(flight) = self.in_flight.remove(&key) else {
+            return;
         };
         if let Some(inst) = self.instances.get_mut(&flight.instance) {
             inst.outstanding = inst.outstanding.saturating_sub(1);
@@ -504,6 +651,16 @@ impl Table {
     /// Every subscriber gets the notification, except the instance it came
     /// from; the broker gets it too, for the WebSocket clients subscribed.
     pub(crate) fn route_notification(&mut self, env: Envelope, from: Option<u64>) {
+        // Subscriptions by prefix match the name: it must be the type's.
+        if let Some(name) = env.meta.get(META_EVENT)
+            && EventType::of(name) != env.event_type
+        {
+            return tracing::warn!(
+                event = name,
+                ?from,
+                "notification dropped: its name does not match its type id"
+            );
+        }
         // To the other groups, unless it came from them: nothing loops.
         if let Some(cluster) = &self.cluster
             && from != Some(BRIDGE_ID)

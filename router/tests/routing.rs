@@ -96,6 +96,7 @@ async fn rig(declared: &[&str]) -> Rig {
         max_outstanding: 2,
         cluster: Default::default(),
         shm_threshold: switchyard_proto::shm::DEFAULT_THRESHOLD,
+        roster: None,
     };
     let (ready, _) = tokio::sync::oneshot::channel();
     tokio::spawn(switchyard_router::run(
