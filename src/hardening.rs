@@ -92,4 +92,10 @@ mod tests {
         assert_eq!(names, ["PATH", "LC_TIME", "DATABASE_URL", "MYAPP_KEY"]);
         assert!(child_env(env(&[("DATABASE_URL", "x")]), &[]).is_empty());
     }
+
+    #[test]
+    fn a_process_made_non_dumpable_says_so() {
+        not_dumpable().unwrap();
+        assert!(!nix::sys::prctl::get_dumpable().unwrap());
+    }
 }

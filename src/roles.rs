@@ -447,3 +447,63 @@ impl Live {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each role's spec holds its own secrets and no other's.
+    #[test]
+    fn each_spec_holds_only_its_own_secrets() {
+        let config: Config = toml::from_str(
+            r#"
+            [auth.jwt]
+            algorithms = ["HS256"]
+            secret = "jwt-secret-that-is-at-least-32-bytes"
+            [cluster]
+            nats = "nats://127.0.0.1:4222"
+            user = "u"
+            password = "nats-password"
+            [[managers]]
+            name = "a"
+            [managers.config]
+            token = "a-token"
+            [[managers]]
+            name = "b"
+            [managers.config]
+            token = "b-token"
+            "#,
+        )
+        .unwrap();
+        let dir = std::path::Path::new("/run/x");
+        let spec = |role, name| serde_json::to_string(&Spec::for_child(&config, dir, role, name, 0)).unwrap();
+        let cases = [
+            (Role::Broker, "broker", &[][..]),
+            (Role::Router, "router", &["nats-password"][..]),
+            (
+                Role::Listener,
+                "listener",
+                &["jwt-secret-that-is-at-least-32-bytes"][..],
+            ),
+            (Role::Manager, "a", &["a-token"][..]),
+            (Role::Worker, "a", &[][..]),
+            (Role::Manager, "b", &["b-token"][..]),
+        ];
+        let all = [
+            "nats-password",
+            "jwt-secret-that-is-at-least-32-bytes",
+            "a-token",
+            "b-token",
+        ];
+        for (role, name, own) in cases {
+            let text = spec(role, name);
+            for secret in all {
+                assert_eq!(
+                    text.contains(secret),
+                    own.contains(&secret),
+                    "{role:?} {name}: {secret}"
+                );
+            }
+        }
+    }
+}
