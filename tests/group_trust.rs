@@ -56,6 +56,9 @@ fn a_plugin_cannot_take_another_role_name_type_route_request_or_identity() {
     g.wait_line("event type `demo.Noop` is declared by manager `basics`");
     assert_eq!(attack(&g, "route")["outcome"], "refused");
     g.wait_line("route `GET /noop` is declared by manager `basics`");
+    // A route of the same shape would take `/hello/{name}`'s requests.
+    assert_eq!(attack(&g, "shadow")["outcome"], "refused");
+    g.wait_line("route `GET /hello/{any}` is declared by manager `basics`");
     serving(&g);
 
     // A call carrying the context only the listener sets: `demo.Me` sees

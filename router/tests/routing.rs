@@ -242,12 +242,17 @@ async fn a_named_type_nobody_declares_is_404_by_its_name() {
         (503, "manager `m` is not running")
     );
 
-    // A name that is not the type's is no name.
+    // A name that is not the type's is refused: rules are written on
+    // names, routing is by id, and the two must agree.
     let mut forged = request("t.Nobody", 4, 1);
     forged.meta.push(META_EVENT, "t.Other");
     rig.broker.sink.send(forged).unwrap();
-    let unnamed = rig.broker.next().await;
-    assert_eq!(unnamed.status, 503, "an HTTP route's type: {}", detail(&unnamed));
+    let misnamed = rig.broker.next().await;
+    assert_eq!(misnamed.status, 400, "{}", detail(&misnamed));
+    assert_eq!(
+        detail(&misnamed),
+        "event type `t.Other` does not match the type id it was sent with"
+    );
 }
 
 #[tokio::test]
