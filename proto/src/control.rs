@@ -514,3 +514,49 @@ pub fn strip_listener_context(meta: &mut crate::Meta) -> usize {
     });
     before - meta.0.len()
 }
+
+#[cfg(test)]
+mod trust_tests {
+    use super::*;
+    use crate::event::{META_IDENTITY, META_REQUEST_ID, META_TRACEPARENT};
+
+    #[test]
+    fn only_the_request_naming_keys_survive_from_a_manager() {
+        let mut meta = crate::Meta::default();
+        for key in [
+            META_IDENTITY,
+            ":s:sub",
+            ":client",
+            ":h:authorization",
+            META_REQUEST_ID,
+            META_TRACEPARENT,
+            "content-type",
+            META_EVENT,
+        ] {
+            meta.push(key, "v");
+        }
+        assert_eq!(strip_listener_context(&mut meta), 4);
+        let kept: Vec<&str> = meta.0.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(
+            kept,
+            [META_REQUEST_ID, META_TRACEPARENT, "content-type", META_EVENT]
+        );
+    }
+
+    #[test]
+    fn a_roster_finds_members_by_pid() {
+        let roster = Roster {
+            version: 1,
+            members: vec![Member {
+                pid: 42,
+                role: GroupRole::Manager,
+                name: "shop".into(),
+            }],
+        };
+        assert_eq!(
+            roster.member(42).map(|m| (m.role, m.name.as_str())),
+            Some((GroupRole::Manager, "shop"))
+        );
+        assert!(roster.member(43).is_none());
+    }
+}
