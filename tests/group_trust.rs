@@ -61,16 +61,19 @@ fn a_plugin_cannot_take_another_role_name_type_route_request_or_identity() {
     g.wait_line("route `GET /hello/{any}` is declared by manager `basics`");
     serving(&g);
 
-    // A call carrying the context only the listener sets: `demo.Me` sees
-    // no subject.
+    // A call carrying the context only the listener sets: `demo.Whoami`,
+    // which reads the client's address and `User-Agent` from the context
+    // whoever calls, sees none of it.
     let seen = attack(&g, "identity");
     assert_eq!(seen["status"], 200, "{seen}");
     let body: serde_json::Value = serde_json::from_str(seen["body"].as_str().unwrap()).unwrap();
-    assert_eq!(
-        body["sub"],
-        serde_json::Value::Null,
-        "the forged subject got through: {seen}"
-    );
+    for field in ["sub", "client", "user_agent"] {
+        assert_eq!(
+            body[field],
+            serde_json::Value::Null,
+            "forged context got through: {seen}"
+        );
+    }
     g.wait_line("stripped listener-only request context");
 
     // Answers for requests another instance holds. The fixture's second
