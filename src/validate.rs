@@ -198,6 +198,11 @@ fn exit_reason(status: std::process::ExitStatus) -> String {
 
 /// The `__validate` child: reads the checks on stdin, reports on stdout.
 pub(crate) fn child_main() -> ExitCode {
+    // It holds every manager's configuration while their plugins load.
+    if let Err(err) = crate::hardening::not_dumpable() {
+        eprintln!("switchyard: cannot make the plugin check non-dumpable: {err}");
+        return ExitCode::FAILURE;
+    }
     // The report keeps the real stdout; fd 1 becomes stderr, so a plugin's
     // prints go to the log, not into the report.
     let report = match nix::unistd::dup(std::io::stdout())
