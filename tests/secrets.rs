@@ -249,6 +249,22 @@ fn secrets_stay_with_their_role_and_out_of_every_report() {
     }
 }
 
+/// Every value under `key`, at any depth.
+fn find_all(value: &serde_json::Value, key: &str, out: &mut Vec<serde_json::Value>) {
+    match value {
+        serde_json::Value::Object(map) => {
+            for (k, v) in map {
+                if k == key {
+                    out.push(v.clone());
+                }
+                find_all(v, key, out);
+            }
+        }
+        serde_json::Value::Array(items) => items.iter().for_each(|v| find_all(v, key, out)),
+        _ => {}
+    }
+}
+
 fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     let mut files = Vec::new();
     for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
