@@ -242,6 +242,12 @@ fn secrets_stay_with_their_role_and_out_of_every_report() {
         metrics.contains("switchyard_process_cpu_seconds_total{"),
         "{metrics}"
     );
+    // And in the dashboard's JSON.
+    let api: serde_json::Value = serde_json::from_str(&shown["/api/status"]).unwrap();
+    let mut rss = Vec::new();
+    find_all(&api, "rss_bytes", &mut rss);
+    assert!(rss.len() >= processes.len(), "{api}");
+    assert!(rss.iter().all(|v| v.as_u64() > Some(0)), "{api}");
 
     g.terminate();
     for (secret, value) in secrets() {
