@@ -197,7 +197,7 @@ async fn a_hello_is_taken_only_from_the_role_the_roster_gives_the_pid() {
 
     // The supervisor makes this process the router: now it may say so.
     rosters.send_replace(roster(GroupRole::Router));
-    let mut router = Peer::connect(&path, Control::HelloRouter { pid: 1 }).await;
+    let router = Peer::connect(&path, Control::HelloRouter { pid: 1 }).await;
     // Taken: the pipe hears the router is back with the next route table.
     router
         .sink
