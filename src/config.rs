@@ -751,6 +751,14 @@ pub(crate) struct GroupConfig {
     /// incoming ring empty gives up the CPU (re-checking in between) before
     /// it sleeps and must be woken. 0: sleep at once. Default 3.
     pub(crate) ring_yields: usize,
+    /// Environment variables the group's processes get from the
+    /// supervisor's environment besides the fixed list (`PATH`, `HOME`,
+    /// `LANG`, `LC_*`, `TZ`, `RUST_LOG`, `RUST_BACKTRACE`, ...): what the
+    /// plugins need, such as `DATABASE_URL`. A name ending in `*` passes
+    /// every variable it begins. Default empty: no other variable, so no
+    /// secret of the supervisor's environment reaches a plugin
+    /// (docs/decisions/0101-child-environment-and-secrets.md).
+    pub(crate) pass_env: Vec<String>,
 }
 
 impl Default for GroupConfig {
@@ -767,6 +775,7 @@ impl Default for GroupConfig {
             handler_timeout_ms: 30_000,
             transport: switchyard_proto::link::Transport::default(),
             ring_yields: switchyard_proto::link::DEFAULT_YIELDS,
+            pass_env: Vec::new(),
         }
     }
 }
@@ -1499,6 +1508,19 @@ impl Config {
         if self.group.queue_capacity == 0 {
             problems.push("group.queue_capacity: must be positive".to_owned());
         }
+        for name in &self.group.pass_env {
+            // `*` alone would hand every secret of the environment to
+            // every plugin: what the allow-list is there to prevent.
+            if name.is_empty()
+                || name == "*"
+                || name.contains('=')
+                || name.strip_suffix('*').unwrap_or(name).contains('*')
+            {
+                problems.push(format!(
+                    "group.pass_env: `{name}` is not a variable name or a prefix ending in `*` (`*` alone passes everything and is refused)"
+                ));
+            }
+        }
         if self.group.ring_yields > 1000 {
             problems.push("group.ring_yields: must be at most 1000".to_owned());
         }
@@ -1646,6 +1668,21 @@ mod tests {
         let text = toml::to_string(&config).unwrap();
         let back: Config = toml::from_str(&text).unwrap();
         assert_eq!(back.listener.bind, config.listener.bind);
+    }
+
+    #[test]
+    fn pass_env_takes_names_and_prefixes_but_not_everything() {
+        let config: Config =
+            toml::from_str("[group]\npass_env = [\"DATABASE_URL\", \"MYAPP_*\", \"*\", \"A*B\", \"\"]\n")
+                .unwrap();
+        let err = config.validate().unwrap_err().to_string();
+        for bad in ["`*`", "`A*B`", "``"] {
+            assert!(
+                err.contains(&format!("group.pass_env: {bad} is not")),
+                "{bad}: {err}"
+            );
+        }
+        assert!(!err.contains("DATABASE_URL") && !err.contains("MYAPP_"), "{err}");
     }
 
     #[test]

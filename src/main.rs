@@ -7,6 +7,8 @@
 //! # Layout
 //! - `admin`: the admin endpoint: `/metrics` and the dashboard.
 //! - `config`: `switchyard.toml`.
+//! - `hardening`: what keeps one process's secrets from another: the
+//!   children's allow-listed environment, non-dumpable processes.
 //! - `roles`: the entry of each child process.
 //! - `supervisor`: spawning, watching, restarting and stopping children.
 //! - `status`: the control socket, and its clients `switchyard status`,
@@ -24,6 +26,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 mod admin;
 mod apidoc;
 mod config;
+mod hardening;
 mod inherit;
 mod roles;
 mod scaffold;

@@ -86,6 +86,10 @@ impl Spec {
         if role != Role::Listener {
             config.auth = Default::default();
         }
+        // `[cluster]` (NATS credentials) is the router's alone.
+        if role != Role::Router {
+            config.cluster = Default::default();
+        }
         Spec {
             config,
             runtime_dir: runtime_dir.to_path_buf(),
@@ -96,6 +100,13 @@ impl Spec {
 
 pub(crate) fn main(role: Role, name: String, instance: u32) -> ExitCode {
     init_child_logging();
+    // Before the spec is read and any plugin is loaded: no other process
+    // of this user (a plugin in another manager) may read this one's
+    // memory or descriptors through /proc or ptrace.
+    if let Err(err) = crate::hardening::not_dumpable() {
+        tracing::error!(%err, "cannot make this process non-dumpable");
+        return ExitCode::FAILURE;
+    }
     // Inherited from the supervisor already; raised again in case this
     // child was started some other way.
     if let Err(err) = switchyard_proto::accept::raise_nofile_limit() {
@@ -170,6 +181,7 @@ async fn serve(role: Role, name: String, instance: u32, spec: Spec) -> anyhow::R
             let cfg = switchyard_broker::Config {
                 max_frame,
                 queue_capacity,
+                roster: Some(control.roster()),
             };
             Box::pin(async move { Ok(switchyard_broker::run(listener, cfg, ready_tx, stop).await?) })
         }
@@ -183,6 +195,7 @@ async fn serve(role: Role, name: String, instance: u32, spec: Spec) -> anyhow::R
                 max_outstanding: config.group.max_outstanding_per_instance,
                 cluster: config.cluster.clone(),
                 shm_threshold: config.group.shm_threshold_bytes,
+                roster: Some(control.roster()),
             };
             let (declared_tx, declared) = tokio::sync::watch::channel(cfg.declared_managers.clone());
             live = Some(Live::Router(declared_tx));
@@ -433,5 +446,65 @@ impl Live {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each role's spec holds its own secrets and no other's.
+    #[test]
+    fn each_spec_holds_only_its_own_secrets() {
+        let config: Config = toml::from_str(
+            r#"
+            [auth.jwt]
+            algorithms = ["HS256"]
+            secret = "jwt-secret-that-is-at-least-32-bytes"
+            [cluster]
+            nats = "nats://127.0.0.1:4222"
+            user = "u"
+            password = "nats-password"
+            [[managers]]
+            name = "a"
+            [managers.config]
+            token = "a-token"
+            [[managers]]
+            name = "b"
+            [managers.config]
+            token = "b-token"
+            "#,
+        )
+        .unwrap();
+        let dir = std::path::Path::new("/run/x");
+        let spec = |role, name| serde_json::to_string(&Spec::for_child(&config, dir, role, name, 0)).unwrap();
+        let cases = [
+            (Role::Broker, "broker", &[][..]),
+            (Role::Router, "router", &["nats-password"][..]),
+            (
+                Role::Listener,
+                "listener",
+                &["jwt-secret-that-is-at-least-32-bytes"][..],
+            ),
+            (Role::Manager, "a", &["a-token"][..]),
+            (Role::Worker, "a", &[][..]),
+            (Role::Manager, "b", &["b-token"][..]),
+        ];
+        let all = [
+            "nats-password",
+            "jwt-secret-that-is-at-least-32-bytes",
+            "a-token",
+            "b-token",
+        ];
+        for (role, name, own) in cases {
+            let text = spec(role, name);
+            for secret in all {
+                assert_eq!(
+                    text.contains(secret),
+                    own.contains(&secret),
+                    "{role:?} {name}: {secret}"
+                );
+            }
+        }
     }
 }

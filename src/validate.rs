@@ -103,7 +103,13 @@ fn run_child(
         config.group.shm_budget_bytes,
     ))
     .map_err(|e| e.to_string())?;
+    // The plugins run in it: the same environment as the group's children.
     let mut child = Command::new(exe)
+        .env_clear()
+        .envs(crate::hardening::child_env(
+            std::env::vars_os(),
+            &config.group.pass_env,
+        ))
         .arg("__validate")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -192,6 +198,11 @@ fn exit_reason(status: std::process::ExitStatus) -> String {
 
 /// The `__validate` child: reads the checks on stdin, reports on stdout.
 pub(crate) fn child_main() -> ExitCode {
+    // It holds every manager's configuration while their plugins load.
+    if let Err(err) = crate::hardening::not_dumpable() {
+        eprintln!("switchyard: cannot make the plugin check non-dumpable: {err}");
+        return ExitCode::FAILURE;
+    }
     // The report keeps the real stdout; fd 1 becomes stderr, so a plugin's
     // prints go to the log, not into the report.
     let report = match nix::unistd::dup(std::io::stdout())

@@ -477,3 +477,46 @@ fn tls_by_url_scheme_with_a_private_ca_and_a_token() {
     assert_eq!(ready(&g)["cluster"]["state"], "connecting");
     assert_eq!(get(g.addr, "/noop").unwrap().status, 200);
 }
+
+/// Local routes win over another group's (docs/security-trust.md): B
+/// serves `GET /hello/{any}`, which would take A's `GET /hello/{name}` at
+/// A's listener, and `GET /bait`, which A has not. A serves B's `/bait`,
+/// never B's `/hello/{any}`.
+#[test]
+fn another_groups_route_never_takes_a_local_one() {
+    let nats = Nats::start(&[]);
+    let name = cluster_name("shadow");
+    let a = group("cluster-shadow-a", &nats, &name, &["basics"], "");
+    let rogue = plugin("switchyard-fixture-rogue");
+    let scratch = scratch_dir("cluster-shadow-rt");
+    let runtime_dir = scratch.path().join("rt");
+    let b = Group::builder("cluster-shadow-b")
+        .config(&format!(
+            "{}[[managers]]\nname = \"rogue\"\nplugin = \"{}\"\n[managers.config]\nruntime_dir = \"{}\"\n",
+            config(&nats, &name, &[], ""),
+            rogue.display(),
+            runtime_dir.display()
+        ))
+        .runtime_dir(&runtime_dir)
+        .start();
+    for what in ["serve-hello", "bait"] {
+        let r = request(b.addr, "POST", &format!("/attack/{what}"), b"{}").unwrap();
+        assert_eq!(r.json()["outcome"], "welcomed", "{}", r.text());
+    }
+    assert_eq!(get(b.addr, "/hello/x").unwrap().text(), "bait");
+
+    // A has heard B's routes once it serves `/bait`.
+    eventually("A serves B's /bait", PATIENCE, || {
+        let r = get(a.addr, "/bait").map_err(|e| e.to_string())?;
+        (r.status == 200 && r.text() == "bait")
+            .then_some(())
+            .ok_or(r.status.to_string())
+    });
+    let r = get(a.addr, "/hello/x").unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(
+        r.text().contains("Hello, x!"),
+        "A's own route answers: {}",
+        r.text()
+    );
+}

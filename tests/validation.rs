@@ -10,6 +10,10 @@ use std::process::Command;
 
 use common::*;
 
+/// The fault is chosen by an environment variable, which reaches the
+/// plugin only when the group passes it (`group.pass_env`, decision 0101).
+const FAULT_PASSES: &str = "[group]\npass_env = [\"SWITCHYARD_FIXTURE_FAULT\"]\n";
+
 fn faulty_config(plugin: &std::path::Path, extra: &str) -> String {
     format!(
         "{extra}\n[[managers]]\nname = \"basics\"\n[[managers]]\nname = \"faulty\"\nplugin = \"{}\"\n",
@@ -32,7 +36,7 @@ fn refused(out: &str) {
 fn a_plugin_that_aborts_while_loading_is_a_configuration_error() {
     let plugin = plugin("switchyard-fixture-faulty-load");
     let out = Group::builder("abort-on-load")
-        .config(&faulty_config(&plugin, ""))
+        .config(&faulty_config(&plugin, FAULT_PASSES))
         .env("SWITCHYARD_FIXTURE_FAULT", "abort")
         .try_start()
         .err()
@@ -51,7 +55,10 @@ fn a_plugin_that_aborts_while_loading_is_a_configuration_error() {
 fn a_plugin_that_hangs_while_loading_is_refused_within_the_start_timeout() {
     let plugin = plugin("switchyard-fixture-faulty-load");
     let out = Group::builder("hang-on-load")
-        .config(&faulty_config(&plugin, "[group]\nstart_timeout_ms = 1500\n"))
+        .config(&faulty_config(
+            &plugin,
+            &format!("{FAULT_PASSES}start_timeout_ms = 1500\n"),
+        ))
         .env("SWITCHYARD_FIXTURE_FAULT", "hang")
         .try_start()
         .err()

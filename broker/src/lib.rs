@@ -21,6 +21,11 @@
 //! waited on: a pipe that cannot keep up loses that push, nobody else does
 //! (each session's own bounded queue lives in its listener).
 //!
+//! Who may say which hello is the supervisor's to say: with a roster
+//! ([`Config::roster`]), a pipe's hello is taken only from a listener
+//! process and the router's only from the router, by the pid the kernel
+//! reports for the connection (docs/decisions/0100-roles-by-pid.md).
+//!
 //! # Layout
 //! - [`run`]: accept loop and the two kinds of connection (pipe, router).
 //! - `subs`: the subscription index and fan-out matching.
@@ -36,8 +41,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use switchyard_proto::accept::Acceptor;
-use switchyard_proto::control::{Control, META_EVENT, META_TO, RouteTable};
+use switchyard_proto::control::{Control, GroupRole, META_EVENT, META_TO, RouteTable};
 use switchyard_proto::link;
+use switchyard_proto::supervision::{RosterWatch, member_of};
 use switchyard_proto::transport::{FrameReader, FrameSink, PeerPolicy, Refused};
 use switchyard_proto::{Envelope, Kind, Meta, Origin, Payload, ShmBody};
 use tokio::net::{UnixListener, UnixStream};
@@ -57,6 +63,10 @@ pub struct Config {
     pub max_frame: usize,
     /// Frames queued per outbound connection before requests are refused with 503.
     pub queue_capacity: usize,
+    /// Which pid holds which role, from the supervisor: a pipe's hello is
+    /// taken only from a listener, the router's only from the router.
+    /// `None` (no supervisor, as in library tests) trusts every hello.
+    pub roster: Option<RosterWatch>,
 }
 
 impl Default for Config {
@@ -64,6 +74,7 @@ impl Default for Config {
         Config {
             max_frame: switchyard_proto::DEFAULT_MAX_FRAME,
             queue_capacity: 8192,
+            roster: None,
         }
     }
 }
@@ -125,6 +136,8 @@ pub async fn run(
 
 async fn connection(shared: Shared, stream: UnixStream) {
     let max = shared.config.max_frame;
+    // The kernel's word for who connected; a hello's own `pid` is a claim.
+    let peer = stream.peer_cred().ok().and_then(|c| c.pid()).unwrap_or(0) as u32;
     let (mut reader, sink) = match link::open(stream, shared.config.queue_capacity, max).await {
         Ok(link) => link,
         Err(err) => return tracing::warn!(%err, "connection failed to open"),
@@ -135,9 +148,28 @@ async fn connection(shared: Shared, stream: UnixStream) {
         Ok(Err(err)) => return tracing::warn!(%err, "bad hello frame"),
         Err(_) => return tracing::warn!("no hello within 5 s"),
     };
+    let claimed = match &hello {
+        Ok(Control::HelloPipe { .. }) => GroupRole::Listener,
+        Ok(Control::HelloRouter { .. }) => GroupRole::Router,
+        _ => GroupRole::Listener,
+    };
+    if let Some(roster) = &shared.config.roster {
+        let mut roster = roster.clone();
+        let role = member_of(&mut roster, peer).await.map(|m| m.role);
+        if role != Some(claimed) {
+            // Closing is the whole answer: a peer that is not what it
+            // claims gets nothing, and the group goes on as it was.
+            return tracing::warn!(
+                pid = peer,
+                claimed = ?claimed,
+                holds = ?role,
+                "refusing hello: the supervisor did not give this process that role"
+            );
+        }
+    }
     match hello {
-        Ok(Control::HelloPipe { pid, index }) => pipe(shared, reader, sink, pid, index).await,
-        Ok(Control::HelloRouter { pid }) => router(shared, reader, sink, pid).await,
+        Ok(Control::HelloPipe { index, .. }) => pipe(shared, reader, sink, peer, index).await,
+        Ok(Control::HelloRouter { .. }) => router(shared, reader, sink, peer).await,
         Ok(other) => tracing::warn!(?other, "unexpected hello"),
         Err(err) => tracing::warn!(%err, "undecodable hello"),
     }

@@ -150,3 +150,63 @@ async fn garbage_closes_only_the_offending_connection() {
     assert_eq!(forwarded.correlation, 3);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// With a roster, a hello is taken only from the role the supervisor gave
+/// the connecting pid (decision 0100): this test process is a listener,
+/// so its `HelloRouter` is refused and its pipe welcomed, until the
+/// supervisor makes it the router.
+#[tokio::test]
+async fn a_hello_is_taken_only_from_the_role_the_roster_gives_the_pid() {
+    use switchyard_proto::control::{GroupRole, Member, Roster};
+    let dir = std::env::temp_dir().join(format!("sy-broker-roster-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("broker.sock");
+    let listener = UnixListener::bind(&path).unwrap();
+    let roster = |role| {
+        Some(Roster {
+            version: 1,
+            members: vec![Member {
+                pid: std::process::id(),
+                role,
+                name: "listener".into(),
+            }],
+        })
+    };
+    let (rosters, watch) = tokio::sync::watch::channel(roster(GroupRole::Listener));
+    let config = switchyard_broker::Config {
+        roster: Some(watch),
+        ..Default::default()
+    };
+    let (ready, _) = tokio::sync::oneshot::channel();
+    tokio::spawn(switchyard_broker::run(
+        listener,
+        config,
+        ready,
+        std::future::pending(),
+    ));
+
+    // Whatever pid the hello names, the kernel's is the one checked.
+    let mut router = Peer::connect(&path, Control::HelloRouter { pid: 1 }).await;
+    let closed = tokio::time::timeout(PATIENCE, router.reader.next())
+        .await
+        .unwrap();
+    assert!(matches!(closed, Ok(None) | Err(_)), "refused: {closed:?}");
+
+    let mut pipe = Peer::connect(&path, Control::HelloPipe { pid: 1, index: 0 }).await;
+    assert!(matches!(pipe.control().await, Control::Welcome { .. }));
+
+    // The supervisor makes this process the router: now it may say so.
+    rosters.send_replace(roster(GroupRole::Router));
+    let router = Peer::connect(&path, Control::HelloRouter { pid: 1 }).await;
+    // Taken: the pipe hears the router is back with the next route table.
+    router
+        .sink
+        .send(Envelope::control(&Control::RouteTable(RouteTable::default())).unwrap())
+        .unwrap();
+    loop {
+        if let Control::RouteTable(_) = pipe.control().await {
+            break;
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

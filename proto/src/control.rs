@@ -454,3 +454,109 @@ pub struct WsBinaryReply {
     pub content_type: String,
     pub payload: Vec<u8>,
 }
+
+/// Which process of the group plays which role, as the supervisor (which
+/// spawned each of them) knows it: the broker and the router check every
+/// hello against it, by the pid the kernel reports for the connection
+/// (`SO_PEERCRED`), never by what the hello says
+/// (docs/decisions/0100-roles-by-pid.md).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Roster {
+    /// Increases with every roster the supervisor sends: a process keeps
+    /// the newest it has seen.
+    pub version: u64,
+    pub members: Vec<Member>,
+}
+
+/// One process of the group.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Member {
+    pub pid: u32,
+    pub role: GroupRole,
+    /// A manager's (or its worker's) configured name; the role's name for
+    /// the others.
+    pub name: String,
+}
+
+/// A process's role, as the roster names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GroupRole {
+    Broker,
+    Router,
+    Listener,
+    Manager,
+    Worker,
+}
+
+impl Roster {
+    /// The member with this pid.
+    pub fn member(&self, pid: u32) -> Option<&Member> {
+        self.members.iter().find(|m| m.pid == pid)
+    }
+}
+
+/// Meta keys a manager may set on the requests and notifications it
+/// sends although they begin with `:`: they name the request being
+/// served, for the log lines and traces its calls cause, and grant
+/// nothing. Every other `:` key is request context only the listener
+/// sets ([`crate::event::is_context_key`]), and the router strips it
+/// from what a manager sends.
+pub const MANAGER_CONTEXT_KEYS: [&str; 2] = [crate::event::META_REQUEST_ID, crate::event::META_TRACEPARENT];
+
+/// Removes from `meta` the request context only the listener may set:
+/// every `:` key but [`MANAGER_CONTEXT_KEYS`]. Returns how many entries
+/// went.
+pub fn strip_listener_context(meta: &mut crate::Meta) -> usize {
+    let before = meta.0.len();
+    meta.0.retain(|(key, _)| {
+        !crate::event::is_context_key(key) || MANAGER_CONTEXT_KEYS.contains(&key.as_str())
+    });
+    before - meta.0.len()
+}
+
+#[cfg(test)]
+mod trust_tests {
+    use super::*;
+    use crate::event::{META_IDENTITY, META_REQUEST_ID, META_TRACEPARENT};
+
+    #[test]
+    fn only_the_request_naming_keys_survive_from_a_manager() {
+        let mut meta = crate::Meta::default();
+        for key in [
+            META_IDENTITY,
+            ":s:sub",
+            ":client",
+            ":h:authorization",
+            META_REQUEST_ID,
+            META_TRACEPARENT,
+            "content-type",
+            META_EVENT,
+        ] {
+            meta.push(key, "v");
+        }
+        assert_eq!(strip_listener_context(&mut meta), 4);
+        let kept: Vec<&str> = meta.0.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(
+            kept,
+            [META_REQUEST_ID, META_TRACEPARENT, "content-type", META_EVENT]
+        );
+    }
+
+    #[test]
+    fn a_roster_finds_members_by_pid() {
+        let roster = Roster {
+            version: 1,
+            members: vec![Member {
+                pid: 42,
+                role: GroupRole::Manager,
+                name: "shop".into(),
+            }],
+        };
+        assert_eq!(
+            roster.member(42).map(|m| (m.role, m.name.as_str())),
+            Some((GroupRole::Manager, "shop"))
+        );
+        assert!(roster.member(43).is_none());
+    }
+}

@@ -208,6 +208,9 @@ pub enum ToChild {
     /// start. Answered with [`ToSupervisor::Reconfigured`]. The whole line
     /// must stay under [`MAX_LINE`]; the supervisor checks before sending.
     Reconfigure { spec: String },
+    /// Which process holds which role (to the broker and the router, on
+    /// every start of a child): what they check hellos against.
+    Roster { roster: crate::control::Roster },
 }
 
 /// What the child should do, as the supervisor last said.
@@ -262,6 +265,8 @@ pub struct ChildChannel {
     /// New specs to apply ([`ToChild::Reconfigure`]), taken once by the
     /// role that can apply them.
     reconfigure: std::sync::Mutex<Option<mpsc::UnboundedReceiver<String>>>,
+    /// The latest [`ToChild::Roster`] (`None` until the first).
+    roster: watch::Receiver<Option<crate::control::Roster>>,
 }
 
 impl ChildChannel {
@@ -286,11 +291,13 @@ impl ChildChannel {
         let (reader, writer) = UnixStream::from_std(std)?.into_split();
         let (tx, commands) = watch::channel(Command::Run);
         let (specs, reconfigure) = mpsc::unbounded_channel();
-        tokio::spawn(read_commands(reader, tx, specs));
+        let (rosters, roster) = watch::channel(None);
+        tokio::spawn(read_commands(reader, tx, specs, rosters));
         Ok(ChildChannel {
             writer: Mutex::new(writer),
             commands,
             reconfigure: std::sync::Mutex::new(Some(reconfigure)),
+            roster,
         })
     }
 
@@ -329,6 +336,12 @@ impl ChildChannel {
         let _ = self.writer.lock().await.write_all(&line).await;
     }
 
+    /// The group's roster as the supervisor last sent it, and a way to
+    /// wait for the next.
+    pub fn roster(&self) -> watch::Receiver<Option<crate::control::Roster>> {
+        self.roster.clone()
+    }
+
     /// The latest command and a way to wait for the next.
     pub fn commands(&self) -> watch::Receiver<Command> {
         self.commands.clone()
@@ -339,6 +352,7 @@ async fn read_commands(
     reader: OwnedReadHalf,
     tx: watch::Sender<Command>,
     specs: mpsc::UnboundedSender<String>,
+    rosters: watch::Sender<Option<crate::control::Roster>>,
 ) {
     let mut lines = lines(reader);
     while let Some(line) = lines.next().await {
@@ -360,6 +374,16 @@ async fn read_commands(
                 if specs.send(spec).is_err() {
                     tracing::warn!("this process cannot be reconfigured while it runs");
                 }
+            }
+            Ok(ToChild::Roster { roster }) => {
+                // Sent in order, but keep the newest whatever the order.
+                rosters.send_if_modified(|current| {
+                    let newer = current.as_ref().is_none_or(|c| c.version < roster.version);
+                    if newer {
+                        *current = Some(roster);
+                    }
+                    newer
+                });
             }
             Err(err) => tracing::warn!(%err, "ignoring bad control line"),
         }
@@ -383,6 +407,29 @@ pub async fn wait_stop(commands: &mut watch::Receiver<Command>) -> Command {
     }
 }
 
+/// The roster a broker or router checks hellos against (`None`: not run
+/// by a supervisor, as in a library test, where every peer is trusted).
+pub type RosterWatch = watch::Receiver<Option<crate::control::Roster>>;
+
+/// How long a hello from a pid the roster does not list yet waits for the
+/// supervisor's next roster: the child may connect before the roster that
+/// names it (sent right after its spawn) has arrived.
+pub const ROSTER_PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The member of the group that `pid` is, waiting up to
+/// [`ROSTER_PATIENCE`] for a roster that lists it; `None` if none does.
+pub async fn member_of(roster: &mut RosterWatch, pid: u32) -> Option<crate::control::Member> {
+    let listed = tokio::time::timeout(
+        ROSTER_PATIENCE,
+        roster.wait_for(|r| r.as_ref().is_some_and(|r| r.member(pid).is_some())),
+    )
+    .await;
+    match listed {
+        Ok(Ok(r)) => r.as_ref().and_then(|r| r.member(pid).cloned()),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -395,7 +442,8 @@ mod tests {
         drop(write);
         let (tx, mut commands) = watch::channel(Command::Run);
         let (specs, _) = mpsc::unbounded_channel();
-        let reader = tokio::spawn(read_commands(read, tx, specs));
+        let (rosters, _) = watch::channel(None);
+        let reader = tokio::spawn(read_commands(read, tx, specs, rosters));
         // A drain, then 8 MiB without a newline from a broken supervisor.
         let writer = std::thread::spawn(move || {
             use std::io::Write;
@@ -418,7 +466,7 @@ mod tests {
         let (tx, mut commands) = watch::channel(Command::Run);
         drop(ours);
         let (specs, _) = mpsc::unbounded_channel();
-        read_commands(read, tx, specs).await;
+        read_commands(read, tx, specs, watch::channel(None).0).await;
         assert_eq!(wait_stop(&mut commands).await, Command::SupervisorGone);
     }
 

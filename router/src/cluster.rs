@@ -33,7 +33,7 @@ pub(crate) async fn start(shared: &Shared) {
             let mut table = shared.lock();
             for frame in batch.drain(..) {
                 match frame {
-                    FromCluster::Response(env) => table.complete(env),
+                    FromCluster::Response(env) => table.complete(env, switchyard_cluster::BRIDGE_ID),
                     FromCluster::Request(env) => table.route_request(env),
                     FromCluster::Notification(env) => {
                         table.route_notification(env, Some(switchyard_cluster::BRIDGE_ID))

@@ -12,6 +12,14 @@
 //! deadline, is forgotten here and cancelled at the instance serving it, so
 //! its work stops too.
 //!
+//! Managers are who the supervisor says they are: with a roster
+//! ([`Config::roster`]) a manager's hello is taken only from a process the
+//! supervisor started as that manager; a type or route another manager
+//! declares is refused; a response is taken only from the instance the
+//! request was sent to; and the request context only the listener sets
+//! (`:identity` and the other `:` keys) is stripped from what managers
+//! send (docs/decisions/0100-roles-by-pid.md).
+//!
 //! With `[cluster]` on, the router also runs the NATS bridge
 //! (`switchyard-cluster`, docs/cluster.md): a request no local manager
 //! takes goes to the other groups, every notification emitted here goes to
@@ -34,8 +42,9 @@ use std::time::Duration;
 
 use switchyard_proto::accept::Acceptor;
 use switchyard_proto::backoff::Backoff;
-use switchyard_proto::control::Control;
+use switchyard_proto::control::{Control, GroupRole, strip_listener_context};
 use switchyard_proto::link;
+use switchyard_proto::supervision::{RosterWatch, member_of};
 use switchyard_proto::transport::{FrameReader, FrameSink, PeerPolicy};
 use switchyard_proto::{Envelope, Kind, Origin};
 use tokio::net::unix::OwnedReadHalf;
@@ -72,6 +81,10 @@ pub struct Config {
     /// Bodies from the cluster at least this large go into shared memory,
     /// in bytes.
     pub shm_threshold: usize,
+    /// Which pid holds which role, from the supervisor: a manager's hello
+    /// is taken only from a manager process of that name. `None` (no
+    /// supervisor, as in library tests) trusts every hello.
+    pub roster: Option<RosterWatch>,
 }
 
 #[derive(Clone)]
@@ -201,17 +214,33 @@ async fn broker_reader(shared: &Shared, mut reader: FrameReader<OwnedReadHalf>) 
 
 async fn manager_connection(shared: Shared, stream: UnixStream) {
     let max = shared.config.max_frame;
+    // The kernel's word for who connected; the hello's own `pid` is a claim.
+    let peer = stream.peer_cred().ok().and_then(|c| c.pid()).unwrap_or(0) as u32;
     let (mut reader, sink) = match link::open(stream, shared.config.queue_capacity, max).await {
         Ok(link) => link,
         Err(err) => return tracing::warn!(%err, "manager connection failed to open"),
     };
-    let description = match tokio::time::timeout(Duration::from_secs(5), reader.next()).await {
+    let mut description = match tokio::time::timeout(Duration::from_secs(5), reader.next()).await {
         Ok(Ok(Some(env))) if env.kind == Kind::Control => match env.decode_control() {
             Ok(Control::HelloManager(d)) => d,
-            other => return tracing::warn!(?other, "expected a manager hello"),
+            other => return tracing::warn!(pid = peer, ?other, "expected a manager hello"),
         },
-        other => return tracing::warn!(?other, "manager sent no hello"),
+        other => return tracing::warn!(pid = peer, ?other, "manager sent no hello"),
     };
+    if let Some(roster) = &shared.config.roster {
+        let mut roster = roster.clone();
+        let member = member_of(&mut roster, peer).await;
+        let holds = member.as_ref().map(|m| (m.role, m.name.as_str()));
+        if holds != Some((GroupRole::Manager, description.name.as_str())) {
+            return tracing::warn!(
+                pid = peer,
+                claimed = %description.name,
+                holds = ?holds,
+                "refusing manager hello: the supervisor did not start this process as that manager"
+            );
+        }
+        description.pid = peer;
+    }
     let name = description.name.clone();
     // Logged by pid, as `switchyard status` lists processes; `router_id` is
     // this router's own registration number.
@@ -219,7 +248,7 @@ async fn manager_connection(shared: Shared, stream: UnixStream) {
     let id = match shared.lock().add_instance(description, sink.clone()) {
         Ok(id) => id,
         Err(reason) => {
-            tracing::error!(manager = %name, %reason, "refusing manager");
+            tracing::warn!(manager = %name, pid, %reason, "refusing manager");
             return;
         }
     };
@@ -239,8 +268,14 @@ async fn manager_connection(shared: Shared, stream: UnixStream) {
         }
         let mut table = shared.lock();
         for mut env in batch.drain(..) {
+            if matches!(env.kind, Kind::Request | Kind::Notification) {
+                let stripped = strip_listener_context(&mut env.meta);
+                if stripped > 0 {
+                    table.stripped_context(id, stripped);
+                }
+            }
             match env.kind {
-                Kind::Response => table.complete(env),
+                Kind::Response => table.complete(env, id),
                 Kind::Request => {
                     env.origin = Origin::Manager(id);
                     table.route_request(env);

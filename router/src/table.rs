@@ -17,6 +17,14 @@ struct Instance {
     outstanding: u32,
     /// Being replaced: gets no new work, finishes what it has.
     draining: bool,
+    /// The request types it declared, with their routes: what no other
+    /// manager may declare while it is connected.
+    handles: Vec<(EventType, Option<(String, String)>)>,
+    /// Responses it sent for requests it was not sent; only the first is
+    /// logged as a warning.
+    refused_responses: u64,
+    /// Whether it was told about (logged for) stripped request context.
+    stripped_logged: bool,
 }
 
 struct Known {
@@ -35,6 +43,93 @@ struct Cluster {
     link: ClusterLink,
     /// What this group last told the cluster it serves.
     told: Option<Manifest>,
+    /// The remote managers (`manager@group`) of groups that left, newest
+    /// last and at most [`MAX_DEPARTED`]: listeners are told to forget
+    /// their routes (they keep a route until told).
+    departed: std::collections::VecDeque<String>,
+}
+
+/// Most request types, routes and request needs one other group's
+/// manifest may bring; past them the rest is ignored (and logged).
+pub(crate) const MAX_REMOTE_TYPES: usize = 4096;
+pub(crate) const MAX_REMOTE_ROUTES: usize = 1024;
+/// Most other groups heard from at once; a group past it is ignored
+/// until one leaves.
+pub(crate) const MAX_REMOTE_GROUPS: usize = 64;
+/// Departed groups' managers listeners are still told to forget.
+const MAX_DEPARTED: usize = 256;
+
+/// A manifest as this router keeps it: bounded, and its routes named
+/// `manager@group`, so that no remote manager is ever mistaken for a local
+/// one of the same name and a departed group's routes can be retired by
+/// name. Returns whether anything was cut.
+pub(crate) fn bounded(group: &str, mut manifest: Manifest) -> (Manifest, bool) {
+    let cut = manifest.serves.len() > MAX_REMOTE_TYPES
+        || manifest.routes.len() > MAX_REMOTE_ROUTES
+        || manifest.needs.len() > MAX_REMOTE_TYPES;
+    while manifest.serves.len() > MAX_REMOTE_TYPES {
+        manifest.serves.pop_last();
+    }
+    manifest.routes.truncate(MAX_REMOTE_ROUTES);
+    manifest.needs.truncate(MAX_REMOTE_TYPES);
+    for entry in &mut manifest.routes {
+        entry.manager = format!("{}@{group}", entry.manager);
+    }
+    (manifest, cut)
+}
+
+/// Whether `path` would take requests from the routes in `taken`: it
+/// conflicts with one of them (same shape), or, taken literally, one of
+/// them already matches it (a static `/a/b` under `/a/{x}`).
+fn shadows(taken: &mut matchit::Router<()>, path: &str) -> bool {
+    taken.at(path).is_ok() || taken.insert(path, ()).is_err()
+}
+
+/// The routes of other groups that listeners here may serve, in group
+/// order: none for a type this group serves itself, none that would take
+/// requests from a local route (or from another group's route taken
+/// first). `local` is every local route, kept while its manager is down.
+pub(crate) fn remote_routes<'a>(
+    local: impl IntoIterator<Item = &'a RouteEntry>,
+    local_types: &HashSet<EventType>,
+    remote: impl IntoIterator<Item = &'a Manifest>,
+) -> Vec<RouteEntry> {
+    let mut taken: HashMap<String, matchit::Router<()>> = HashMap::new();
+    for entry in local {
+        // Local routes may overlap each other (the listener sorts that
+        // out); what matters is that remote ones stay off all of them.
+        let _ = taken
+            .entry(entry.route.method.clone())
+            .or_default()
+            .insert(entry.route.path.clone(), ());
+    }
+    let mut accepted = Vec::new();
+    for manifest in remote {
+        for entry in &manifest.routes {
+            if local_types.contains(&entry.event_type) {
+                continue;
+            }
+            let router = taken.entry(entry.route.method.clone()).or_default();
+            if !shadows(router, &entry.route.path) {
+                accepted.push(entry.clone());
+            }
+        }
+    }
+    accepted
+}
+
+impl Cluster {
+    /// A departed group's managers: listeners are told to forget them.
+    fn forget(&mut self, manifest: &Manifest) {
+        for entry in &manifest.routes {
+            if !self.departed.contains(&entry.manager) {
+                self.departed.push_back(entry.manager.clone());
+            }
+        }
+        while self.departed.len() > MAX_DEPARTED {
+            self.departed.pop_front();
+        }
+    }
 }
 
 struct InFlight {
@@ -120,11 +215,28 @@ impl Table {
         description: ManagerDescription,
         sink: FrameSink,
     ) -> Result<u64, String> {
-        for HandledType { name, event_type, .. } in &description.handles {
+        for HandledType {
+            name,
+            event_type,
+            route,
+            ..
+        } in &description.handles
+        {
             if let Some(known) = self.known.get(event_type)
                 && known.type_name != *name
             {
                 return Err(format!("event type `{name}` collides with `{}`", known.type_name));
+            }
+            if let Some(owner) = self.type_owner(*event_type, &description.name) {
+                return Err(format!("event type `{name}` is declared by manager `{owner}`"));
+            }
+            if let Some(route) = route
+                && let Some(owner) = self.route_owner(&route.method, &route.path, &description.name)
+            {
+                return Err(format!(
+                    "route `{} {}` is declared by manager `{owner}`",
+                    route.method, route.path
+                ));
             }
         }
         self.next_id += 1;
@@ -160,6 +272,14 @@ impl Table {
         }
         self.registered.insert(description.name.clone());
         self.retired.remove(&description.name);
+        let handles = description
+            .handles
+            .iter()
+            .map(|h| {
+                let route = h.route.as_ref().map(|r| (r.method.clone(), r.path.clone()));
+                (h.event_type, route)
+            })
+            .collect();
         self.instances.insert(
             id,
             Instance {
@@ -167,10 +287,80 @@ impl Table {
                 sink,
                 outstanding: 0,
                 draining: false,
+                handles,
+                refused_responses: 0,
+                stripped_logged: false,
             },
         );
         self.publish();
         Ok(id)
+    }
+
+    /// The manager other than `name` that owns request type `ty`: one with
+    /// a connected instance declaring it, or, while it has no instance
+    /// (restarting), the declared manager that last did — so a type cannot
+    /// be taken in the moment its manager is down. A manager whose running
+    /// instances no longer declare a type has given it up.
+    fn type_owner(&self, ty: EventType, name: &str) -> Option<String> {
+        if let Some(inst) = self
+            .instances
+            .values()
+            .find(|i| i.name != name && i.handles.iter().any(|(t, _)| *t == ty))
+        {
+            return Some(inst.name.clone());
+        }
+        let known = self.known.get(&ty)?;
+        self.held_while_down(&known.manager, name)
+    }
+
+    /// As [`Table::type_owner`], for the route `method path`: owned by the
+    /// manager of any route it would take requests from ([`shadows`]), not
+    /// only one of the same text (`/hello/{who}` would take
+    /// `/hello/{name}`'s requests at the listener).
+    fn route_owner(&self, method: &str, path: &str, name: &str) -> Option<String> {
+        let takes = |other: &str| {
+            let mut taken = matchit::Router::new();
+            taken.insert(other, ()).is_ok() && shadows(&mut taken, path)
+        };
+        for inst in self.instances.values().filter(|i| i.name != name) {
+            for (_, route) in &inst.handles {
+                if let Some((m, p)) = route
+                    && m == method
+                    && takes(p)
+                {
+                    return Some(inst.name.clone());
+                }
+            }
+        }
+        self.routes
+            .values()
+            .filter(|e| e.route.method == method && takes(&e.route.path))
+            .find_map(|e| self.held_while_down(&e.manager, name))
+    }
+
+    /// `owner`, when it is another declared manager with no instance up.
+    fn held_while_down(&self, owner: &str, name: &str) -> Option<String> {
+        let down = owner != name
+            && self.declared.iter().any(|d| d == owner)
+            && !self.instances.values().any(|i| i.name == owner);
+        down.then(|| owner.to_owned())
+    }
+
+    /// Instance `id` sent request context only the listener sets: it was
+    /// stripped (logged once per instance).
+    pub(crate) fn stripped_context(&mut self, id: u64, count: usize) {
+        let Some(inst) = self.instances.get_mut(&id) else {
+            return;
+        };
+        if !inst.stripped_logged {
+            inst.stripped_logged = true;
+            tracing::warn!(
+                manager = %inst.name,
+                instance = id,
+                count,
+                "stripped listener-only request context (`:` meta keys such as `:identity`) from what this manager sent; only the listener sets it"
+            );
+        }
     }
 
     /// Removes a disconnected instance and answers its requests in flight
@@ -244,6 +434,16 @@ impl Table {
 
     /// Sends a request to one instance, or answers it at once.
     pub(crate) fn route_request(&mut self, env: Envelope) {
+        if let Some((status, detail)) = self.misnamed(&env) {
+            tracing::warn!(
+                request_id = env.meta.request_id(),
+                origin = ?env.origin,
+                status,
+                %detail,
+                "request refused: its name is not its type's"
+            );
+            return self.deliver(Envelope::error_to(&env, status, &detail));
+        }
         if self.goes_remote(&env) {
             return self.route_remote(env);
         }
@@ -300,6 +500,24 @@ impl Table {
                 self.deliver(err);
             }
         }
+    }
+
+    /// A request whose name (meta `event`, set when a client named its
+    /// type) is not the name of the type its id routes to: 400 when the id
+    /// is not even the name's hash, 404 when it is but another type holds
+    /// that id (a collision: the name is declared by nobody). Types are
+    /// routed by a 64-bit hash that is cheap to collide on purpose, while
+    /// rules are written on names; this is where the two must agree.
+    fn misnamed(&self, env: &Envelope) -> Option<(u16, String)> {
+        let name = env.meta.get(META_EVENT)?;
+        if EventType::of(name) != env.event_type {
+            return Some((
+                400,
+                format!("event type `{name}` does not match the type id it was sent with"),
+            ));
+        }
+        let known = self.known.get(&env.event_type)?;
+        (known.type_name != name).then(|| (404, format!("no manager declares event type `{name}`")))
     }
 
     /// Whether a request goes to the other groups: local managers first
@@ -373,19 +591,41 @@ impl Table {
             remote: BTreeMap::new(),
             link,
             told: None,
+            departed: Default::default(),
         });
         self.publish();
     }
 
-    /// Another group's routes and types.
+    /// Another group's routes and types, bounded ([`bounded`]).
     pub(crate) fn set_remote(&mut self, group: String, manifest: Manifest) {
         let Some(cluster) = &mut self.cluster else { return };
         let now = std::time::Instant::now();
+        let (manifest, cut) = bounded(&group, manifest);
         if let Some((known, seen)) = cluster.remote.get_mut(&group)
             && *known == manifest
         {
             *seen = now;
             return;
+        }
+        if !cluster.remote.contains_key(&group) && cluster.remote.len() >= MAX_REMOTE_GROUPS {
+            return tracing::warn!(
+                %group,
+                max = MAX_REMOTE_GROUPS,
+                "another group's manifest ignored: this group already hears from as many groups as it keeps"
+            );
+        }
+        if !cluster.remote.contains_key(&group) {
+            // Back after it was given up for gone: its routes are live again.
+            let suffix = format!("@{group}");
+            cluster.departed.retain(|m| !m.ends_with(&suffix));
+        }
+        if cut {
+            tracing::warn!(
+                %group,
+                max_types = MAX_REMOTE_TYPES,
+                max_routes = MAX_REMOTE_ROUTES,
+                "another group declares more than a group may; the rest of its manifest is ignored"
+            );
         }
         cluster.remote.insert(group, (manifest, now));
         self.cluster_changed();
@@ -414,13 +654,22 @@ impl Table {
         if cluster.link.state != LinkState::Connected {
             return;
         }
-        let before = cluster.remote.len();
-        cluster
+        let gone: Vec<String> = cluster
             .remote
-            .retain(|_, (_, seen)| now.duration_since(*seen) < switchyard_cluster::MANIFEST_EXPIRY);
-        if cluster.remote.len() != before {
-            self.cluster_changed();
+            .iter()
+            .filter(|(_, (_, seen))| now.duration_since(*seen) >= switchyard_cluster::MANIFEST_EXPIRY)
+            .map(|(group, _)| group.clone())
+            .collect();
+        if gone.is_empty() {
+            return;
         }
+        for group in gone {
+            tracing::info!(%group, "another group left (no manifest for too long); its routes are forgotten");
+            if let Some((manifest, _)) = cluster.remote.remove(&group) {
+                cluster.forget(&manifest);
+            }
+        }
+        self.cluster_changed();
     }
 
     fn cluster_changed(&mut self) {
@@ -485,15 +734,42 @@ impl Table {
         best.map(|(_, id)| id)
     }
 
-    /// A response from a manager: close its in-flight entry and pass it on.
-    /// A response with no entry was already answered (503/504) and is dropped.
-    pub(crate) fn complete(&mut self, env: Envelope) {
-        let Some(flight) = self.in_flight.remove(&(env.origin, env.correlation)) else {
+    /// A response from instance `from` (or the bridge): close its in-flight
+    /// entry and pass it on. A response with no entry was already answered
+    /// (503/504) and is dropped; one from an instance the request was not
+    /// sent to is refused, and the request stays in flight for the
+    /// instance that has it.
+    pub(crate) fn complete(&mut self, env: Envelope, from: u64) {
+        let key = (env.origin, env.correlation);
+        let Some(flight) = self.in_flight.get(&key) else {
             return tracing::debug!(
                 origin = ?env.origin,
                 request_id = env.meta.request_id(), trace_id = env.meta.trace_id(),
                 "late response dropped"
             );
+        };
+        if flight.instance != from {
+            let (manager, first) = match self.instances.get_mut(&from) {
+                Some(inst) => {
+                    inst.refused_responses += 1;
+                    (inst.name.clone(), inst.refused_responses == 1)
+                }
+                None => (String::from("cluster"), true),
+            };
+            if first {
+                tracing::warn!(
+                    manager = %manager,
+                    instance = from,
+                    origin = ?env.origin,
+                    "response refused: this instance was not sent the request (later ones from it are logged at debug)"
+                );
+            } else {
+                tracing::debug!(manager = %manager, instance = from, origin = ?env.origin, "response refused: not sent the request");
+            }
+            return;
+        }
+        let Some(flight) = self.in_flight.remove(&key) else {
+            return;
         };
         if let Some(inst) = self.instances.get_mut(&flight.instance) {
             inst.outstanding = inst.outstanding.saturating_sub(1);
@@ -504,6 +780,16 @@ impl Table {
     /// Every subscriber gets the notification, except the instance it came
     /// from; the broker gets it too, for the WebSocket clients subscribed.
     pub(crate) fn route_notification(&mut self, env: Envelope, from: Option<u64>) {
+        // Subscriptions by prefix match the name: it must be the type's.
+        if let Some(name) = env.meta.get(META_EVENT)
+            && EventType::of(name) != env.event_type
+        {
+            return tracing::warn!(
+                event = name,
+                ?from,
+                "notification dropped: its name does not match its type id"
+            );
+        }
         // To the other groups, unless it came from them: nothing loops.
         if let Some(cluster) = &self.cluster
             && from != Some(BRIDGE_ID)
@@ -638,23 +924,37 @@ impl Table {
         }
         let mut routes = self.routes.clone();
         let mut needs = self.needs.clone();
-        if let Some(cluster) = &self.cluster {
-            // Routes only other groups serve are served here too (a local
-            // route of the same method and path wins).
+        let mut retired: Vec<String> = self.retired.iter().cloned().collect();
+        // Other groups' routes are served here too, once every local
+        // manager has declared its own (until then a local route may be
+        // missing, and listeners never forget a route they were given):
+        // never one that would take requests from a local route.
+        if let Some(cluster) = &self.cluster
+            && self.declared.iter().all(|m| self.registered.contains(m))
+        {
+            let local_types: HashSet<EventType> = self.known.keys().copied().collect();
+            let remote = remote_routes(
+                self.routes.values(),
+                &local_types,
+                cluster.remote.values().map(|(m, _)| m),
+            );
+            for entry in remote {
+                routes
+                    .entry((entry.route.method.clone(), entry.route.path.clone()))
+                    .or_insert(entry);
+            }
             for (m, _) in cluster.remote.values() {
-                for entry in &m.routes {
-                    routes
-                        .entry((entry.route.method.clone(), entry.route.path.clone()))
-                        .or_insert_with(|| entry.clone());
-                }
                 for n in &m.needs {
                     needs.entry(n.event_type).or_insert_with(|| n.needs.clone());
                 }
             }
         }
+        if let Some(cluster) = &self.cluster {
+            retired.extend(cluster.departed.iter().cloned());
+        }
         let table = RouteTable {
             version: self.version,
-            retired: self.retired.iter().cloned().collect(),
+            retired,
             cluster: self.cluster.as_ref().map(|c| c.link),
             routes: routes.into_values().collect(),
             managers: managers
@@ -725,4 +1025,127 @@ fn stub_request(origin: Origin, correlation: u64) -> Envelope {
     let mut env = Envelope::request(EventType::CONTROL, correlation, Default::default());
     env.origin = origin;
     env
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use switchyard_proto::control::HttpRoute;
+
+    fn entry(manager: &str, ty: &str, method: &str, path: &str) -> RouteEntry {
+        RouteEntry {
+            route: HttpRoute {
+                method: method.into(),
+                path: path.into(),
+                stream_body: false,
+            },
+            event_type: EventType::of(ty),
+            type_name: ty.into(),
+            manager: manager.into(),
+        }
+    }
+
+    fn manifest(routes: Vec<RouteEntry>) -> Manifest {
+        Manifest {
+            serves: routes.iter().map(|e| e.event_type).collect(),
+            routes,
+            needs: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn local_routes_win_over_remote_ones() {
+        let local = [
+            entry("basics", "demo.Hello", "GET", "/hello/{name}"),
+            entry("basics", "demo.Noop", "GET", "/noop"),
+        ];
+        let local_types: HashSet<EventType> = local.iter().map(|e| e.event_type).collect();
+        let remote = [
+            manifest(vec![
+                // Same shape, another parameter name: would conflict.
+                entry("evil@g1", "evil.Hello", "GET", "/hello/{any}"),
+                // A static path under a local parameter: would take it.
+                entry("evil@g1", "evil.Admin", "GET", "/hello/admin"),
+                // The same route.
+                entry("evil@g1", "evil.Noop", "GET", "/noop"),
+                // Another path to a local type.
+                entry("evil@g1", "demo.Noop", "GET", "/also-noop"),
+                // Its own.
+                entry("pay@g1", "demo.Payload", "GET", "/payload/{size}"),
+                // Another method of a local path is not a local route.
+                entry("pay@g1", "demo.PostNoop", "POST", "/noop"),
+            ]),
+            manifest(vec![
+                // Taken by the first group already.
+                entry("pay@g2", "demo.Payload2", "GET", "/payload/{n}"),
+                entry("x@g2", "x.Y", "GET", "/x"),
+            ]),
+        ];
+        let got: Vec<String> = remote_routes(local.iter(), &local_types, remote.iter())
+            .into_iter()
+            .map(|e| format!("{} {} {}", e.manager, e.route.method, e.route.path))
+            .collect();
+        assert_eq!(
+            got,
+            ["pay@g1 GET /payload/{size}", "pay@g1 POST /noop", "x@g2 GET /x"]
+        );
+    }
+
+    #[test]
+    fn a_name_must_be_the_registered_name_of_its_id() {
+        let mut table = Table::new(vec![], 8);
+        // As if `t.Real` and `t.Twin` collided: the id is registered under
+        // the other name.
+        table.known.insert(
+            EventType::of("t.Twin"),
+            Known {
+                type_name: "t.Real".into(),
+                manager: "m".into(),
+            },
+        );
+        let named = |name: &str, id: &str| {
+            let mut env = Envelope::request(EventType::of(id), 1, Default::default());
+            env.meta.push(META_EVENT, name);
+            env
+        };
+        assert_eq!(table.misnamed(&named("t.Twin", "t.Twin")).map(|m| m.0), Some(404));
+        assert_eq!(
+            table.misnamed(&named("t.Twin", "t.Other")).map(|m| m.0),
+            Some(400)
+        );
+        assert_eq!(table.misnamed(&named("t.Free", "t.Free")), None);
+        let unnamed = Envelope::request(EventType::of("t.Twin"), 1, Default::default());
+        assert_eq!(table.misnamed(&unnamed), None);
+    }
+
+    #[test]
+    fn a_manifest_is_bounded_and_its_managers_named_by_group() {
+        let routes: Vec<RouteEntry> = (0..MAX_REMOTE_ROUTES + 10)
+            .map(|i| entry("m", &format!("t.T{i}"), "GET", &format!("/r/{i}")))
+            .collect();
+        let (kept, cut) = bounded("g7", manifest(routes));
+        assert!(cut);
+        assert_eq!(kept.routes.len(), MAX_REMOTE_ROUTES);
+        assert_eq!(kept.serves.len(), MAX_REMOTE_ROUTES + 10);
+        assert!(kept.routes.iter().all(|e| e.manager == "m@g7"));
+        let (small, cut) = bounded("g8", manifest(vec![entry("m", "a.B", "GET", "/b")]));
+        assert!(!cut);
+        assert_eq!(small.routes[0].manager, "m@g8");
+    }
+
+    #[test]
+    fn a_departed_group_is_remembered_for_listeners_boundedly() {
+        let mut departed = std::collections::VecDeque::new();
+        for g in 0..MAX_DEPARTED + 5 {
+            let (m, _) = bounded(&format!("g{g}"), manifest(vec![entry("m", "a.B", "GET", "/b")]));
+            for e in &m.routes {
+                departed.push_back(e.manager.clone());
+            }
+            while departed.len() > MAX_DEPARTED {
+                departed.pop_front();
+            }
+        }
+        assert_eq!(departed.len(), MAX_DEPARTED);
+        assert_eq!(departed.back().unwrap(), &format!("m@g{}", MAX_DEPARTED + 4));
+    }
 }

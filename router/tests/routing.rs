@@ -96,6 +96,7 @@ async fn rig(declared: &[&str]) -> Rig {
         max_outstanding: 2,
         cluster: Default::default(),
         shm_threshold: switchyard_proto::shm::DEFAULT_THRESHOLD,
+        roster: None,
     };
     let (ready, _) = tokio::sync::oneshot::channel();
     tokio::spawn(switchyard_router::run(
@@ -241,12 +242,17 @@ async fn a_named_type_nobody_declares_is_404_by_its_name() {
         (503, "manager `m` is not running")
     );
 
-    // A name that is not the type's is no name.
+    // A name that is not the type's is refused: rules are written on
+    // names, routing is by id, and the two must agree.
     let mut forged = request("t.Nobody", 4, 1);
     forged.meta.push(META_EVENT, "t.Other");
     rig.broker.sink.send(forged).unwrap();
-    let unnamed = rig.broker.next().await;
-    assert_eq!(unnamed.status, 503, "an HTTP route's type: {}", detail(&unnamed));
+    let misnamed = rig.broker.next().await;
+    assert_eq!(misnamed.status, 400, "{}", detail(&misnamed));
+    assert_eq!(
+        detail(&misnamed),
+        "event type `t.Other` does not match the type id it was sent with"
+    );
 }
 
 #[tokio::test]
@@ -419,4 +425,65 @@ async fn a_manager_cancels_its_own_calls_only() {
     let told = callee.next().await;
     assert_eq!(told.decode_control().unwrap(), Control::Cancel);
     assert_eq!((told.correlation, told.origin), (8, call.origin));
+}
+
+/// What a manager cannot do whoever it says it is (decision 0100): answer
+/// a request another instance holds, declare another manager's type, or
+/// put listener-only context on its calls.
+#[tokio::test]
+async fn a_manager_answers_only_its_own_requests_declares_only_its_own_types_and_sets_no_client_context() {
+    let mut rig = rig(&["m", "n"]).await;
+    let mut m = manager(&rig, "m", &["t.A"], &[]).await;
+    let mut n = manager(&rig, "n", &["t.B"], &[]).await;
+    rig.broker.table(|t| t.all_up()).await;
+
+    // `n` answers the request `m` holds: dropped; `m`'s answer goes out.
+    rig.broker.sink.send(request("t.A", 11, 3)).unwrap();
+    let held = m.next().await;
+    let forged = Envelope::response_to(&held, 200, Default::default(), Bytes::from_static(b"forged"));
+    n.sink.send(forged).unwrap();
+    let real = Envelope::response_to(&held, 200, Default::default(), Bytes::from_static(b"real"));
+    m.sink.send(real).unwrap();
+    let back = rig.broker.next().await;
+    assert_eq!(back.correlation, 11);
+    assert_eq!(back.payload.inline().unwrap().as_ref(), b"real");
+
+    // Another instance under `n`'s name declaring `m`'s type: refused
+    // (the connection closes without a welcome).
+    let stream = UnixStream::connect(rig.dir.join("router.sock")).await.unwrap();
+    let mut thief = Peer::new(stream).await;
+    let description = ManagerDescription {
+        name: "n".into(),
+        pid: std::process::id(),
+        handles: vec![HandledType {
+            name: "t.A".into(),
+            event_type: EventType::of("t.A"),
+            route: None,
+            needs: Default::default(),
+        }],
+        subscribes: Vec::new(),
+    };
+    thief
+        .sink
+        .send_wait(Envelope::control(&Control::HelloManager(description)).unwrap())
+        .await
+        .unwrap();
+    let closed = tokio::time::timeout(PATIENCE, thief.reader.next()).await.unwrap();
+    assert!(
+        matches!(closed, Ok(None) | Err(_)),
+        "refused, not welcomed: {closed:?}"
+    );
+
+    // `m` calls `t.B` with a verified-looking identity and client address:
+    // `n` gets the request without them, its request id kept.
+    let mut call = Envelope::request(EventType::of("t.B"), 5, Bytes::new());
+    call.meta
+        .push(":identity", r#"{"sub":"admin","method":"jwt","claims":{}}"#);
+    call.meta.push(":client", "203.0.113.9");
+    call.meta.push(":request-id", "req-1");
+    call.meta.push("content-type", "application/json");
+    m.sink.send(call).unwrap();
+    let got = n.next().await;
+    let keys: Vec<&str> = got.meta.0.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(keys, [":request-id", "content-type"]);
 }

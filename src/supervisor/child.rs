@@ -31,7 +31,7 @@ pub(crate) struct ChildHandle {
     /// Signals go through it, never through `pid`: once the child is reaped
     /// its pid may name an unrelated process.
     pidfd: Pidfd,
-    control: Mutex<OwnedWriteHalf>,
+    control: std::sync::Arc<Mutex<OwnedWriteHalf>>,
 }
 
 impl ChildHandle {
@@ -41,6 +41,18 @@ impl ChildHandle {
         let mut line = serde_json::to_vec(&command).unwrap_or_default();
         line.push(b'\n');
         let _ = self.control.lock().await.write_all(&line).await;
+    }
+
+    /// [`ChildHandle::command`] from code that cannot wait: sent by a task
+    /// of its own (a roster carries its version, so the order two of them
+    /// arrive in does not matter).
+    pub(crate) fn command_detached(&self, command: ToChild) {
+        let control = self.control.clone();
+        tokio::spawn(async move {
+            let mut line = serde_json::to_vec(&command).unwrap_or_default();
+            line.push(b'\n');
+            let _ = control.lock().await.write_all(&line).await;
+        });
     }
 
     pub(crate) fn kill(&self) {
@@ -63,6 +75,9 @@ pub(crate) struct Launch<'a> {
     pub(crate) grpc_socket: Option<RawFd>,
     /// The HTTP/3 listener's UDP socket, inherited on [`QUIC_FD`].
     pub(crate) quic_socket: Option<RawFd>,
+    /// The variables the child's environment may take from ours besides
+    /// the fixed list (`group.pass_env`).
+    pub(crate) pass_env: &'a [String],
 }
 
 /// A memfd holding `spec`, for the child to read at [`SPEC_FD`]. Only
@@ -105,6 +120,11 @@ pub(crate) fn spawn(
     // Nothing secret on the command line or in the environment: both are
     // readable by every local user in /proc. The spec goes by descriptor.
     let mut cmd = tokio::process::Command::new(exe);
+    // An allow-listed environment: ours holds the operator's secrets
+    // (`SWITCHYARD_AUTH__JWT__SECRET`, ...), which reach each role through
+    // its spec, and only the role they are for.
+    cmd.env_clear()
+        .envs(crate::hardening::child_env(std::env::vars_os(), launch.pass_env));
     cmd.arg("__role")
         .arg(launch.role.as_str())
         .arg("--name")
@@ -115,6 +135,7 @@ pub(crate) fn spawn(
         .env(ENV_LOG_FORMAT, if json_logs() { "json" } else { "text" })
         // systemd talks to the supervisor alone: a child (a plugin) must
         // not be able to say READY or STOPPING for the service.
+        // (not in the allow-list either; said again in case it grows)
         .env_remove("NOTIFY_SOCKET")
         .env_remove("WATCHDOG_USEC")
         .env_remove("WATCHDOG_PID")
@@ -216,7 +237,7 @@ pub(crate) fn spawn(
     Ok(ChildHandle {
         pid,
         pidfd,
-        control: Mutex::new(write),
+        control: std::sync::Arc::new(Mutex::new(write)),
     })
 }
 

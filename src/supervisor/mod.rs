@@ -281,6 +281,8 @@ struct Supervisor {
     /// The request figures of children that exited: the group's counters
     /// never go back when a listener restarts.
     gone_routes: HashMap<(String, String), RouteFigures>,
+    /// The version of the last roster sent to the broker and router.
+    roster_version: u64,
 }
 
 /// What a child reported for `/metrics`, cumulative since it started.
@@ -318,6 +320,12 @@ pub(crate) fn main(
             .with_ansi(false)
             .without_time()
             .try_init();
+    }
+    // The supervisor holds every secret of the configuration: no child
+    // (a plugin) may read its memory or environment through /proc.
+    if let Err(err) = crate::hardening::not_dumpable() {
+        tracing::error!(%err, "cannot make the supervisor non-dumpable");
+        return ExitCode::FAILURE;
     }
     // A current-thread runtime: the spawning thread must outlive the children
     // (PR_SET_PDEATHSIG fires when the thread that forked them exits).
@@ -529,6 +537,7 @@ async fn up(
         systemd: Systemd::from_env(),
         sockets: Some(sockets),
         gone_routes: HashMap::new(),
+        roster_version: 0,
     };
 
     let control = tokio::spawn(crate::status::serve(control_sock, sup.events.clone()));
@@ -860,6 +869,7 @@ impl Supervisor {
                 socket: child.socket.as_ref().map(|s| s.as_raw_fd()),
                 grpc_socket: child.grpc_socket.as_ref().map(|s| s.as_raw_fd()),
                 quic_socket: child.quic_socket.as_ref().map(|s| s.as_raw_fd()),
+                pass_env: &self.config.group.pass_env,
             },
             self.events.clone(),
         )?;
@@ -867,7 +877,49 @@ impl Supervisor {
         child.handle = Some(handle);
         child.state = State::Starting;
         child.started = Instant::now();
+        self.send_roster();
         Ok(())
+    }
+
+    /// Tells the broker and the router which pid holds which role, once a
+    /// child has started: they take a hello only from the process the
+    /// supervisor started for that role (decision 0100). A child may
+    /// connect before this arrives; they wait for it.
+    fn send_roster(&mut self) {
+        use switchyard_proto::control::{GroupRole, Member, Roster};
+        self.roster_version += 1;
+        let members = self
+            .children
+            .iter()
+            .filter_map(|c| {
+                let pid = c.handle.as_ref()?.pid;
+                let role = match c.role {
+                    Role::Broker => GroupRole::Broker,
+                    Role::Router => GroupRole::Router,
+                    Role::Listener => GroupRole::Listener,
+                    Role::Manager => GroupRole::Manager,
+                    Role::Worker => GroupRole::Worker,
+                };
+                Some(Member {
+                    pid,
+                    role,
+                    name: c.name.clone(),
+                })
+            })
+            .collect();
+        let roster = Roster {
+            version: self.roster_version,
+            members,
+        };
+        for c in &self.children {
+            if matches!(c.role, Role::Broker | Role::Router)
+                && let Some(handle) = &c.handle
+            {
+                handle.command_detached(switchyard_proto::supervision::ToChild::Roster {
+                    roster: roster.clone(),
+                });
+            }
+        }
     }
 
     async fn start_one(&mut self, idx: usize, rx: &mut mpsc::UnboundedReceiver<Event>) -> anyhow::Result<()> {
@@ -1228,7 +1280,7 @@ impl Supervisor {
                     _ = tokio::time::sleep_until(deadline) => {
                         let told = match command {
                             ToChild::Drain { .. } => "drain",
-                            ToChild::Stop | ToChild::Reconfigure { .. } => "stop",
+                            ToChild::Stop | ToChild::Reconfigure { .. } | ToChild::Roster { .. } => "stop",
                         };
                         for &i in &members {
                             if self.children[i].handle.is_some() {

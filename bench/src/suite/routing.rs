@@ -126,6 +126,7 @@ fn start_router(dir: &Path) -> anyhow::Result<(JoinHandle<anyhow::Result<()>>, o
         max_outstanding: MAX_OUTSTANDING,
         cluster: Default::default(),
         shm_threshold: switchyard_proto::shm::DEFAULT_THRESHOLD,
+        roster: None,
     };
     let (stop, stopped) = oneshot::channel::<()>();
     let thread = on_own_runtime("router", async move {
