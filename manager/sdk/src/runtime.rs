@@ -189,6 +189,7 @@ impl<M: Manager> Runtime<M> {
             kind: M::NAME.to_owned(),
             handles: registry.handled(),
             subscribes: registry.subscribes.clone(),
+            notifications: registry.notification_types.clone(),
             timers: !registry.timers.is_empty(),
             types: if args.validation {
                 registry.described()
