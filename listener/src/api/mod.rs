@@ -39,7 +39,7 @@ pub(crate) fn only_get_and_head(method: &Method) -> Option<Reply> {
 /// (neither public nor opened by `expose`, decision 0108) left out, as
 /// they are from the typed gRPC services and reflection. Notification
 /// types stay: they describe what clients may subscribe to.
-pub(crate) fn for_clients(catalog: &Catalog, expose: &[String]) -> Catalog {
+pub fn for_clients(catalog: &Catalog, expose: &[String]) -> Catalog {
     let open = |h: &HandledType| h.public || crate::public::exposed(expose, &h.name);
     let mut catalog = catalog.clone();
     for m in &mut catalog.managers {
