@@ -192,6 +192,9 @@ pub(crate) async fn call(
     ) {
         return problem_bytes(refused.status, &refused.detail);
     }
+    if let Err(refused) = crate::public::check_job(state, ty, &body, front.identity) {
+        return problem_bytes(refused.status, &refused.detail);
+    }
     let mut env = Envelope::request(EventType::of(ty), 0, Bytes::new());
     env.payload = match state.request_payload(body) {
         Ok(p) => p,

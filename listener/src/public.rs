@@ -10,7 +10,9 @@
 use switchyard_proto::EventType;
 use switchyard_proto::control::{DeclaredType, pattern_prefix};
 
+use crate::identity::Identity;
 use crate::routes::Routes;
+use crate::state::State;
 
 /// What the client sends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -93,6 +95,43 @@ fn not_started(routes: &Routes, name: &str) -> Option<Refused> {
             missing.name
         ),
     })
+}
+
+/// A client's `scheduler.Schedule` or `scheduler.Update` (once exposed):
+/// the job's target is admitted as if the client sent it itself now —
+/// public or exposed, the rules for its type with the client's identity,
+/// and `listener.ws.notify` for a notification — so that a job never
+/// does what its client may not (decision 0110). Other types pass.
+pub(crate) fn check_job(state: &State, ty: &str, body: &[u8], identity: Option<&Identity>) -> Result<(), Refused> {
+    if ty != "scheduler.Schedule" && ty != "scheduler.Update" {
+        return Ok(());
+    }
+    let refused = |status: u16, detail: String| Refused { status, detail };
+    let Ok(job) = serde_json::from_slice::<serde_json::Value>(body) else {
+        return Err(refused(422, format!("a client's {ty} is a JSON object")));
+    };
+    let Some(event) = job.get("event").and_then(serde_json::Value::as_str) else {
+        // An update that leaves the target as it is (the scheduler
+        // refuses a client's `kind` without `event`).
+        return Ok(());
+    };
+    let notification = job.get("kind").and_then(serde_json::Value::as_str) == Some("notification");
+    if notification && !state.config.ws.notify {
+        return Err(refused(
+            403,
+            "client notifications are disabled (listener.ws.notify)".to_owned(),
+        ));
+    }
+    let sending = if notification {
+        Sending::Notification
+    } else {
+        Sending::Request
+    };
+    admit(&state.pool.routes(), &state.config.middleware.auth.expose, event, sending)?;
+    state
+        .middleware
+        .authorize_event(identity, event, false)
+        .map_err(|r| refused(r.status(), r.detail()))
 }
 
 #[cfg(test)]

@@ -74,6 +74,8 @@ pub struct Context {
     /// The request's meta: its context as the listener passed it (empty
     /// outside a request).
     pub(crate) request: Rc<Meta>,
+    /// A client sent the request (through a listener), not a manager.
+    pub(crate) client: bool,
 }
 
 impl Context {
@@ -162,7 +164,16 @@ impl Context {
         crate::event::identity(&self.request)
     }
 
+    /// Whether a client sent the request being handled (through a
+    /// listener), rather than another manager of the group or nothing
+    /// (timers, notifications). The built-in Scheduler keeps a client's
+    /// jobs apart from managers' by it.
+    pub fn from_client(&self) -> bool {
+        self.client
+    }
+
     /// The configured name of this manager.
+
     pub fn manager_name(&self) -> &str {
         &self.shared.name
     }
