@@ -245,3 +245,117 @@ async fn exposed_types_are_reachable_and_only_those() {
     let services = reflected_services(&g).await;
     assert!(services.iter().any(|s| s.starts_with("store.")), "{services:?}");
 }
+
+/// A group whose operator opened the Scheduler to clients, with a rule
+/// that requires an identity for `demo.Panic`, and client notifications
+/// off (the default).
+fn scheduler_open() -> Group {
+    Group::builder("internal-jobs")
+        .config(
+            "[[managers]]\nname = \"basics\"\n\n\
+             [[managers]]\nname = \"store\"\nbuiltin = \"store\"\n\n\
+             [[managers]]\nname = \"scheduler\"\nbuiltin = \"scheduler\"\n\n\
+             [auth]\nexpose = [\"scheduler.*\"]\n\n\
+             [auth.jwt]\nalgorithms = [\"HS256\"]\nsecret = \"a-test-secret-of-thirty-two-bytes!!\"\n\n\
+             [[auth.rules]]\nevent = \"demo.Panic\"\n",
+        )
+        .start()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_does_only_what_its_client_may_do_and_is_its_own() {
+    let g = scheduler_open();
+    let ws = within(Client::connect(&format!("ws://{}/ws", g.addr)))
+        .await
+        .unwrap();
+    // Refused directly to an anonymous client...
+    let direct = ws_call(&ws, "demo.Panic", &json!({})).await.unwrap_err();
+    assert_eq!(direct.0, 401, "{direct:?}");
+    // ... and refused the same when scheduled: nothing is stored to fire.
+    let job = json!({"id": "panic", "when": {"after_ms": 0}, "event": "demo.Panic"});
+    let scheduled = ws_call(&ws, "scheduler.Schedule", &job).await.unwrap_err();
+    assert_eq!(scheduled, direct, "a job is admitted as its client");
+    // An internal target: as undeclared.
+    let job = json!({"when": {"after_ms": 0}, "event": "demo.ReminderDue"});
+    assert_eq!(
+        ws_call(&ws, "scheduler.Schedule", &job).await.unwrap_err(),
+        (404, undeclared("demo.ReminderDue"))
+    );
+    // A notification, with client notifications off: 403 directly and
+    // when scheduled.
+    let notified = match within(ws.notify("client.ping", &json!({}))).await {
+        Err(ClientError::Status { status, problem }) => {
+            (status, problem["detail"].as_str().unwrap().to_owned())
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    assert_eq!(notified.0, 403);
+    let job = json!({"when": {"after_ms": 0}, "event": "client.ping", "kind": "notification"});
+    assert_eq!(
+        ws_call(&ws, "scheduler.Schedule", &job).await.unwrap_err(),
+        notified
+    );
+    // Faster than the scheduler's `min_every_ms`: 422.
+    let job = json!({"when": {"every_ms": 1}, "event": "demo.Noop"});
+    assert_eq!(ws_call(&ws, "scheduler.Schedule", &job).await.unwrap_err().0, 422);
+
+    // What a client may do, its job does.
+    let job = json!({"id": "mine", "when": {"after_ms": 600000}, "event": "demo.Noop"});
+    ws_call(&ws, "scheduler.Schedule", &job).await.unwrap();
+    // A manager's job (the demo's reminder, scheduled by `basics`) is not
+    // the client's: not listed, not found, not cancelled.
+    let r = request(
+        g.addr,
+        "POST",
+        "/reminders",
+        br#"{"in_ms": 600000, "text": "hi"}"#,
+    )
+    .unwrap();
+    assert_eq!(r.status, 201, "{}", r.text());
+    let theirs = r.json()["id"].as_str().unwrap().to_owned();
+    let listed = ws_call(&ws, "scheduler.List", &json!({})).await.unwrap();
+    let ids: Vec<&str> = listed["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| j["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["mine"], "{listed}");
+    let found = ws_call(&ws, "scheduler.Get", &json!({"id": theirs}))
+        .await
+        .unwrap();
+    assert_eq!(found["job"], Value::Null, "{found}");
+    let cancelled = ws_call(&ws, "scheduler.Cancel", &json!({"id": theirs}))
+        .await
+        .unwrap();
+    assert_eq!(cancelled["cancelled"], false);
+    let cancelled = ws_call(&ws, "scheduler.Cancel", &json!({"id": "mine"}))
+        .await
+        .unwrap();
+    assert_eq!(cancelled["cancelled"], true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_holds_a_bounded_number_of_jobs() {
+    let g = scheduler_open();
+    let ws = within(Client::connect(&format!("ws://{}/ws", g.addr)))
+        .await
+        .unwrap();
+    // The default bound: 100 jobs per client (all anonymous ones share it).
+    for i in 0..100 {
+        let job = json!({"id": format!("j{i}"), "when": {"after_ms": 600000}, "event": "demo.Noop"});
+        ws_call(&ws, "scheduler.Schedule", &job).await.unwrap();
+    }
+    let job = json!({"id": "one-more", "when": {"after_ms": 600000}, "event": "demo.Noop"});
+    let refused = ws_call(&ws, "scheduler.Schedule", &job).await.unwrap_err();
+    assert_eq!(refused.0, 429, "{refused:?}");
+    // The managers are not bound by it: the demo's reminders still work.
+    let r = request(
+        g.addr,
+        "POST",
+        "/reminders",
+        br#"{"in_ms": 600000, "text": "hi"}"#,
+    )
+    .unwrap();
+    assert_eq!(r.status, 201, "{}", r.text());
+}

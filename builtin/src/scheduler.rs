@@ -569,7 +569,9 @@ impl<C: Clock> Engine<C> {
     fn count_owned(&self, owner: &str) -> Result<u64, Error> {
         self.db
             .conn
-            .prepare_cached("SELECT COUNT(*) FROM jobs WHERE COALESCE(json_extract(spec, '$.owner'), '') = ?1")
+            .prepare_cached(
+                "SELECT COUNT(*) FROM jobs WHERE COALESCE(json_extract(spec, '$.owner'), '') = ?1",
+            )
             .and_then(|mut stmt| stmt.query_row([owner], |r| r.get::<_, u64>(0)))
             .map_err(|e| self.failed(e))
     }
@@ -593,7 +595,9 @@ impl<C: Clock> Engine<C> {
             return Err(Error::not_found(format!("no job `{}`", ev.id)));
         };
         if !owner.is_empty() && ev.kind.is_some() && ev.event.is_none() {
-            return Err(unprocessable("a client's update that sets `kind` names `event` too"));
+            return Err(unprocessable(
+                "a client's update that sets `kind` names `event` too",
+            ));
         }
         let mut spec = row.spec.clone();
         let replan = ev.when.is_some() || ev.tz.is_some();
@@ -686,7 +690,13 @@ impl<C: Clock> Engine<C> {
             .prepare_cached(&sql)
             .and_then(|mut stmt| {
                 stmt.query_map(
-                    params![lower.as_bytes(), ev.prefix.len(), ev.prefix.as_bytes(), limit + 1, owner],
+                    params![
+                        lower.as_bytes(),
+                        ev.prefix.len(),
+                        ev.prefix.as_bytes(),
+                        limit + 1,
+                        owner
+                    ],
                     |r| r.get(0),
                 )?
                 .collect()

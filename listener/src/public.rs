@@ -102,7 +102,12 @@ fn not_started(routes: &Routes, name: &str) -> Option<Refused> {
 /// public or exposed, the rules for its type with the client's identity,
 /// and `listener.ws.notify` for a notification — so that a job never
 /// does what its client may not (decision 0110). Other types pass.
-pub(crate) fn check_job(state: &State, ty: &str, body: &[u8], identity: Option<&Identity>) -> Result<(), Refused> {
+pub(crate) fn check_job(
+    state: &State,
+    ty: &str,
+    body: &[u8],
+    identity: Option<&Identity>,
+) -> Result<(), Refused> {
     if ty != "scheduler.Schedule" && ty != "scheduler.Update" {
         return Ok(());
     }
@@ -127,7 +132,12 @@ pub(crate) fn check_job(state: &State, ty: &str, body: &[u8], identity: Option<&
     } else {
         Sending::Request
     };
-    admit(&state.pool.routes(), &state.config.middleware.auth.expose, event, sending)?;
+    admit(
+        &state.pool.routes(),
+        &state.config.middleware.auth.expose,
+        event,
+        sending,
+    )?;
     state
         .middleware
         .authorize_event(identity, event, false)

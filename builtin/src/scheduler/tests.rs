@@ -296,10 +296,16 @@ fn a_client_sees_changes_and_cancels_only_its_own_jobs() {
         .unwrap();
     e.schedule_as(job("bob-1", When::AfterMs(1000), Missed::Once), bob)
         .unwrap();
-    e.schedule(job("mgr-1", When::AfterMs(1000), Missed::Once)).unwrap();
+    e.schedule(job("mgr-1", When::AfterMs(1000), Missed::Once))
+        .unwrap();
     let ids = |e: &Engine<Fake>, owner: &str| -> Vec<String> {
         let all = ListJobs::default();
-        e.list_as(&all, owner).unwrap().jobs.into_iter().map(|j| j.id).collect()
+        e.list_as(&all, owner)
+            .unwrap()
+            .jobs
+            .into_iter()
+            .map(|j| j.id)
+            .collect()
     };
     assert_eq!(ids(&e, ada), ["ada-1"]);
     assert_eq!(ids(&e, bob), ["bob-1"]);
