@@ -113,7 +113,12 @@ async fn a_reminder_outlives_a_kill9_of_the_scheduler_and_a_group_restart() {
 
 #[tokio::test]
 async fn jobs_repeat_carry_their_firing_and_can_be_changed_and_cancelled() {
-    let g = Group::builder("jobs").env(EXPOSE.0, EXPOSE.1).start();
+    // A client's notification job needs client notifications on, as a
+    // notification it sent itself would (decision 0110).
+    let g = Group::builder("jobs")
+        .env(EXPOSE.0, EXPOSE.1)
+        .env("SWITCHYARD_LISTENER__WS__NOTIFY", "true")
+        .start();
     let client = Client::connect(&ws(&g)).await.unwrap();
     let scheduler = client.scheduler();
     let mut sub = client.subscribe("test.beat").await.unwrap();
@@ -221,10 +226,12 @@ async fn jobs_repeat_carry_their_firing_and_can_be_changed_and_cancelled() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_firing_is_retried_until_its_manager_is_back() {
     // basics comes back 1.5 s after it dies: the firing meets it down.
+    // The client schedules the demo's internal `demo.ReminderDue`, which
+    // the operator opens to clients for it (decisions 0108, 0110).
     let mut g = Group::builder("retry")
         .config(
             "[restart]\ninitial_backoff_ms = 1500\n\n\
-             [auth]\nexpose = [\"scheduler.*\"]\n\n\
+             [auth]\nexpose = [\"scheduler.*\", \"demo.ReminderDue\"]\n\n\
              [[managers]]\nname = \"store\"\nbuiltin = \"store\"\n\n\
              [[managers]]\nname = \"scheduler\"\nbuiltin = \"scheduler\"\n\n\
              [[managers]]\nname = \"basics\"\n",
