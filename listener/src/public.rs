@@ -87,6 +87,13 @@ pub(crate) fn admit(routes: &Routes, expose: &[String], name: &str, sending: Sen
 /// The router's answer for an undeclared type while a configured manager
 /// has no instance up: it may be the one that declares it.
 fn not_started(routes: &Routes, name: &str) -> Option<Refused> {
+    if routes.table.version == 0 {
+        // No route table yet: the router has not said what anyone declares.
+        return Some(Refused {
+            status: 503,
+            detail: format!("no running manager declares event type `{name}`; the group is starting"),
+        });
+    }
     let missing = routes.table.managers.iter().find(|m| m.instances_up == 0)?;
     Some(Refused {
         status: 503,
@@ -159,6 +166,7 @@ mod tests {
 
     fn routes(up: u32) -> Routes {
         Routes::default().merged(RouteTable {
+            version: 1,
             types: vec![
                 declared("shop.GetOrder", true),
                 declared("inventory.Reserve", false),
@@ -207,7 +215,10 @@ mod tests {
     fn a_name_colliding_with_a_declared_id_is_refused() {
         // Another name under a declared type's id: routed by the id, it
         // would reach `shop.GetOrder`'s handler.
-        let mut r = RouteTable::default();
+        let mut r = RouteTable {
+            version: 1,
+            ..Default::default()
+        };
         let mut forged = declared("shop.GetOrder", true);
         forged.event_type = EventType::of("forged.Name");
         r.types.push(forged);
