@@ -69,7 +69,7 @@ pub(crate) fn admit(routes: &Routes, expose: &[String], name: &str, sending: Sen
                 .flatten()
                 .collect();
             if declared.is_empty() {
-                not_started(routes, name).map_or(true, |_| false)
+                not_started(routes, name).is_none()
             } else {
                 declared.into_iter().all(open)
             }

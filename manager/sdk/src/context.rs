@@ -173,7 +173,6 @@ impl Context {
     }
 
     /// The configured name of this manager.
-
     pub fn manager_name(&self) -> &str {
         &self.shared.name
     }
