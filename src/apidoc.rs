@@ -134,7 +134,9 @@ pub(crate) fn proto_main(path: Option<&Path>, out: Option<&Path>) -> ExitCode {
         Ok(c) => c,
         Err(code) => return code,
     };
-    let (files, _) = switchyard_listener::api::proto::files(&config.catalog);
+    // What the listener serves: internal types left out (decision 0108).
+    let catalog = switchyard_listener::api::for_clients(&config.catalog, &config.auth.expose);
+    let (files, _) = switchyard_listener::api::proto::files(&catalog);
     for file in &files {
         match out {
             Some(dir) => {
@@ -162,7 +164,8 @@ pub(crate) fn openapi_main(path: Option<&Path>) -> ExitCode {
         Err(code) => return code,
     };
     let settings = config.api.to_listener(config.catalog.clone());
-    let document = switchyard_listener::api::openapi_document(&config.catalog, &settings, &config.auth);
+    let catalog = switchyard_listener::api::for_clients(&config.catalog, &config.auth.expose);
+    let document = switchyard_listener::api::openapi_document(&catalog, &settings, &config.auth);
     match serde_json::to_string_pretty(&document) {
         Ok(text) => {
             println!("{text}");

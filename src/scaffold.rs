@@ -168,6 +168,25 @@ pub struct Greeting {{
     pub count: u64,
 }}
 
+/// How many greetings so far. No HTTP route: `public` lets WebSocket and
+/// gRPC clients send it (`{{"type": "{name}.Count"}}` on `/ws`).
+#[derive(Debug, Serialize, Deserialize, Event)]
+#[event(name = "{name}.Count", public)]
+pub struct Count {{}}
+
+/// Starts the count again. Neither a route nor `public`: internal, so
+/// only the group's other managers may send it (`cx.call`); clients get
+/// 404 as for a type no manager declares.
+#[derive(Debug, Serialize, Deserialize, Event)]
+#[event(name = "{name}.Reset")]
+pub struct Reset {{}}
+
+/// The count, as a reply.
+#[derive(Debug, Serialize, Deserialize, Reply)]
+pub struct Counted {{
+    pub count: u64,
+}}
+
 /// `[managers.config]` in switchyard.toml.
 #[derive(Debug, Deserialize)]
 pub struct Settings {{
@@ -189,7 +208,7 @@ impl Manager for {type_name} {{
     }}
 
     fn register(r: &mut Registry<Self>) {{
-        r.request(Self::hello);
+        r.request(Self::hello).request(Self::count).request(Self::reset);
     }}
 }}
 
@@ -198,6 +217,15 @@ impl {type_name} {{
         self.count += 1;
         cx.log(&format!("greeting {{}}", ev.who));
         Ok(Greeting {{ message: format!("{{}}, {{}}!", self.greeting, ev.who), count: self.count }})
+    }}
+
+    fn count(&mut self, _: Count, _: &mut Context) -> Result<Counted, Error> {{
+        Ok(Counted {{ count: self.count }})
+    }}
+
+    fn reset(&mut self, _: Reset, _: &mut Context) -> Result<Counted, Error> {{
+        self.count = 0;
+        Ok(Counted {{ count: 0 }})
     }}
 }}
 

@@ -43,4 +43,25 @@ fn a_new_plugin_builds_tests_and_serves() {
     let r = get(g.addr, "/my-plugin/hello/world").unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.text(), r#"{"message":"Hello, world!","count":1}"#);
+
+    // The template shows both kinds of event: `Count` is public (no
+    // route, `#[event(public)]`), `Reset` internal (decision 0108).
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let ws = switchyard_client::Client::connect(&format!("ws://{}/ws", g.addr))
+            .await
+            .unwrap();
+        let count: serde_json::Value = ws.call("my-plugin.Count", &serde_json::json!({})).await.unwrap();
+        assert_eq!(count["count"], 1);
+        match ws
+            .call::<_, serde_json::Value>("my-plugin.Reset", &serde_json::json!({}))
+            .await
+        {
+            Err(switchyard_client::ClientError::Status { status: 404, .. }) => {}
+            other => panic!("an internal event answered a client: {other:?}"),
+        }
+    });
 }

@@ -29,6 +29,10 @@ impl DataDir {
     }
 }
 
+/// Clients reach the Scheduler only where the operator opens it
+/// (decision 0108; tests/internal_events.rs shows the default).
+const EXPOSE: (&str, &str) = ("SWITCHYARD_AUTH__EXPOSE", r#"["scheduler.*"]"#);
+
 fn ws(g: &Group) -> String {
     format!("ws://{}/ws", g.addr)
 }
@@ -62,7 +66,7 @@ fn remind(g: &Group, in_ms: u64, text: &str) -> String {
 
 #[tokio::test]
 async fn a_reminder_reaches_a_subscriber_once_in_its_window() {
-    let g = Group::start("remind");
+    let g = Group::builder("remind").env(EXPOSE.0, EXPOSE.1).start();
     let client = Client::connect(&ws(&g)).await.unwrap();
     let mut sub = client.subscribe("demo.reminder").await.unwrap();
     let sent = Instant::now();
@@ -109,7 +113,12 @@ async fn a_reminder_outlives_a_kill9_of_the_scheduler_and_a_group_restart() {
 
 #[tokio::test]
 async fn jobs_repeat_carry_their_firing_and_can_be_changed_and_cancelled() {
-    let g = Group::start("jobs");
+    // A client's notification job needs client notifications on, as a
+    // notification it sent itself would (decision 0110).
+    let g = Group::builder("jobs")
+        .env(EXPOSE.0, EXPOSE.1)
+        .env("SWITCHYARD_LISTENER__WS__NOTIFY", "true")
+        .start();
     let client = Client::connect(&ws(&g)).await.unwrap();
     let scheduler = client.scheduler();
     let mut sub = client.subscribe("test.beat").await.unwrap();
@@ -217,9 +226,12 @@ async fn jobs_repeat_carry_their_firing_and_can_be_changed_and_cancelled() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_firing_is_retried_until_its_manager_is_back() {
     // basics comes back 1.5 s after it dies: the firing meets it down.
+    // The client schedules the demo's internal `demo.ReminderDue`, which
+    // the operator opens to clients for it (decisions 0108, 0110).
     let mut g = Group::builder("retry")
         .config(
             "[restart]\ninitial_backoff_ms = 1500\n\n\
+             [auth]\nexpose = [\"scheduler.*\", \"demo.ReminderDue\"]\n\n\
              [[managers]]\nname = \"store\"\nbuiltin = \"store\"\n\n\
              [[managers]]\nname = \"scheduler\"\nbuiltin = \"scheduler\"\n\n\
              [[managers]]\nname = \"basics\"\n",

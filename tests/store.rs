@@ -58,6 +58,10 @@ async fn stop(g: Group) {
     tokio::task::spawn_blocking(move || drop(g)).await.unwrap();
 }
 
+/// Clients reach the Store only where the operator opens it (decision
+/// 0108; tests/internal_events.rs shows the default).
+const EXPOSE: (&str, &str) = ("SWITCHYARD_AUTH__EXPOSE", r#"["store.*"]"#);
+
 fn ws(g: &Group) -> String {
     format!("ws://{}/ws", g.addr)
 }
@@ -116,7 +120,7 @@ fn group_commit_acknowledged_writes_survive_kill9_of_the_store() {
 
 #[tokio::test]
 async fn operations_from_websocket_and_grpc_clients() {
-    let g = Group::start("store-ops");
+    let g = Group::builder("store-ops").env(EXPOSE.0, EXPOSE.1).start();
     let client = Client::connect(&ws(&g)).await.unwrap();
     let store = client.store();
     assert_eq!(store.get::<u64>("n").await.unwrap(), None);
@@ -224,7 +228,8 @@ async fn operations_from_websocket_and_grpc_clients() {
 async fn bad_input_gets_a_status_and_the_store_keeps_serving() {
     let g = Group::builder("store-bad")
         .config(
-            "[[managers]]\nname = \"store\"\nbuiltin = \"store\"\n\
+            "[auth]\nexpose = [\"store.*\"]\n\n\
+             [[managers]]\nname = \"store\"\nbuiltin = \"store\"\n\
              [managers.config]\nmax_key_bytes = 64\nmax_value_bytes = 1024\n\n\
              [[managers]]\nname = \"basics\"\n",
         )

@@ -76,6 +76,15 @@ pub(crate) struct SchedulerSettings {
     pub(crate) max_in_flight: usize,
     /// Largest payload, in bytes of JSON; larger → 413.
     pub(crate) max_payload_bytes: usize,
+    /// The shortest `every_ms` accepted, from anyone; shorter → 422.
+    pub(crate) min_every_ms: u64,
+    /// Jobs one client (an identity, or all anonymous clients together)
+    /// may hold at once; more → 429. Managers are not counted.
+    pub(crate) max_jobs_per_client: u64,
+    /// What a client's job may fire: event names, `prefix.*` or `*`
+    /// (default: anything the client may send itself, which the listener
+    /// checks when the job is scheduled).
+    pub(crate) client_targets: Vec<String>,
 }
 
 impl Default for SchedulerSettings {
@@ -91,6 +100,9 @@ impl Default for SchedulerSettings {
             retry_initial_ms: 100,
             max_in_flight: 256,
             max_payload_bytes: 256 * 1024,
+            min_every_ms: 100,
+            max_jobs_per_client: 100,
+            client_targets: Vec::new(),
         }
     }
 }
@@ -105,6 +117,14 @@ impl SchedulerSettings {
         positive("retry_initial_ms", s.retry_initial_ms)?;
         positive("max_in_flight", s.max_in_flight as u64)?;
         positive("max_payload_bytes", s.max_payload_bytes as u64)?;
+        positive("min_every_ms", s.min_every_ms)?;
+        positive("max_jobs_per_client", s.max_jobs_per_client)?;
+        for (i, pattern) in s.client_targets.iter().enumerate() {
+            switchyard_proto::control::pattern_prefix(pattern).map_err(|message| BuiltinError::Config {
+                key: format!("client_targets[{i}]"),
+                message,
+            })?;
+        }
         Ok(s)
     }
 }
@@ -139,6 +159,11 @@ struct Spec {
     missed: Missed,
     #[serde(default)]
     tz: Option<String>,
+    /// Who scheduled it: `client:<subject>` (`client:` when anonymous),
+    /// or empty for the group's managers (decision 0110). Only its owner
+    /// sees, changes or cancels it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    owner: String,
 }
 
 impl Spec {
@@ -217,6 +242,17 @@ fn cron_previous(expr: &str, tz: Option<&str>, at_ms: u64) -> Option<u64> {
     Some(prev.timestamp().as_millisecond().max(0) as u64)
 }
 
+/// Whether `patterns` (names, `prefix.*`, `*`) take `name`.
+fn matches_any(patterns: &[String], name: &str) -> bool {
+    patterns
+        .iter()
+        .any(|p| match switchyard_proto::control::pattern_prefix(p) {
+            Ok(Some(prefix)) => name.starts_with(prefix),
+            Ok(None) => p == name,
+            Err(_) => false,
+        })
+}
+
 fn check_spec(spec: &Spec, settings: &SchedulerSettings) -> Result<(), Error> {
     if spec.event.is_empty() || spec.event.len() > MAX_ID_BYTES {
         return Err(unprocessable(format!(
@@ -233,8 +269,25 @@ fn check_spec(spec: &Spec, settings: &SchedulerSettings) -> Result<(), Error> {
             ),
         ));
     }
+    if !spec.owner.is_empty()
+        && !settings.client_targets.is_empty()
+        && !matches_any(&settings.client_targets, &spec.event)
+    {
+        return Err(Error::new(
+            403,
+            format!(
+                "a client's job may not fire `{}` (the scheduler's `client_targets`)",
+                spec.event
+            ),
+        ));
+    }
     match &spec.when {
-        When::EveryMs(0) => return Err(unprocessable("`every_ms` must be positive")),
+        When::EveryMs(ms) if *ms < settings.min_every_ms => {
+            return Err(unprocessable(format!(
+                "`every_ms` must be at least {} (the scheduler's `min_every_ms`)",
+                settings.min_every_ms
+            )));
+        }
         When::Cron(expr) => {
             cron_of(expr)?;
         }
@@ -431,7 +484,15 @@ impl<C: Clock> Engine<C> {
         }
     }
 
+    /// As the group's managers (tests).
+    #[cfg(test)]
     pub(crate) fn schedule(&mut self, ev: Schedule) -> Result<Scheduled, Error> {
+        self.schedule_as(ev, MANAGERS)
+    }
+
+    /// [`Self::schedule`] for `owner`: a client's job is counted against
+    /// its bound, and an id another owner holds is taken.
+    pub(crate) fn schedule_as(&mut self, ev: Schedule, owner: &str) -> Result<Scheduled, Error> {
         let spec = Spec {
             when: ev.when,
             event: ev.event,
@@ -439,6 +500,7 @@ impl<C: Clock> Engine<C> {
             payload: ev.payload,
             missed: ev.missed,
             tz: ev.tz,
+            owner: owner.to_owned(),
         };
         check_spec(&spec, &self.settings)?;
         let id = match ev.id {
@@ -447,6 +509,9 @@ impl<C: Clock> Engine<C> {
             }
             Some(id) => {
                 if let Some(existing) = self.read(&id)? {
+                    if existing.spec.owner != spec.owner {
+                        return Err(Error::conflict(format!("the job id `{id}` is taken")));
+                    }
                     if existing.spec == spec {
                         return Ok(Scheduled {
                             id,
@@ -464,6 +529,18 @@ impl<C: Clock> Engine<C> {
             }
             None => self.fresh_id()?,
         };
+        if !owner.is_empty() && self.read(&id)?.is_none() {
+            let held = self.count_owned(owner)?;
+            if held >= self.settings.max_jobs_per_client {
+                return Err(Error::new(
+                    429,
+                    format!(
+                        "a client holds at most {} jobs (the scheduler's `max_jobs_per_client`); cancel one first",
+                        self.settings.max_jobs_per_client
+                    ),
+                ));
+            }
+        }
         let next_ms = self.first(&spec)?;
         self.write(&id, &spec, next_ms)?;
         Ok(Scheduled {
@@ -488,10 +565,40 @@ impl<C: Clock> Engine<C> {
         }
     }
 
+    /// How many jobs `owner` holds.
+    fn count_owned(&self, owner: &str) -> Result<u64, Error> {
+        self.db
+            .conn
+            .prepare_cached(
+                "SELECT COUNT(*) FROM jobs WHERE COALESCE(json_extract(spec, '$.owner'), '') = ?1",
+            )
+            .and_then(|mut stmt| stmt.query_row([owner], |r| r.get::<_, u64>(0)))
+            .map_err(|e| self.failed(e))
+    }
+
+    /// Job `id` if `owner` holds it: another owner's job is as absent.
+    fn read_owned(&self, id: &str, owner: &str) -> Result<Option<Row>, Error> {
+        Ok(self.read(id)?.filter(|row| row.spec.owner == owner))
+    }
+
+    /// As the group's managers (tests).
+    #[cfg(test)]
     pub(crate) fn update(&mut self, ev: Update) -> Result<Scheduled, Error> {
-        let Some(row) = self.read(&ev.id)? else {
+        self.update_as(ev, MANAGERS)
+    }
+
+    /// [`Self::update`] of `owner`'s job. A client names the target
+    /// (`event`) whenever it sets `kind`: the listener checks the target
+    /// it names against its rules.
+    pub(crate) fn update_as(&mut self, ev: Update, owner: &str) -> Result<Scheduled, Error> {
+        let Some(row) = self.read_owned(&ev.id, owner)? else {
             return Err(Error::not_found(format!("no job `{}`", ev.id)));
         };
+        if !owner.is_empty() && ev.kind.is_some() && ev.event.is_none() {
+            return Err(unprocessable(
+                "a client's update that sets `kind` names `event` too",
+            ));
+        }
         let mut spec = row.spec.clone();
         let replan = ev.when.is_some() || ev.tz.is_some();
         if let Some(when) = ev.when {
@@ -528,6 +635,14 @@ impl<C: Clock> Engine<C> {
         })
     }
 
+    /// Cancels `owner`'s job `id`; another owner's is as absent.
+    pub(crate) fn cancel_as(&mut self, id: &str, owner: &str) -> Result<bool, Error> {
+        if self.read_owned(id, owner)?.is_none() {
+            return Ok(false);
+        }
+        self.cancel(id)
+    }
+
     pub(crate) fn cancel(&mut self, id: &str) -> Result<bool, Error> {
         let n = self
             .db
@@ -540,11 +655,24 @@ impl<C: Clock> Engine<C> {
         Ok(n > 0)
     }
 
+    /// As the group's managers (tests).
+    #[cfg(test)]
     pub(crate) fn get(&self, id: &str) -> Result<Option<JobInfo>, Error> {
-        Ok(self.read(id)?.map(Self::info))
+        self.get_as(id, MANAGERS)
     }
 
+    pub(crate) fn get_as(&self, id: &str, owner: &str) -> Result<Option<JobInfo>, Error> {
+        Ok(self.read_owned(id, owner)?.map(Self::info))
+    }
+
+    /// As the group's managers (tests).
+    #[cfg(test)]
     pub(crate) fn list(&self, ev: &ListJobs) -> Result<Jobs, Error> {
+        self.list_as(ev, MANAGERS)
+    }
+
+    /// `owner`'s jobs only.
+    pub(crate) fn list_as(&self, ev: &ListJobs, owner: &str) -> Result<Jobs, Error> {
         let limit = ev.limit.unwrap_or(LIST_MAX).clamp(1, LIST_MAX);
         let lower = match &ev.after {
             Some(after) if after.as_str() >= ev.prefix.as_str() => after.clone(),
@@ -552,7 +680,8 @@ impl<C: Clock> Engine<C> {
         };
         let inclusive = ev.after.as_ref().is_none_or(|a| a.as_str() < ev.prefix.as_str());
         let sql = format!(
-            "SELECT id FROM jobs WHERE id {} ?1 AND substr(id, 1, ?2) = ?3 ORDER BY id LIMIT ?4",
+            "SELECT id FROM jobs WHERE id {} ?1 AND substr(id, 1, ?2) = ?3 \
+             AND COALESCE(json_extract(spec, '$.owner'), '') = ?5 ORDER BY id LIMIT ?4",
             if inclusive { ">=" } else { ">" }
         );
         let ids: Vec<Vec<u8>> = self
@@ -561,7 +690,13 @@ impl<C: Clock> Engine<C> {
             .prepare_cached(&sql)
             .and_then(|mut stmt| {
                 stmt.query_map(
-                    params![lower.as_bytes(), ev.prefix.len(), ev.prefix.as_bytes(), limit + 1],
+                    params![
+                        lower.as_bytes(),
+                        ev.prefix.len(),
+                        ev.prefix.as_bytes(),
+                        limit + 1,
+                        owner
+                    ],
                     |r| r.get(0),
                 )?
                 .collect()
@@ -783,6 +918,19 @@ struct Pending {
     answer: Answer,
 }
 
+/// The owner of the group's managers' jobs.
+const MANAGERS: &str = "";
+
+/// Who a request's jobs belong to: a client by its identity's subject
+/// (all anonymous clients share one owner), the managers together.
+fn owner(cx: &Context) -> String {
+    if !cx.from_client() {
+        return MANAGERS.to_owned();
+    }
+    let sub = cx.identity().map(|i| i.sub).unwrap_or_default();
+    format!("client:{sub}")
+}
+
 /// The `scheduler` manager.
 pub struct Scheduler {
     settings: SchedulerSettings,
@@ -848,26 +996,26 @@ impl Scheduler {
             .ok_or_else(|| Error::unavailable("the scheduler is not open"))
     }
 
-    fn schedule(&mut self, ev: Schedule, _: &mut Context) -> Result<Json<Scheduled>, Error> {
-        self.engine()?.schedule(ev).map(Json)
+    fn schedule(&mut self, ev: Schedule, cx: &mut Context) -> Result<Json<Scheduled>, Error> {
+        self.engine()?.schedule_as(ev, &owner(cx)).map(Json)
     }
 
-    fn update(&mut self, ev: Update, _: &mut Context) -> Result<Json<Scheduled>, Error> {
-        self.engine()?.update(ev).map(Json)
+    fn update(&mut self, ev: Update, cx: &mut Context) -> Result<Json<Scheduled>, Error> {
+        self.engine()?.update_as(ev, &owner(cx)).map(Json)
     }
 
-    fn cancel(&mut self, ev: Cancel, _: &mut Context) -> Result<Json<Cancelled>, Error> {
-        let cancelled = self.engine()?.cancel(&ev.id)?;
+    fn cancel(&mut self, ev: Cancel, cx: &mut Context) -> Result<Json<Cancelled>, Error> {
+        let cancelled = self.engine()?.cancel_as(&ev.id, &owner(cx))?;
         Ok(Json(Cancelled { cancelled }))
     }
 
-    fn get(&mut self, ev: GetJob, _: &mut Context) -> Result<Json<Found>, Error> {
-        let job = self.engine()?.get(&ev.id)?;
+    fn get(&mut self, ev: GetJob, cx: &mut Context) -> Result<Json<Found>, Error> {
+        let job = self.engine()?.get_as(&ev.id, &owner(cx))?;
         Ok(Json(Found { job }))
     }
 
-    fn list(&mut self, ev: ListJobs, _: &mut Context) -> Result<Json<Jobs>, Error> {
-        self.engine()?.list(&ev).map(Json)
+    fn list(&mut self, ev: ListJobs, cx: &mut Context) -> Result<Json<Jobs>, Error> {
+        self.engine()?.list_as(&ev, &owner(cx)).map(Json)
     }
 
     /// Every tick: settle what was answered, then start what is due.

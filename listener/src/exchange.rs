@@ -19,6 +19,7 @@ use switchyard_proto::control::RequestNeeds;
 use crate::context::{self, Client, Front};
 use crate::identity::Identity;
 use crate::pipes::SendFailure;
+use crate::public::Sending;
 use crate::reply::{Reply, error, into_http, retry_later};
 use crate::state::State;
 
@@ -167,9 +168,9 @@ pub(crate) async fn round_trip(
 /// `timeout`; the answer as status, content type and body. Failures of the
 /// path itself are problem+json answers (503, 504). Shared by `/ws` and gRPC.
 ///
-/// The client named the type `ty`, which may be one no manager declares:
-/// the event carries the name (meta `event`), so the router can answer
-/// 404 naming it.
+/// The client named the type `ty`: one no manager declares public under
+/// that name is refused here as the router refuses an undeclared type
+/// (`crate::public`); the event carries the name (meta `event`) too.
 pub(crate) async fn call(
     state: &State,
     ty: &str,
@@ -182,6 +183,18 @@ pub(crate) async fn call(
         let (status, body) = problem_bytes(status, detail);
         (status, Some(problem::PROBLEM_JSON.to_owned()), body)
     };
+    let routes = state.pool.routes();
+    if let Err(refused) = crate::public::admit(
+        &routes,
+        &state.config.middleware.auth.expose,
+        ty,
+        Sending::Request,
+    ) {
+        return problem_bytes(refused.status, &refused.detail);
+    }
+    if let Err(refused) = crate::public::check_job(state, ty, &body, front.identity) {
+        return problem_bytes(refused.status, &refused.detail);
+    }
     let mut env = Envelope::request(EventType::of(ty), 0, Bytes::new());
     env.payload = match state.request_payload(body) {
         Ok(p) => p,
@@ -189,7 +202,7 @@ pub(crate) async fn call(
     };
     env.deadline = Deadline::after(timeout);
     env.meta.push(META_EVENT, ty);
-    let needs = state.pool.routes().needs(env.event_type);
+    let needs = routes.needs(env.event_type);
     context::push(&mut env.meta, needs.as_deref(), front);
     if let Some(ct) = content_type {
         env.meta.push("content-type", ct);
@@ -257,7 +270,7 @@ fn problem_bytes(status: u16, detail: &str) -> (u16, Bytes) {
 /// Why a client's notification was not emitted: an event status.
 pub(crate) struct NotifyRefused {
     pub(crate) status: u16,
-    pub(crate) detail: &'static str,
+    pub(crate) detail: std::borrow::Cow<'static, str>,
 }
 
 /// Emits a client-sent notification (JSON `body`) into the group like a
@@ -267,33 +280,44 @@ pub(crate) fn emit_notification(state: &State, ty: &str, body: Bytes) -> Result<
     if !state.config.ws.notify {
         return Err(NotifyRefused {
             status: 403,
-            detail: "client notifications are disabled (listener.ws.notify)",
+            detail: "client notifications are disabled (listener.ws.notify)".into(),
         });
     }
+    let routes = state.pool.routes();
+    crate::public::admit(
+        &routes,
+        &state.config.middleware.auth.expose,
+        ty,
+        Sending::Notification,
+    )
+    .map_err(|refused| NotifyRefused {
+        status: refused.status,
+        detail: refused.detail.into(),
+    })?;
     let mut env = Envelope::notification(EventType::of(ty), Bytes::new());
     // A large body goes in a sealed segment (never a pooled one: several
     // subscribers read it), so that no frame limit drops it on the way.
     env.payload = Payload::for_body(body, state.config.shm_threshold).map_err(|_| NotifyRefused {
         status: 503,
-        detail: "shared-memory budget exhausted; retry later",
+        detail: "shared-memory budget exhausted; retry later".into(),
     })?;
     env.meta.push("content-type", "application/json");
     env.meta.push(META_EVENT, ty);
     if !switchyard_proto::frame::fits(&env, state.config.max_frame) {
         return Err(NotifyRefused {
             status: 413,
-            detail: "the notification's type name does not fit in a frame",
+            detail: "the notification's type name does not fit in a frame".into(),
         });
     }
     // Fire and forget: the in-flight entry the pool parks is dropped at once.
     state.pool.send(env).map(drop).map_err(|failure| match failure {
         SendFailure::Busy => NotifyRefused {
             status: 503,
-            detail: "the server is overloaded",
+            detail: "the server is overloaded".into(),
         },
         SendFailure::Unavailable => NotifyRefused {
             status: 503,
-            detail: "the broker is not available",
+            detail: "the broker is not available".into(),
         },
     })
 }

@@ -105,7 +105,9 @@ pub(crate) const MANAGER_PREFIX: &str = "switchyard.manager.";
 impl Grpc {
     pub(crate) fn new(state: Arc<State>) -> Grpc {
         let health = health::service(state.clone());
-        let typed = match typed::Typed::new(&state.config.api.catalog) {
+        let clients =
+            crate::api::for_clients(&state.config.api.catalog, &state.config.middleware.auth.expose);
+        let typed = match typed::Typed::new(&clients) {
             Ok(typed) => typed,
             Err(err) => {
                 tracing::error!(%err, "no typed gRPC services");

@@ -68,6 +68,8 @@
 //!   - `pipes`: the pool of return pipes to the broker, the pending map and
 //!     the sessions (WebSocket, gRPC streams) with their subscriptions.
 //!   - `routes`: the route table, merged from the router's announcements.
+//!   - `public`: which event types a client may name (public, exposed,
+//!     declared under that name); the rest are refused as undeclared.
 //!
 //! [`Envelope`]: switchyard_proto::Envelope
 
@@ -91,6 +93,7 @@ pub mod metrics;
 mod middleware;
 mod negotiate;
 mod pipes;
+mod public;
 pub mod quic;
 mod reply;
 mod routes;

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use switchyard_proto::EventType;
-use switchyard_proto::control::{RequestNeeds, RouteEntry, RouteTable};
+use switchyard_proto::control::{DeclaredType, RequestNeeds, RouteEntry, RouteTable};
 
 use crate::metrics::RouteStats;
 
@@ -30,6 +30,11 @@ pub(crate) struct Routes {
     /// Counts the tables merged: what was decided on an older snapshot is
     /// known to be older.
     generation: u64,
+    /// The request types managers declare and the notification types
+    /// they subscribe to or emit, by id: what a client may name
+    /// ([`crate::public`]); merged, never forgotten, like the routes.
+    types: HashMap<EventType, DeclaredType>,
+    notifications: HashMap<EventType, DeclaredType>,
     /// The router's last view of manager health.
     pub(crate) table: RouteTable,
 }
@@ -73,6 +78,10 @@ impl Routes {
         for declared in &table.needs {
             needs.insert(declared.event_type, Arc::new(declared.needs.clone()));
         }
+        let mut types = self.types.clone();
+        types.extend(table.types.iter().map(|t| (t.event_type, t.clone())));
+        let mut notifications = self.notifications.clone();
+        notifications.extend(table.notifications.iter().map(|t| (t.event_type, t.clone())));
         known.retain(|_, entry| !table.retired.contains(&entry.manager));
         let mut by_method: HashMap<String, matchit::Router<Routed>> = HashMap::new();
         let mut paths: HashMap<String, Vec<String>> = HashMap::new();
@@ -96,6 +105,8 @@ impl Routes {
             needs,
             paths,
             generation: self.generation + 1,
+            types,
+            notifications,
             table,
         }
     }
@@ -126,6 +137,17 @@ impl Routes {
             cookies |= !needs.cookies.is_empty();
         }
         (names, cookies)
+    }
+
+    /// The request type some manager declares with id `event_type`.
+    pub(crate) fn request_type(&self, event_type: EventType) -> Option<&DeclaredType> {
+        self.types.get(&event_type)
+    }
+
+    /// The notification type some manager subscribes to or emits with id
+    /// `event_type`.
+    pub(crate) fn notification_type(&self, event_type: EventType) -> Option<&DeclaredType> {
+        self.notifications.get(&event_type)
     }
 
     /// What requests of `event_type` read of their request.

@@ -633,7 +633,7 @@ fn notify(state: &State, id: Option<&Value>, ty: &Value, data: Option<&Value>) -
             out.insert("notified".into(), Value::String(ty.clone()));
             Message::text(Value::Object(out).to_string())
         }
-        Err(refused) => error_message(id, refused.status, refused.detail),
+        Err(refused) => error_message(id, refused.status, &refused.detail),
     }
 }
 

@@ -287,6 +287,20 @@ pub struct ManagerDescription {
     pub handles: Vec<HandledType>,
     /// Notification types it wants.
     pub subscribes: Vec<EventType>,
+    /// The notification types it subscribes to or declares it emits, by
+    /// name, with whether clients may send them (decision 0108).
+    pub notifications: Vec<DeclaredType>,
+}
+
+/// A type a manager declares, by name, and whether a client (WebSocket,
+/// gRPC) may send it: only a type its manager marks public
+/// (`#[event(public)]`, or an HTTP route) is reachable from outside; any
+/// other answers only the group's managers (decision 0108).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeclaredType {
+    pub name: String,
+    pub event_type: EventType,
+    pub public: bool,
 }
 
 /// One request type a manager answers, with its HTTP route if it has one.
@@ -298,6 +312,9 @@ pub struct HandledType {
     /// What its handler (and the manager's middleware) reads of the
     /// request besides the body; the listener copies exactly this.
     pub needs: RequestNeeds,
+    /// Clients may send it (`#[event(public)]` or an HTTP route); else
+    /// only other managers may (decision 0108).
+    pub public: bool,
 }
 
 /// What a request type needs to know about its request besides its body,
@@ -389,6 +406,15 @@ pub struct RouteTable {
     /// `/ready` shows it.
     #[serde(default)]
     pub cluster: Option<ClusterLink>,
+    /// Every request type the group's managers declare, by name, with
+    /// whether clients may send it: the listener refuses a type a client
+    /// names that is not here, or not public (decision 0108).
+    #[serde(default)]
+    pub types: Vec<DeclaredType>,
+    /// The notification types they subscribe to or emit, likewise (a
+    /// client's `Notify`).
+    #[serde(default)]
+    pub notifications: Vec<DeclaredType>,
 }
 
 /// The state of a group's link to the cluster (docs/cluster.md), as

@@ -14,8 +14,8 @@ use bytes::Bytes;
 use proptest::prelude::*;
 use serde_json::Value;
 use switchyard_proto::control::{
-    Control, Filter, HandledType, HttpRoute, ManagerDescription, ManagerHealth, RequestNeeds, RouteEntry,
-    RouteTable, TypeNeeds,
+    Control, DeclaredType, Filter, HandledType, HttpRoute, ManagerDescription, ManagerHealth, RequestNeeds,
+    RouteEntry, RouteTable, TypeNeeds,
 };
 use switchyard_proto::control::{WsBinaryRequest, pattern_prefix};
 use switchyard_proto::frame::{self, DEFAULT_MAX_FRAME};
@@ -107,9 +107,18 @@ fn description() -> impl Strategy<Value = ManagerDescription> {
                         },
                         ..RequestNeeds::default()
                     },
+                    public: t % 7 != 0,
                 })
                 .collect(),
-            subscribes: types.into_iter().map(EventType).collect(),
+            subscribes: types.iter().copied().map(EventType).collect(),
+            notifications: types
+                .into_iter()
+                .map(|t| DeclaredType {
+                    name: name.clone(),
+                    event_type: EventType(t),
+                    public: t % 2 == 0,
+                })
+                .collect(),
         })
 }
 

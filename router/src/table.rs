@@ -4,8 +4,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use switchyard_cluster::{BRIDGE_ID, Bridge, Manifest, ToCluster};
 use switchyard_proto::control::{
-    ClusterLink, Control, HandledType, LinkState, META_EVENT, ManagerDescription, ManagerHealth,
-    RequestNeeds, RouteEntry, RouteTable, TypeNeeds,
+    ClusterLink, Control, DeclaredType, HandledType, LinkState, META_EVENT, ManagerDescription,
+    ManagerHealth, RequestNeeds, RouteEntry, RouteTable, TypeNeeds,
 };
 use switchyard_proto::transport::FrameSink;
 use switchyard_proto::{Deadline, Envelope, EventType, Origin};
@@ -30,6 +30,8 @@ struct Instance {
 struct Known {
     type_name: String,
     manager: String,
+    /// Clients may send it (decision 0108).
+    public: bool,
 }
 
 /// The link to the other groups and what they declared.
@@ -156,6 +158,9 @@ pub(crate) struct Table {
     /// What each request type declares it reads of its request; kept,
     /// like the routes, while its manager is down.
     needs: BTreeMap<EventType, RequestNeeds>,
+    /// The notification types managers subscribe to or emit, by name,
+    /// with whether clients may send them; kept like the routes.
+    notifications: BTreeMap<EventType, DeclaredType>,
     declared: Vec<String>,
     /// Managers that have registered an instance since the router started:
     /// once every declared one has, `known` holds every type the group
@@ -183,6 +188,7 @@ impl Table {
             in_flight: HashMap::new(),
             routes: BTreeMap::new(),
             needs: BTreeMap::new(),
+            notifications: BTreeMap::new(),
             declared,
             registered: HashSet::new(),
             retired: Default::default(),
@@ -248,6 +254,7 @@ impl Table {
                 Known {
                     type_name: handled.name.clone(),
                     manager: description.name.clone(),
+                    public: handled.public,
                 },
             );
             if handled.needs.is_empty() {
@@ -269,6 +276,9 @@ impl Table {
         }
         for sub in &description.subscribes {
             self.subscribers.entry(*sub).or_default().push(id);
+        }
+        for declared in &description.notifications {
+            self.notifications.insert(declared.event_type, declared.clone());
         }
         self.registered.insert(description.name.clone());
         self.retired.remove(&description.name);
@@ -968,6 +978,16 @@ impl Table {
                     needs: needs.clone(),
                 })
                 .collect(),
+            types: self
+                .known
+                .iter()
+                .map(|(event_type, known)| DeclaredType {
+                    name: known.type_name.clone(),
+                    event_type: *event_type,
+                    public: known.public,
+                })
+                .collect(),
+            notifications: self.notifications.values().cloned().collect(),
         };
         match Envelope::control(&Control::RouteTable(table)) {
             Ok(env) => {

@@ -135,9 +135,11 @@ async fn manager(rig: &Rig, name: &str, handles: &[&str], subscribes: &[&str]) -
                 event_type: EventType::of(h),
                 route: None,
                 needs: Default::default(),
+                public: true,
             })
             .collect(),
         subscribes: subscribes.iter().map(|s| EventType::of(s)).collect(),
+        notifications: Vec::new(),
     };
     peer.sink
         .send_wait(Envelope::control(&Control::HelloManager(description)).unwrap())

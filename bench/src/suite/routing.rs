@@ -197,8 +197,10 @@ impl Link {
                 event_type: EventType::of(handles),
                 route: None,
                 needs: Default::default(),
+                public: true,
             }],
             subscribes: Vec::new(),
+            notifications: Vec::new(),
         });
         sink.send_wait(Envelope::control(&hello)?).await?;
         loop {

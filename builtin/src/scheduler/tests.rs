@@ -286,3 +286,94 @@ fn an_update_of_the_payload_keeps_the_plan_and_the_firing_in_flight() {
     assert_eq!((job.fired, job.next_ms), (1, t0 + 200));
     assert_eq!(job.payload.decode::<i64>().unwrap(), 2);
 }
+
+#[test]
+fn a_client_sees_changes_and_cancels_only_its_own_jobs() {
+    let (d, clock) = (dir("owners"), Fake::new());
+    let mut e = engine(&d, &clock);
+    let (ada, bob) = ("client:ada", "client:bob");
+    e.schedule_as(job("ada-1", When::AfterMs(1000), Missed::Once), ada)
+        .unwrap();
+    e.schedule_as(job("bob-1", When::AfterMs(1000), Missed::Once), bob)
+        .unwrap();
+    e.schedule(job("mgr-1", When::AfterMs(1000), Missed::Once))
+        .unwrap();
+    let ids = |e: &Engine<Fake>, owner: &str| -> Vec<String> {
+        let all = ListJobs::default();
+        e.list_as(&all, owner)
+            .unwrap()
+            .jobs
+            .into_iter()
+            .map(|j| j.id)
+            .collect()
+    };
+    assert_eq!(ids(&e, ada), ["ada-1"]);
+    assert_eq!(ids(&e, bob), ["bob-1"]);
+    assert_eq!(ids(&e, MANAGERS), ["mgr-1"]);
+    // Another owner's job is as absent: not found, not changed, not
+    // cancelled; its id is taken.
+    assert_eq!(e.get_as("ada-1", bob).unwrap(), None);
+    let update = Update {
+        id: "ada-1".into(),
+        event: Some("t.Other".into()),
+        ..Update::default()
+    };
+    assert_eq!(e.update_as(update, bob).unwrap_err().status, 404);
+    assert!(!e.cancel_as("ada-1", bob).unwrap());
+    assert!(!e.cancel_as("ada-1", MANAGERS).unwrap());
+    let taken = e
+        .schedule_as(job("ada-1", When::AfterMs(1000), Missed::Once), bob)
+        .unwrap_err();
+    assert_eq!(taken.status, 409);
+    assert_eq!(e.get_as("ada-1", ada).unwrap().unwrap().event, "t.Fired");
+    assert!(e.cancel_as("ada-1", ada).unwrap());
+    // A client's `kind` names its target.
+    let kind_only = Update {
+        id: "bob-1".into(),
+        kind: Some(Kind::Request),
+        ..Update::default()
+    };
+    assert_eq!(e.update_as(kind_only, bob).unwrap_err().status, 422);
+}
+
+#[test]
+fn a_client_holds_a_bounded_number_of_jobs_at_a_bounded_rate() {
+    let (d, clock) = (dir("bounds"), Fake::new());
+    let db = db::open(&d.0, "scheduler", Durability::Group, 1024).unwrap();
+    let settings = SchedulerSettings {
+        max_jobs_per_client: 2,
+        min_every_ms: 1000,
+        client_targets: vec!["t.*".into()],
+        ..SchedulerSettings::default()
+    };
+    let mut e = Engine::new(db, clock.clone(), settings).unwrap();
+    let owner = "client:";
+    for id in ["a", "b"] {
+        e.schedule_as(job(id, When::AfterMs(1000), Missed::Once), owner)
+            .unwrap();
+    }
+    let third = e
+        .schedule_as(job("c", When::AfterMs(1000), Missed::Once), owner)
+        .unwrap_err();
+    assert_eq!(third.status, 429, "{}", third.message);
+    // The same job again is no new job; another client and the managers
+    // are not counted against this one.
+    e.schedule_as(job("a", When::AfterMs(1000), Missed::Once), owner)
+        .unwrap();
+    e.schedule_as(job("c", When::AfterMs(1000), Missed::Once), "client:x")
+        .unwrap();
+    for i in 0..3 {
+        e.schedule(job(&format!("m{i}"), When::AfterMs(1000), Missed::Once))
+            .unwrap();
+    }
+    // Faster than `min_every_ms`: 422, from anyone.
+    let fast = e
+        .schedule(job("fast", When::EveryMs(1), Missed::Once))
+        .unwrap_err();
+    assert_eq!(fast.status, 422, "{}", fast.message);
+    // A client's target outside `client_targets`: 403.
+    let mut elsewhere = job("d", When::AfterMs(1000), Missed::Once);
+    elsewhere.event = "demo.Panic".into();
+    assert!(e.cancel_as("a", owner).unwrap());
+    assert_eq!(e.schedule_as(elsewhere, owner).unwrap_err().status, 403);
+}

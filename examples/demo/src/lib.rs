@@ -115,6 +115,8 @@ pub struct WsEcho(pub bytes::Bytes);
 
 impl Event for WsEcho {
     const NAME: &'static str = "demo.WsEcho";
+    // No HTTP route, but `/ws/echo` clients send it: public (decision 0108).
+    const PUBLIC: bool = true;
     fn from_request(request: &Request<'_>) -> Result<Self, Error> {
         Result::Ok(WsEcho(bytes::Bytes::copy_from_slice(request.body)))
     }

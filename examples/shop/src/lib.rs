@@ -35,6 +35,17 @@ pub struct GetOrder {
     pub id: u64,
 }
 
+/// How many orders there are, for WebSocket and gRPC clients: no HTTP
+/// route, marked `public` so that clients may send it.
+#[derive(Debug, Serialize, Deserialize, Event)]
+#[event(name = "shop.CountOrders", public)]
+pub struct CountOrders {}
+
+#[derive(Debug, Serialize, Deserialize, Reply)]
+pub struct OrderCount {
+    pub orders: u64,
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize, Reply)]
 pub struct Order {
     pub id: u64,
@@ -61,7 +72,10 @@ pub struct OrderCreated {
     pub customer_id: u64,
 }
 
-/// Call from `orders` to `inventory` (no HTTP route).
+/// Call from `orders` to `inventory`: no HTTP route and no `public`
+/// mark, so it is internal. Only the group's managers may send it; a
+/// WebSocket or gRPC client naming it gets 404, as for a type no manager
+/// declares, and it is absent from `/openapi.json` and gRPC reflection.
 #[derive(Debug, Serialize, Deserialize, Event)]
 #[event(name = "inventory.Reserve")]
 pub struct Reserve {
@@ -90,7 +104,9 @@ impl Manager for Orders {
         })
     }
     fn register(r: &mut Registry<Self>) {
-        r.request_async(Self::create_order).request(Self::get_order);
+        r.request_async(Self::create_order)
+            .request(Self::get_order)
+            .request(Self::count_orders);
     }
 }
 
@@ -125,6 +141,12 @@ impl Orders {
         Ok(Created {
             order,
             stock_left: reserved.remaining,
+        })
+    }
+
+    fn count_orders(&mut self, _: CountOrders, _: &mut Context) -> Result<OrderCount, Error> {
+        Ok(OrderCount {
+            orders: self.orders.len() as u64,
         })
     }
 

@@ -13,7 +13,8 @@ use std::sync::{Arc, OnceLock};
 use bytes::Bytes;
 use http::{HeaderValue, Method, StatusCode, header};
 use http_body_util::{Either, Full};
-use switchyard_proto::api::Catalog;
+use switchyard_proto::api::{Catalog, TypeRole};
+use switchyard_proto::control::HandledType;
 
 use crate::middleware::config::AuthConfig;
 use crate::reply::{Reply, error};
@@ -32,6 +33,27 @@ pub(crate) fn only_get_and_head(method: &Method) -> Option<Reply> {
         .headers_mut()
         .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
     Some(reply)
+}
+
+/// What clients are told of `catalog`: its internal request types
+/// (neither public nor opened by `expose`, decision 0108) left out, as
+/// they are from the typed gRPC services and reflection. Notification
+/// types stay: they describe what clients may subscribe to.
+pub fn for_clients(catalog: &Catalog, expose: &[String]) -> Catalog {
+    let open = |h: &HandledType| h.public || crate::public::exposed(expose, &h.name);
+    let mut catalog = catalog.clone();
+    for m in &mut catalog.managers {
+        let internal: Vec<String> = m
+            .handles
+            .iter()
+            .filter(|h| !open(h))
+            .map(|h| h.name.clone())
+            .collect();
+        m.handles.retain(open);
+        m.types
+            .retain(|t| t.role == TypeRole::Notification || !internal.contains(&t.name));
+    }
+    catalog
 }
 
 /// `[api]`: the API description endpoints.
@@ -97,11 +119,14 @@ impl ApiConfig {
         if let Some(refused) = only_get_and_head(method) {
             return refused;
         }
-        let rendered = self.rendered.get_or_init(|| Rendered {
-            openapi: Bytes::from(
-                serde_json::to_vec_pretty(&openapi::document(&self.catalog, self, auth)).unwrap_or_default(),
-            ),
-            docs: Bytes::from(docs::page(&self.catalog, self)),
+        let rendered = self.rendered.get_or_init(|| {
+            let catalog = for_clients(&self.catalog, &auth.expose);
+            Rendered {
+                openapi: Bytes::from(
+                    serde_json::to_vec_pretty(&openapi::document(&catalog, self, auth)).unwrap_or_default(),
+                ),
+                docs: Bytes::from(docs::page(&catalog, self)),
+            }
         });
         let (body, content_type) = if path == "/docs" {
             (rendered.docs.clone(), "text/html; charset=utf-8")

@@ -50,6 +50,12 @@ pub struct AuthConfig {
     /// What each route prefix or event type requires; the first rule that
     /// matches decides, and a request no rule matches requires nothing.
     pub rules: Vec<AuthRule>,
+    /// Internal event types opened to WebSocket and gRPC clients: exact
+    /// names, `prefix.*` or `*` (`["store.Get", "scheduler.*"]`). The
+    /// rules then apply to them as to public ones. Default: none, so the
+    /// built-in `store.*` and `scheduler.*` answer managers only
+    /// (decision 0108).
+    pub expose: Vec<String>,
 }
 
 impl Default for AuthConfig {
@@ -61,6 +67,7 @@ impl Default for AuthConfig {
             basic: None,
             websocket: WsAuthConfig::default(),
             rules: Vec::new(),
+            expose: Vec::new(),
         }
     }
 }

@@ -45,7 +45,9 @@ use std::ffi::c_void;
 /// they are due instead of every `TICK_PERIOD`.
 /// v9: cancellation: `ToPlugin::Cancel` (a request its client gave up)
 /// and `FromPlugin::Cancel` (a job or call no longer awaited).
-pub const ABI_VERSION: u32 = 9;
+/// v10: internal events: `HandledType::public` and
+/// `Description::notifications` (decision 0108).
+pub const ABI_VERSION: u32 = 10;
 
 /// Symbol of `extern "C" fn() -> u32`.
 pub const ABI_SYMBOL: &[u8] = b"switchyard_plugin_abi_version\0";

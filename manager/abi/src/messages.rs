@@ -5,7 +5,7 @@
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use switchyard_proto::api::TypeDoc;
-use switchyard_proto::control::{HandledType, ManagerDescription};
+use switchyard_proto::control::{DeclaredType, HandledType, ManagerDescription};
 use switchyard_proto::{EventType, Meta};
 
 /// Given to the plugin when an instance is created.
@@ -48,6 +48,9 @@ pub struct Description {
     /// child is the one that reads it, so a serving instance neither
     /// builds nor sends it.
     pub types: Vec<TypeDoc>,
+    /// The notification types the manager subscribes to or emits, by
+    /// name, with whether clients may send them (decision 0108).
+    pub notifications: Vec<DeclaredType>,
 }
 
 impl Description {
@@ -58,6 +61,7 @@ impl Description {
             pid: std::process::id(),
             handles: self.handles.clone(),
             subscribes: self.subscribes.clone(),
+            notifications: self.notifications.clone(),
         }
     }
 }

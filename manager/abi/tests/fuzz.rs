@@ -216,10 +216,11 @@ proptest! {
                         subscribes: handles.iter().map(|h| EventType(h.1)).collect(),
                         handles: handles
                             .into_iter()
-                            .map(|(name, ty)| HandledType { name, event_type: EventType(ty), route: None, needs: Default::default() })
+                            .map(|(name, ty)| HandledType { name, event_type: EventType(ty), route: None, needs: Default::default(), public: false })
                             .collect(),
                         timers,
                         types: Vec::new(),
+                        notifications: Vec::new(),
                     }).unwrap()
                 }
             ),

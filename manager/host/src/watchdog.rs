@@ -189,6 +189,7 @@ mod tests {
                 event_type: EventType::of("stuck.Hang"),
                 route: None,
                 needs: Default::default(),
+                public: false,
             }],
             ..Description::default()
         };

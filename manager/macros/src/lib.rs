@@ -21,6 +21,10 @@ use syn::{Data, DeriveInput, Fields, LitInt, LitStr, parse_macro_input, spanned:
 /// }
 /// ```
 ///
+/// `#[event(public)]` lets WebSocket and gRPC clients send the event; an
+/// event with an `http` route is public anyway. Any other event is
+/// internal: only the group's managers may send it (decision 0108).
+///
 /// `#[event(template = "hello.html")]` names the template that renders the
 /// reply as HTML for clients that prefer it (docs/web.md).
 ///
@@ -104,6 +108,7 @@ fn expand_event(input: &DeriveInput) -> syn::Result<Tokens> {
     let mut route = quote!(::core::option::Option::None);
     let mut route_path = String::new();
     let mut whole_body = false;
+    let mut public = false;
     let mut template = quote!(::core::option::Option::None);
     let mut declared = Declared::default();
     for attr in input.attrs.iter().filter(|a| a.path().is_ident("event")) {
@@ -123,6 +128,8 @@ fn expand_event(input: &DeriveInput) -> syn::Result<Tokens> {
                 route = quote!(::core::option::Option::Some((#method, #path)));
             } else if meta.path.is_ident("body") {
                 whole_body = true;
+            } else if meta.path.is_ident("public") {
+                public = true;
             } else if meta.path.is_ident("template") {
                 let lit: LitStr = meta.value()?.parse()?;
                 if lit.value().is_empty() {
@@ -159,7 +166,9 @@ fn expand_event(input: &DeriveInput) -> syn::Result<Tokens> {
                     Ok(())
                 })?;
             } else {
-                return Err(meta.error("expected `name`, `http`, `body`, `template` or `request(..)`"));
+                return Err(meta.error(
+                    "expected `name`, `http`, `body`, `public`, `template` or `request(..)`",
+                ));
             }
             Ok(())
         })?;
@@ -242,6 +251,7 @@ fn expand_event(input: &DeriveInput) -> syn::Result<Tokens> {
             const NAME: &'static str = #name;
             const ROUTE: ::core::option::Option<(&'static str, &'static str)> = #route;
             const TEMPLATE: ::core::option::Option<&'static str> = #template;
+            const PUBLIC: bool = #public;
             #request_info
             #from_request
             fn validate(&self) -> ::core::result::Result<(), ::switchyard_manager::Invalid> {

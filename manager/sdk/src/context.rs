@@ -74,6 +74,8 @@ pub struct Context {
     /// The request's meta: its context as the listener passed it (empty
     /// outside a request).
     pub(crate) request: Rc<Meta>,
+    /// A client sent the request (through a listener), not a manager.
+    pub(crate) client: bool,
 }
 
 impl Context {
@@ -160,6 +162,14 @@ impl Context {
     /// anonymous request.
     pub fn identity(&self) -> Option<crate::event::Identity> {
         crate::event::identity(&self.request)
+    }
+
+    /// Whether a client sent the request being handled (through a
+    /// listener), rather than another manager of the group or nothing
+    /// (timers, notifications). The built-in Scheduler keeps a client's
+    /// jobs apart from managers' by it.
+    pub fn from_client(&self) -> bool {
+        self.client
     }
 
     /// The configured name of this manager.

@@ -46,6 +46,12 @@ pub trait Event: DeserializeOwned + Serialize + 'static {
     /// whose `Accept` prefers `text/html` (`#[event(template =
     /// "hello.html")]`; docs/web.md). None: JSON and bincode only.
     const TEMPLATE: Option<&'static str> = None;
+    /// Whether clients may send this event over WebSocket and gRPC
+    /// (`#[event(public)]`). An event with an HTTP [`ROUTE`](Self::ROUTE)
+    /// is public anyway; any other is internal: only the group's managers
+    /// may send it, and clients get the same 404 as for a type no manager
+    /// declares (decision 0108).
+    const PUBLIC: bool = false;
 
     /// Builds the event from a request. From another manager: the bincode
     /// body. From HTTP: the fields of a JSON-object body, the query string

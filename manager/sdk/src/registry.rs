@@ -13,7 +13,7 @@ use switchyard_proto::codec;
 
 use switchyard_proto::EventType;
 use switchyard_proto::api::{TypeDoc, TypeRole};
-use switchyard_proto::control::{HandledType, HttpRoute, RequestNeeds};
+use switchyard_proto::control::{DeclaredType, HandledType, HttpRoute, RequestNeeds};
 
 use crate::context::Context;
 use crate::event::{Event, Request};
@@ -136,6 +136,9 @@ pub struct Registry<M> {
     pub(crate) notifications: HashMap<EventType, NotificationHandler<M>>,
     pub(crate) handles: Vec<HandledType>,
     pub(crate) subscribes: Vec<EventType>,
+    /// The notification types subscribed to or emitted, by name, with
+    /// whether clients may send them (decision 0108).
+    pub(crate) notification_types: Vec<DeclaredType>,
     pub(crate) jobs: HashMap<EventType, JobFn>,
     pub(crate) timers: Vec<Timer<M>>,
     /// Around every request handler, outermost first.
@@ -199,6 +202,7 @@ impl<M: Manager> Registry<M> {
             notifications: HashMap::new(),
             handles: Vec::new(),
             subscribes: Vec::new(),
+            notification_types: Vec::new(),
             jobs: HashMap::new(),
             timers: Vec::new(),
             middleware: Vec::new(),
@@ -229,7 +233,18 @@ impl<M: Manager> Registry<M> {
     /// declaration; describing does.
     pub fn emits<E: Event>(&mut self) -> &mut Self {
         self.document::<E, ()>(TypeRole::Notification);
+        self.declare_notification::<E>();
         self
+    }
+
+    fn declare_notification<E: Event>(&mut self) {
+        let event_type = EventType::of(E::NAME);
+        self.notification_types.retain(|t| t.event_type != event_type);
+        self.notification_types.push(DeclaredType {
+            name: E::NAME.to_owned(),
+            event_type,
+            public: E::PUBLIC,
+        });
     }
 
     /// What the manager declares it serves: each request type with its
@@ -317,6 +332,7 @@ impl<M: Manager> Registry<M> {
                 stream_body,
             }),
             needs: E::REQUEST.needs(),
+            public: E::PUBLIC || E::ROUTE.is_some(),
         });
         event_type
     }
@@ -556,6 +572,7 @@ impl<M: Manager> Registry<M> {
     pub fn on<E: Event>(&mut self, handler: fn(&mut M, E, &mut Context) -> Result<(), Error>) -> &mut Self {
         let event_type = EventType::of(E::NAME);
         self.document::<E, ()>(TypeRole::Notification);
+        self.declare_notification::<E>();
         if !self.subscribes.contains(&event_type) {
             self.subscribes.push(event_type);
         }

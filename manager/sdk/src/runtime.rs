@@ -189,6 +189,7 @@ impl<M: Manager> Runtime<M> {
             kind: M::NAME.to_owned(),
             handles: registry.handled(),
             subscribes: registry.subscribes.clone(),
+            notifications: registry.notification_types.clone(),
             timers: !registry.timers.is_empty(),
             types: if args.validation {
                 registry.described()
@@ -337,18 +338,19 @@ impl<M: Manager> Runtime<M> {
             .push(FromPlugin::NextTimer { in_ms });
     }
 
-    fn context(&self, correlation: u64, format: Format, request: Rc<Meta>) -> Context {
+    fn context(&self, correlation: u64, format: Format, request: Rc<Meta>, caller: Caller) -> Context {
         Context {
             shared: self.shared.clone(),
             correlation,
             format,
             request,
+            client: caller == Caller::Client,
         }
     }
 
     /// A context outside any request.
     fn background(&self, format: Format) -> Context {
-        self.context(0, format, self.no_request.clone())
+        self.context(0, format, self.no_request.clone(), Caller::Manager)
     }
 
     fn respond(&self, correlation: u64, result: Result<Response, Error>) {
@@ -425,7 +427,7 @@ impl<M: Manager> Runtime<M> {
         caller: Caller,
         format: Format,
     ) -> Option<Stopped> {
-        let mut cx = self.context(correlation, format, meta.clone());
+        let mut cx = self.context(correlation, format, meta.clone(), caller);
         let name = self.names.get(&event_type).map(String::as_str);
         let mut through = 0;
         let mut stopped = None;
@@ -496,7 +498,7 @@ impl<M: Manager> Runtime<M> {
                 format,
             );
         }
-        let cx = self.context(correlation, format, Rc::new(request.clone()));
+        let cx = self.context(correlation, format, Rc::new(request.clone()), Caller::Manager);
         let call = cx.call_raw(
             replacement.event_type,
             meta,
@@ -542,7 +544,7 @@ impl<M: Manager> Runtime<M> {
             );
         };
         let request = Request::from_caller(&meta, &body, caller);
-        let mut cx = self.context(correlation, format, meta.clone());
+        let mut cx = self.context(correlation, format, meta.clone(), caller);
         match handler {
             RequestHandler::Sync(handler) => {
                 let state = &self.state;
@@ -821,6 +823,7 @@ fn after(shared: &Rc<Shared>, correlation: u64, response: &mut Response) {
         correlation,
         format: after.format,
         request: after.head.meta.clone(),
+        client: false,
     };
     let mut chain = shared.middleware.borrow_mut();
     let through = after.through.min(chain.len());

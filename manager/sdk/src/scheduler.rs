@@ -94,7 +94,7 @@ pub enum Missed {
 /// existing job (`created: false`); a different one is a 409 unless
 /// `replace` is set.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, crate::Event)]
-#[event(name = "scheduler.Schedule")]
+#[event(name = "scheduler.Schedule", request(identity))]
 pub struct Schedule {
     /// The job's id (absent: the scheduler makes one). At most 256 bytes.
     #[serde(default)]
@@ -121,7 +121,7 @@ pub struct Schedule {
 /// `scheduler.Update`: changes some of a job's settings; what is absent
 /// stays. A changed `when` plans the next firing anew. 404 if no such job.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, crate::Event)]
-#[event(name = "scheduler.Update")]
+#[event(name = "scheduler.Update", request(identity))]
 pub struct Update {
     pub id: String,
     #[serde(default)]
@@ -140,14 +140,14 @@ pub struct Update {
 
 /// `scheduler.Cancel`: removes a job; answers whether it existed.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, crate::Event)]
-#[event(name = "scheduler.Cancel")]
+#[event(name = "scheduler.Cancel", request(identity))]
 pub struct Cancel {
     pub id: String,
 }
 
 /// `scheduler.Get`: one job.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, crate::Event)]
-#[event(name = "scheduler.Get")]
+#[event(name = "scheduler.Get", request(identity))]
 pub struct GetJob {
     pub id: String,
 }
@@ -155,7 +155,7 @@ pub struct GetJob {
 /// `scheduler.List`: the jobs in id order, a page at a time (pass the
 /// answer's `next` as `after`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, crate::Event)]
-#[event(name = "scheduler.List")]
+#[event(name = "scheduler.List", request(identity))]
 pub struct ListJobs {
     /// Only ids starting with this.
     #[serde(default)]
