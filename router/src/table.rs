@@ -1121,6 +1121,7 @@ mod tests {
             Known {
                 type_name: "t.Real".into(),
                 manager: "m".into(),
+                public: true,
             },
         );
         let named = |name: &str, id: &str| {

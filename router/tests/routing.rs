@@ -462,8 +462,10 @@ async fn a_manager_answers_only_its_own_requests_declares_only_its_own_types_and
             event_type: EventType::of("t.A"),
             route: None,
             needs: Default::default(),
+            public: false,
         }],
         subscribes: Vec::new(),
+        notifications: Vec::new(),
     };
     thief
         .sink
