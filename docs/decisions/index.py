@@ -20,8 +20,6 @@ import re
 HERE = pathlib.Path(__file__).resolve().parent
 README = HERE / "README.md"
 MARKER = "<!-- index.py: everything below this line is generated -->"
-# Numbers being written in parallel; drop this once they have all landed.
-PENDING = range(100, 112)
 
 # A record about itself: "superseded by 0007", "amended by 0094", ...
 SELF = re.compile(r"(superseded in part|superseded|amended|replaced) by (?:decision )?(\d{4})", re.I)
@@ -67,14 +65,6 @@ for n in gaps:
         ranges.append([n, n])
 text = ", ".join(f"{a:04d}" if a == b else f"{a:04d}–{b:04d}" for a, b in ranges)
 lines += ["", f"Numbers with no record: {text or 'none'}."]
-pending = [n for n in PENDING if f"{n:04d}" in records]
-missing = [n for n in PENDING if f"{n:04d}" not in records]
-if missing:
-    lines.append(
-        f"0{PENDING[0]}–0{PENDING[-1]} are being written in parallel"
-        + (f" (present so far: {', '.join(f'{n:04d}' for n in pending)})" if pending else "")
-        + "; run `python3 docs/decisions/index.py` again when they land."
-    )
 
 old = README.read_text(encoding="utf-8") if README.exists() else MARKER + "\n"
 preface = old.split(MARKER)[0]
