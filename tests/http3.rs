@@ -87,22 +87,6 @@ fn start_logging(tag: &'static str, http3: &str, extra: &str, extra_names: usize
     }
 }
 
-fn client_endpoint(ca: &CertificateDer<'static>) -> quinn::Endpoint {
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(ca.clone()).unwrap();
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    tls.alpn_protocols = vec![b"h3".to_vec()];
-    let quic = quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap();
-    let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
-    endpoint.set_default_client_config(quinn::ClientConfig::new(Arc::new(quic)));
-    endpoint
-}
-
 type Sender = h3::client::SendRequest<h3_quinn::OpenStreams, Bytes>;
 
 /// An HTTP/3 connection to `at`: its request sender, and its driver, which
@@ -205,7 +189,7 @@ async fn tcp(g: &H3Group, method: &str, path: &str, body: &[u8]) -> (u16, String
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_answers_as_over_tcp() {
     let g = start("h3-basics", "", "[listener]\nmax_body_bytes = 100000\n", 0);
-    let endpoint = client_endpoint(&g.ca);
+    let endpoint = common::quic::h3_client_endpoint(&g.ca);
     let (mut h3, _driver) = connect(&endpoint, g.udp).await;
 
     let noop = send(&mut h3, "GET", "/noop", b"").await;
@@ -275,7 +259,7 @@ async fn the_same_answers_as_over_tcp() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_streamed_64_mib_download() {
     let g = start("h3-download", "", "", 0);
-    let endpoint = client_endpoint(&g.ca);
+    let endpoint = common::quic::h3_client_endpoint(&g.ca);
     let (mut h3, _driver) = connect(&endpoint, g.udp).await;
     const SIZE: u64 = 64 << 20;
     let req = http::Request::get(format!("https://localhost/stream/{SIZE}"))
@@ -398,7 +382,7 @@ async fn a_flood_of_initials_is_answered_with_retry() {
         "[listener]\nidle_timeout_ms = 60000\nheader_read_timeout_ms = 60000\n",
         300,
     );
-    let endpoint = client_endpoint(&g.ca);
+    let endpoint = common::quic::h3_client_endpoint(&g.ca);
 
     // Before the flood: no Retry, the extra round trip is spared.
     let (calm, calm_seen) = relay(g.udp, true).await;
@@ -408,7 +392,7 @@ async fn a_flood_of_initials_is_answered_with_retry() {
 
     // The flood: Initials whose senders never answer.
     let (dark, dark_seen) = relay(g.udp, false).await;
-    let flood = client_endpoint(&g.ca);
+    let flood = common::quic::h3_client_endpoint(&g.ca);
     let mut pending = Vec::new();
     for _ in 0..8 {
         let connecting = flood.connect(dark, "localhost").unwrap();
@@ -467,7 +451,7 @@ async fn a_flood_of_initials_is_answered_with_retry() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_finishes_the_request_in_flight_then_goaway() {
     let mut g = start("h3-drain", "", "", 0);
-    let endpoint = client_endpoint(&g.ca);
+    let endpoint = common::quic::h3_client_endpoint(&g.ca);
     let (mut h3, driver) = connect(&endpoint, g.udp).await;
     assert_eq!(send(&mut h3, "GET", "/noop", b"").await.status, 200);
     let req = http::Request::get("https://localhost/sleep/1500")
@@ -596,7 +580,7 @@ fn reload(g: &H3Group) {
 async fn a_reload_changes_quic_settings_and_certificates_for_new_connections() {
     let g = start("h3-reload", "alt_svc_max_age_s = 100", "", 0);
     let old_ca = g.ca.clone();
-    let old_endpoint = client_endpoint(&old_ca);
+    let old_endpoint = common::quic::h3_client_endpoint(&old_ca);
     let (mut established, _driver) = connect(&old_endpoint, g.udp).await;
     assert_eq!(send(&mut established, "GET", "/noop", b"").await.status, 200);
     assert_eq!(
@@ -623,7 +607,7 @@ async fn a_reload_changes_quic_settings_and_certificates_for_new_connections() {
         Some(&*format!("h3=\":{}\"; ma=200", fresh.udp.port()))
     );
     // New QUIC handshakes present the new certificate...
-    let (mut renewed, _d) = connect(&client_endpoint(&new_ca), fresh.udp).await;
+    let (mut renewed, _d) = connect(&common::quic::h3_client_endpoint(&new_ca), fresh.udp).await;
     assert_eq!(send(&mut renewed, "GET", "/noop", b"").await.status, 200);
     let refused = old_endpoint.connect(fresh.udp, "localhost").unwrap().await;
     assert!(refused.is_err(), "the old CA no longer verifies new handshakes");
@@ -634,7 +618,7 @@ async fn a_reload_changes_quic_settings_and_certificates_for_new_connections() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_listener_comes_back_on_its_socket_and_no_connection_is_lost() {
     let g = start("h3-workers", "", "[listener]\nworkers = 2\n", 0);
-    let endpoint = client_endpoint(&g.ca);
+    let endpoint = common::quic::h3_client_endpoint(&g.ca);
     let (mut h3, _driver) = connect(&endpoint, g.udp).await;
     assert_eq!(send(&mut h3, "GET", "/noop", b"").await.status, 200);
     let listener_0 = || -> Option<u32> {
@@ -653,7 +637,7 @@ async fn a_killed_listener_comes_back_on_its_socket_and_no_connection_is_lost() 
     // replacement; the others by the live process. None is refused.
     let connections: Vec<_> = (0..12)
         .map(|_| {
-            let fresh = client_endpoint(&g.ca);
+            let fresh = common::quic::h3_client_endpoint(&g.ca);
             let at = g.udp;
             tokio::spawn(async move {
                 let (mut sender, _driver) = connect(&fresh, at).await;
@@ -680,7 +664,7 @@ async fn idle_and_stalled_connections_are_closed_as_over_tcp() {
         "[listener]\nidle_timeout_ms = 2000\nwrite_stall_timeout_ms = 500\n",
         0,
     );
-    let endpoint = client_endpoint(&g.ca);
+    let endpoint = common::quic::h3_client_endpoint(&g.ca);
     // Idle after one request: a GOAWAY, then a clean close.
     let (mut idle, idle_driver) = connect(&endpoint, g.udp).await;
     assert_eq!(send(&mut idle, "GET", "/noop", b"").await.status, 200);
@@ -716,7 +700,7 @@ async fn idle_and_stalled_connections_are_closed_as_over_tcp() {
 async fn an_upgrade_hands_the_udp_socket_to_the_new_group() {
     // Two listener processes: both UDP sockets go over, in steering order.
     let mut g = start("h3-upgrade", "", "[listener]\nworkers = 2\n", 0);
-    let endpoint = client_endpoint(&g.ca);
+    let endpoint = common::quic::h3_client_endpoint(&g.ca);
     let (mut before, _driver) = connect(&endpoint, g.udp).await;
     assert_eq!(send(&mut before, "GET", "/noop", b"").await.status, 200);
     let _new_group = common::upgrade(&g.group.runtime_dir);
@@ -724,7 +708,7 @@ async fn an_upgrade_hands_the_udp_socket_to_the_new_group() {
     // The port never closed: new HTTP/3 connections reach the new group,
     // on either socket.
     for _ in 0..8 {
-        let fresh = client_endpoint(&g.ca);
+        let fresh = common::quic::h3_client_endpoint(&g.ca);
         let (mut after, _driver) = connect(&fresh, g.udp).await;
         assert_eq!(send(&mut after, "GET", "/noop", b"").await.status, 200);
     }
@@ -747,7 +731,7 @@ async fn listener_processes_share_the_port_and_a_migrating_client_stays_with_its
     );
     let mut clients = Vec::new();
     for _ in 0..16 {
-        let endpoint = client_endpoint(&g.ca);
+        let endpoint = common::quic::h3_client_endpoint(&g.ca);
         let (mut h3, driver) = connect(&endpoint, g.udp).await;
         assert_eq!(send(&mut h3, "GET", "/noop", b"").await.status, 200);
         clients.push((endpoint, h3, driver));
@@ -804,7 +788,7 @@ async fn answers_are_dated_a_head_is_its_gets_headers_and_two_credentials_are_re
     // An API key (sha256("test")) so that credentials are looked at.
     let auth = "[auth.api_keys]\n[[auth.api_keys.keys]]\nname = \"ops\"\nsha256 = \"9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08\"\n";
     let g = start("h3-semantics", "", auth, 0);
-    let endpoint = client_endpoint(&g.ca);
+    let endpoint = common::quic::h3_client_endpoint(&g.ca);
     let (mut h3, _driver) = connect(&endpoint, g.udp).await;
 
     // Every answer is dated (RFC 9110 §6.6.1), the listener's own too.
@@ -866,7 +850,7 @@ async fn answers_are_dated_a_head_is_its_gets_headers_and_two_credentials_are_re
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_whose_connection_closes_cancels_its_request() {
     let mut g = start_logging("h3-cancel", "", "", 0, "info,switchyard_manager_host=debug");
-    let endpoint = client_endpoint(&g.ca);
+    let endpoint = common::quic::h3_client_endpoint(&g.ca);
     let (mut h3, _driver) = connect(&endpoint, g.udp).await;
     let req = http::Request::get("https://localhost/sleep/20000")
         .body(())

@@ -216,18 +216,7 @@ async fn h2(addr: SocketAddr, path: &str, token: Option<&str>) -> Outcome {
 }
 
 async fn http3(g: &Groups, path: &str, token: Option<&str>) -> Outcome {
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(g.ca.clone()).unwrap();
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    tls.alpn_protocols = vec![b"h3".to_vec()];
-    let quic = quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap();
-    let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
-    endpoint.set_default_client_config(quinn::ClientConfig::new(Arc::new(quic)));
+    let endpoint = common::quic::h3_client_endpoint(&g.ca);
     let conn = tokio::time::timeout(PATIENCE, endpoint.connect(g.udp, "localhost").unwrap())
         .await
         .expect("QUIC handshake in time")
@@ -515,30 +504,7 @@ allow_origins = ["https://app.example"]
     assert_eq!(upgrade(None).await, 101);
 
     // Over h2 (RFC 8441): the same check against `:authority`.
-    let tcp = tokio::net::TcpStream::connect(g.addr).await.unwrap();
-    let (client, connection) = h2::client::handshake(tcp).await.unwrap();
-    tokio::spawn(async move {
-        let _ = connection.await;
-    });
-    let mut client = tokio::time::timeout(PATIENCE, client.ready())
-        .await
-        .expect("h2 ready in time")
-        .unwrap();
-    // The server's SETTINGS (extended CONNECT) come before its first answer.
-    let (health, _) = client
-        .send_request(
-            http::Request::get("http://localhost/health").body(()).unwrap(),
-            true,
-        )
-        .unwrap();
-    assert_eq!(
-        tokio::time::timeout(PATIENCE, health)
-            .await
-            .unwrap()
-            .unwrap()
-            .status(),
-        200
-    );
+    let mut client = common::h2_stream::h2_ready(g.addr).await;
     for (origin, status) in [("https://evil.example", 403), ("http://localhost", 200)] {
         let mut req = http::Request::builder()
             .method(http::Method::CONNECT)

@@ -7,31 +7,13 @@
 mod common;
 
 use bytes::Bytes;
-use common::h2_stream::H2Stream;
+use common::h2_stream::{H2Stream, h2_ready};
 use common::*;
 use futures_util::{SinkExt, StreamExt};
 use tokio::net::TcpStream;
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::Role;
-
-async fn h2_connection(g: &Group) -> h2::client::SendRequest<Bytes> {
-    let tcp = TcpStream::connect(g.addr).await.unwrap();
-    let (client, connection) = h2::client::handshake(tcp).await.unwrap();
-    tokio::spawn(async move {
-        let _ = connection.await;
-    });
-    let mut client = tokio::time::timeout(PATIENCE, client.ready())
-        .await
-        .expect("h2 ready in time")
-        .unwrap();
-    // The server's SETTINGS come before its first answer.
-    let get = http::Request::get("http://localhost/health").body(()).unwrap();
-    let (response, _) = client.send_request(get, true).unwrap();
-    let response = tokio::time::timeout(PATIENCE, response).await.unwrap().unwrap();
-    assert_eq!(response.status(), 200);
-    client
-}
 
 fn connect(path: &str, protocol: Option<&'static str>) -> http::Request<()> {
     let mut req = http::Request::builder()
@@ -49,7 +31,7 @@ fn connect(path: &str, protocol: Option<&'static str>) -> http::Request<()> {
 #[tokio::test]
 async fn websocket_over_h2_echoes_through_the_group() {
     let g = Group::start("ws-h2");
-    let mut client = h2_connection(&g).await;
+    let mut client = h2_ready(g.addr).await;
     assert!(
         client.is_extended_connect_protocol_enabled(),
         "the server offers SETTINGS_ENABLE_CONNECT_PROTOCOL"
@@ -98,7 +80,7 @@ async fn websocket_over_h2_echoes_through_the_group() {
 #[tokio::test]
 async fn connect_without_the_websocket_protocol_is_no_session() {
     let g = Group::start("ws-h2-plain");
-    let mut client = h2_connection(&g).await;
+    let mut client = h2_ready(g.addr).await;
     // A plain CONNECT (a proxy tunnel) is not a WebSocket.
     let (response, _send) = client.send_request(connect("/ws/echo", None), false).unwrap();
     let response = tokio::time::timeout(PATIENCE, response).await.unwrap().unwrap();

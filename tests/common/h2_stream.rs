@@ -1,5 +1,6 @@
 //! One h2 stream as a byte stream, for tungstenite's client: WebSocket
-//! over h2 (RFC 8441) in the tests that speak it.
+//! over h2 (RFC 8441) in the tests that speak it; and an h2 connection
+//! ready for extended CONNECT.
 
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
@@ -62,4 +63,27 @@ impl AsyncWrite for H2Stream {
         let _ = self.send.send_data(Bytes::new(), true);
         Poll::Ready(Ok(()))
     }
+}
+
+/// An h2 connection to `addr` whose server SETTINGS (extended CONNECT
+/// among them) have been seen: they come before the answer to a first
+/// `GET /health`, which must be 200.
+pub async fn h2_ready(addr: std::net::SocketAddr) -> h2::client::SendRequest<Bytes> {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    let mut client = tokio::time::timeout(super::PATIENCE, client.ready())
+        .await
+        .expect("h2 ready in time")
+        .unwrap();
+    let get = http::Request::get("http://localhost/health").body(()).unwrap();
+    let (response, _) = client.send_request(get, true).unwrap();
+    let response = tokio::time::timeout(super::PATIENCE, response)
+        .await
+        .expect("an answer in time")
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    client
 }

@@ -73,6 +73,19 @@ pub(crate) struct Scope<'a> {
     pub(crate) routes: Option<&'a Routes>,
 }
 
+impl<'a> Scope<'a> {
+    /// An event with no path (a WebSocket message, a gRPC call, a push),
+    /// or with `subscription` a subscription pattern, over `routes`.
+    fn of_event(event: &'a str, subscription: bool, routes: &'a Routes) -> Scope<'a> {
+        Scope {
+            path: None,
+            event: Some(event),
+            subscription,
+            routes: Some(routes),
+        }
+    }
+}
+
 /// An event type or a prefix of types, as subscriptions spell them:
 /// `shop.Checkout`, `shop.*`, `*`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -551,12 +564,7 @@ impl Middleware {
         event: &str,
         routes: &Routes,
     ) -> Result<(), Refusal> {
-        let scope = Scope {
-            path: None,
-            event: Some(event),
-            subscription: false,
-            routes: Some(routes),
-        };
+        let scope = Scope::of_event(event, false, routes);
         // Limits with neither prefix nor event count requests, upgrades
         // and gRPC calls where they come in (`admit`); counting them per
         // message too would count a unary call twice.
@@ -588,12 +596,7 @@ impl Middleware {
         let Some(auth) = &self.auth else {
             return Ok(());
         };
-        let scope = Scope {
-            path: None,
-            event: Some(event),
-            subscription: false,
-            routes: Some(routes),
-        };
+        let scope = Scope::of_event(event, false, routes);
         auth.authorize(&scope, identity).map_err(Refusal::from)
     }
 
@@ -609,12 +612,7 @@ impl Middleware {
         let Some(auth) = &self.auth else {
             return Ok(());
         };
-        let scope = Scope {
-            path: None,
-            event: Some(pattern),
-            subscription: true,
-            routes: Some(routes),
-        };
+        let scope = Scope::of_event(pattern, true, routes);
         auth.authorize_every(&scope, identity).map_err(Refusal::from)
     }
 
