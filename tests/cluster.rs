@@ -231,14 +231,25 @@ fn calls_bodies_and_notifications_cross_groups_and_a_group_that_leaves_gets_503(
     // B leaves for good: kill -9 of every process it has.
     let mut pids = b.all_pids();
     pids.push(b.supervisor_pid());
-    for pid in pids {
+    for &pid in &pids {
         let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), Signal::SIGKILL);
     }
     let _ = b.wait_exit();
+    // Every one of them gone, the router's NATS connection with it: a call
+    // that reached NATS while B's router still held its subscription would
+    // be delivered to it and wait out its whole deadline (504), which is
+    // not what this checks.
+    eventually("B's processes are gone", PATIENCE, || {
+        let left: Vec<u32> = pids.iter().copied().filter(|&pid| alive(pid)).collect();
+        left.is_empty().then_some(()).ok_or(left)
+    });
     // NATS sees its connection close and drops its subscriptions: A's
     // calls to B's types get 503 at once (no responders), not a timeout.
+    // A call NATS still handed to B's subscription in the moment it took
+    // to see B's connection close would wait for its deadline: each try
+    // gives up after a few seconds and the next one is asked afresh.
     eventually("A's calls to B's types get 503", PATIENCE, || {
-        let r = get(a.addr, "/payload/100").map_err(|e| e.to_string())?;
+        let r = get_within(a.addr, "/payload/100", Duration::from_secs(3)).map_err(|e| e.to_string())?;
         (r.status == 503).then_some(()).ok_or(r.status.to_string())
     });
     let started = Instant::now();
@@ -519,4 +530,18 @@ fn another_groups_route_never_takes_a_local_one() {
         "A's own route answers: {}",
         r.text()
     );
+}
+
+/// `GET path`, giving up after `patience`.
+fn get_within(addr: std::net::SocketAddr, path: &str, patience: Duration) -> std::io::Result<HttpResponse> {
+    use std::io::{Read, Write};
+    let mut stream = TcpStream::connect(addr)?;
+    stream.set_read_timeout(Some(patience))?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n"
+    )?;
+    let mut buf = Vec::new();
+    stream.read_to_end(&mut buf)?;
+    parse_response(&buf)
 }

@@ -14,7 +14,6 @@ mod common;
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::Arc;
 
 use bytes::{Buf, Bytes};
 use common::raw_codec::Raw;
