@@ -484,20 +484,7 @@ async fn sigterm_finishes_the_request_in_flight_then_goaway() {
 
 /// A client that can resume and send early data.
 fn resuming_endpoint(ca: &CertificateDer<'static>) -> quinn::Endpoint {
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(ca.clone()).unwrap();
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    tls.alpn_protocols = vec![b"h3".to_vec()];
-    tls.enable_early_data = true;
-    let quic = quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap();
-    let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
-    endpoint.set_default_client_config(quinn::ClientConfig::new(Arc::new(quic)));
-    endpoint
+    common::quic::h3_client_endpoint_with(ca, |tls| tls.enable_early_data = true)
 }
 
 /// Connects once to `at` (for a session ticket), then again to `again`
