@@ -50,6 +50,39 @@ use crate::pipes::{CloseReason, Outbox, Subscription, check_subscription};
 use crate::reply::{Reply, error};
 use crate::state::State;
 
+/// `AsyncWrite` for a read-side wrapper `$wrapper<S>` around a stream in
+/// its `inner` field: every write goes straight to `inner`.
+macro_rules! write_through {
+    ($wrapper:ident) => {
+        impl<S: AsyncWrite + Unpin> AsyncWrite for $wrapper<S> {
+            fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+                Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+            }
+
+            fn poll_write_vectored(
+                self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+                bufs: &[io::IoSlice<'_>],
+            ) -> Poll<io::Result<usize>> {
+                Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+            }
+
+            fn is_write_vectored(&self) -> bool {
+                self.inner.is_write_vectored()
+            }
+
+            fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+            }
+
+            fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+            }
+        }
+    };
+}
+use write_through;
+
 mod deflate;
 mod frames;
 
