@@ -313,12 +313,13 @@ async fn relay(server: SocketAddr, answer: bool) -> (SocketAddr, Arc<Mutex<Seen>
 }
 
 /// [`relay`], holding the client's Handshake packets (its Finished) back
-/// for `hold`: what it sent in 0-RTT reaches the server well before the
-/// handshake completes.
+/// until `hold` says `true`: what it sent in 0-RTT reaches the server, and
+/// is answered, before the handshake can complete, however slow the
+/// machine.
 async fn relay_holding(
     server: SocketAddr,
     answer: bool,
-    hold: Option<std::time::Duration>,
+    hold: Option<tokio::sync::watch::Receiver<bool>>,
 ) -> (SocketAddr, Arc<Mutex<Seen>>) {
     let front = UdpSocket::bind("127.0.0.1:0").await.unwrap();
     let back = Arc::new(UdpSocket::bind("127.0.0.1:0").await.unwrap());
@@ -341,11 +342,12 @@ async fn relay_holding(
                     // which may carry the Handshake packet coalesced behind
                     // an ACK, or Handshake (0xe_).
                     let handshake = (a[0] & 0xf0 == 0xc0 && sent > 1) || a[0] & 0xf0 == 0xe0;
-                    if let Some(hold) = hold.filter(|_| handshake) {
+                    if let Some(mut held) = hold.clone().filter(|_| handshake) {
                         let (back, datagram) = (back.clone(), a[..n].to_vec());
                         tokio::spawn(async move {
-                            tokio::time::sleep(hold).await;
-                            let _ = back.send(&datagram).await;
+                            if held.wait_for(|released| *released).await.is_ok() {
+                                let _ = back.send(&datagram).await;
+                            }
                         });
                         continue;
                     }
@@ -524,7 +526,8 @@ async fn zero_rtt_is_off_unless_asked_and_then_only_for_safe_methods() {
 
     let on = start("h3-0rtt-on", "zero_rtt = true", "", 0);
     let endpoint = resuming_endpoint(&on.ca);
-    let (slow_finish, _) = relay_holding(on.udp, true, Some(std::time::Duration::from_millis(1500))).await;
+    let (release, held) = tokio::sync::watch::channel(false);
+    let (slow_finish, _) = relay_holding(on.udp, true, Some(held)).await;
     let (mut h3, _driver, handshake) = early(&endpoint, on.udp, slow_finish)
         .await
         .expect("0-RTT offered");
@@ -541,8 +544,9 @@ async fn zero_rtt_is_off_unless_asked_and_then_only_for_safe_methods() {
         "an unsafe one is not: {}",
         String::from_utf8_lossy(&post.body)
     );
-    // After the handshake the same POST goes through: waited for, since
-    // the relay holds the handshake's end back.
+    // After the handshake the same POST goes through: the relay lets the
+    // handshake's end go now, and it is waited for.
+    release.send(true).unwrap();
     tokio::time::timeout(PATIENCE, handshake)
         .await
         .expect("the handshake completes in time");
