@@ -1179,8 +1179,8 @@ pub(crate) enum ConfigError {
     Invalid(String),
 }
 
-/// The environment variables that override configuration keys (DESIGN.md
-/// §5): `SWITCHYARD_LISTENER__BIND=127.0.0.1:9000` sets `listener.bind`,
+/// The environment variables that override configuration keys (docs/configuration.md,
+/// "From the environment"): `SWITCHYARD_LISTENER__BIND=127.0.0.1:9000` sets `listener.bind`,
 /// `SWITCHYARD_LISTENER__TLS__CERT=…` sets `listener.tls.cert`: the name
 /// after the prefix is the key's path, its parts joined by `__`, in any
 /// case. A variable without `__` (`SWITCHYARD_LOG`) is not one of them.

@@ -1,4 +1,4 @@
-//! Chaos (issue 12): mixed load — `GET /noop`, `/payload/{size}` across the
+//! Chaos: mixed load — `GET /noop`, `/payload/{size}` across the
 //! shared-memory threshold, `POST /upload` and `/echo-bytes` with
 //! checksummed bodies, `/cpu/{ms}` in worker processes — while random
 //! children (listener, broker, router, managers, workers) are killed with

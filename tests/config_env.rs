@@ -1,5 +1,5 @@
 //! Configuration keys overridden by environment variables
-//! (`SWITCHYARD_SECTION__KEY`, DESIGN.md §5): over the file, over the
+//! (`SWITCHYARD_SECTION__KEY`, docs/configuration.md): over the file, over the
 //! built-in demo configuration, and a bad one refused naming the variable.
 
 mod common;

@@ -1,7 +1,7 @@
 //! The live dashboard at the admin endpoint's `/`, in a real headless
 //! Chromium (Debian's package, installed by `.ci/run`): it loads without a
 //! console message or an exception, shows every process of the group,
-//! and its numbers move under load (issue 15 §2, decision 0056).
+//! and its numbers move under load (decision 0056).
 //!
 //! Chromium is driven over the DevTools protocol (CDP): JSON messages on
 //! a WebSocket, spoken here with the tokio-tungstenite the tests already

@@ -1,6 +1,6 @@
 //! The admin endpoint's `/metrics`: Prometheus text for the whole group,
 //! counters that move by exactly the requests sent, restarts, bounded
-//! labels (issue 15 §2, decision 0055).
+//! labels (decision 0055).
 
 mod common;
 

@@ -1,4 +1,4 @@
-//! Notifications larger than a frame (issue 12, item 12) reach WebSocket
+//! Notifications larger than a frame (decision 0033) reach WebSocket
 //! and gRPC subscribers whole, whether a manager or a client emits them:
 //! the broker fans their bodies out through shared memory instead of
 //! dropping frames over `group.max_frame_bytes` (1 MiB by default).

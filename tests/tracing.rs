@@ -1,5 +1,4 @@
-//! W3C trace context through every hop, and `Server-Timing` (issue 15 §2,
-//! decision 0058).
+//! W3C trace context through every hop, and `Server-Timing` (decision 0058).
 
 mod common;
 

@@ -131,7 +131,7 @@ async fn routes_go_round_robin_and_404_counts_as_an_error() {
     // them, give or take one per client, are /nope.
     assert!((3 * c.client_error).abs_diff(step.requests) <= 3 * 3, "{step:?}");
     // A 404 is a failed request: a run against a wrong route must not look
-    // healthy (issue 19). It keeps its own 4xx column.
+    // healthy (decision 0063). It keeps its own 4xx column.
     assert_eq!(step.status.errors(), c.client_error, "{step:?}");
     assert!(step.error_rate > 0.25, "{step:?}");
 

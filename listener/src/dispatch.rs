@@ -86,7 +86,7 @@ pub(crate) async fn serve(
         (None, None) => tracing::Span::none(),
         // As `Display`: the fmt layer writes a span's fields out when the
         // span is made, and `Debug` escapes a string character by character
-        // (3.7 % of the listener's samples). Both are visible ASCII already.
+        // (measurable in the listener's profile, BENCHMARKS.md 2026-12-01). Both are visible ASCII already.
         (id, trace_id) => tracing::info_span!(
             "request",
             request_id = id.as_deref().map(tracing::field::display),

@@ -834,7 +834,7 @@ impl Serve {
             let this = self.clone();
             // Boxed: the request's whole state machine is kilobytes, and
             // every layer and hyper's dispatcher would otherwise move it
-            // (memmove was 11 % of the listener's samples).
+            // (BENCHMARKS.md 2026-12-01 (evening), a boxed request future).
             use futures_util::FutureExt;
             async move { this.respond(req).await }
                 .boxed()

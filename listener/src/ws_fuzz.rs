@@ -1,4 +1,4 @@
-//! Property tests of what `/ws` makes of a client's messages (issue 12):
+//! Property tests of what `/ws` makes of a client's messages (decision 0099):
 //! arbitrary text and bytes, and JSON messages built from the protocol's
 //! own keys with arbitrary values, go through the same decoding and
 //! checks as the session loop (JSON object, binary request, subscription

@@ -1,7 +1,7 @@
 //! Moving frames over a stream socket: a batched writer and a batch reader.
 //!
-//! Waking a peer costs far more than the bytes (10–35 µs per blocking round
-//! trip on our machines), so both directions batch: the writer drains
+//! Waking a peer costs far more than the bytes (decision 0040 has the
+//! figures), so both directions batch: the writer drains
 //! everything queued into one vectored write, and the reader decodes every
 //! whole frame a single read brought in.
 

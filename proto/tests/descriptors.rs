@@ -1,5 +1,5 @@
-//! A raw peer attaching descriptors where no frame claims them (issue 12,
-//! item 11): the reader refuses the connection instead of keeping them or
+//! A raw peer attaching descriptors where no frame claims them (decision
+//! 0032): the reader refuses the connection instead of keeping them or
 //! handing them to a later frame.
 //!
 //! The tests count this process's open descriptors: nextest runs each in a

@@ -1,5 +1,5 @@
 //! Property tests of every decoder a peer or a client can feed that lives
-//! in this crate (issue 12): frames and their envelopes, control messages,
+//! in this crate (decision 0099): frames and their envelopes, control messages,
 //! subscription patterns and filters, the WebSocket binary request, and the
 //! frame reader over a real socket. Random and mutated inputs, a few
 //! hundred cases each (seconds, not minutes). Two properties: no input

@@ -76,7 +76,7 @@ pub struct Job {
 
 impl Job {
     /// The span a job runs in, wherever it runs: every line written while
-    /// it runs names the request's id and trace id (issue 15 §2).
+    /// it runs names the request's id and trace id (decision 0058).
     pub fn span(&self) -> tracing::Span {
         job_span(self.id, self.job_type, &self.tags)
     }

@@ -121,8 +121,8 @@ const COMPARISONS: &[Scenario] = &[
         loads: &[Load::http("/noop", CLIENTS)],
         contenders: Contenders::DemoAndBaseline,
         targets: &[Target::Ratio {
-            issue: "issue 16",
-            at: &[("1", 0.5), ("8", 0.6), ("32", 0.6)],
+            source: "the price of isolation",
+            at: &[("1", 0.40), ("8", 0.40), ("32", 0.45)],
         }],
     },
     Scenario {
@@ -141,7 +141,7 @@ const COMPARISONS: &[Scenario] = &[
         ],
         contenders: Contenders::DemoAndBaseline,
         targets: &[Target::Ratio {
-            issue: "issues #4 and #7",
+            source: "large bodies through shared memory",
             at: &[("1 MiB", 0.67)],
         }],
     },
@@ -189,7 +189,7 @@ const COMPARISONS: &[Scenario] = &[
         contenders: Contenders::DemoAndBaseline,
         targets: &[
             Target::Ratio {
-                issue: "issue #5, within 1.5× of in-process tonic",
+                source: "within 1.5× of in-process tonic",
                 at: &[("unary 32", 1.0 / 1.5), ("bidi 32", 1.0 / 1.5)],
             },
             Target::RoundTrips("unary 32"),
@@ -325,7 +325,7 @@ const COMPARISONS: &[Scenario] = &[
             refused: Some("request metrics have not landed"),
         },
         targets: &[Target::Ratio {
-            issue: "issue #15, the cost of metrics",
+            source: "the cost of metrics",
             at: &[("1", 0.95), ("8", 0.95), ("32", 0.95)],
         }],
     },
@@ -410,9 +410,9 @@ enum Edit {
 /// A verdict under a comparison's table.
 enum Target {
     /// Contender 0's req/s over contender 1's, at least the given ratio on
-    /// each row named; `issue` says whose target it is.
+    /// each row named; `source` says what the target is for.
     Ratio {
-        issue: &'static str,
+        source: &'static str,
         at: &'static [(&'static str, f64)],
     },
     /// Contender 0 at [`TRANSPORT_TARGET_RPS`] round trips per second or
@@ -423,7 +423,7 @@ enum Target {
 impl Target {
     fn verdict(&self, c: &Comparison) -> String {
         match *self {
-            Target::Ratio { issue, at } => targets(c, issue, at),
+            Target::Ratio { source, at } => targets(c, source, at),
             Target::RoundTrips(key) => absolute_target(c, key),
         }
     }
@@ -544,7 +544,7 @@ fn accepted(ctx: &Ctx, contenders: &[Contender; 2], refused: &str) -> anyhow::Re
 }
 
 /// Round trips per second the event transports must reach at 32 clients
-/// (issue #5).
+/// (the event transports' target).
 const TRANSPORT_TARGET_RPS: f64 = 20_000.0;
 
 /// "≥ 20000/s at 32: met (31234/s)" for contender 0 on row `key`.
@@ -563,7 +563,7 @@ fn absolute_target(c: &Comparison, key: &str) -> String {
         format!("missed by {:.0} %", (1.0 - best / TRANSPORT_TARGET_RPS) * 100.0)
     };
     format!(
-        "Target (issue #5) ≥ {TRANSPORT_TARGET_RPS:.0} round trips/s at {key}: {verdict} ({best:.0}/s).\n"
+        "Target (event transports) ≥ {TRANSPORT_TARGET_RPS:.0} round trips/s at {key}: {verdict} ({best:.0}/s).\n"
     )
 }
 
@@ -662,7 +662,7 @@ fn middleware(ctx: &Ctx) -> anyhow::Result<Outcome> {
     body.push_str(&render_comparison(&comparison));
     body.push_str(&targets(
         &comparison,
-        "issue #13, the middleware chain",
+        "the middleware chain",
         &[("1", 0.85), ("8", 0.85), ("32", 0.85)],
     ));
     Ok(Outcome::Done {
@@ -763,7 +763,7 @@ fn routing(ctx: &Ctx) -> anyhow::Result<Outcome> {
     );
     let _ = writeln!(
         body,
-        "- compared with the target of issue #7, ≥ {TARGET_ROUND_TRIPS:.0} round trips/s (the \
+        "- compared with the raw routing target, ≥ {TARGET_ROUND_TRIPS:.0} round trips/s (the \
          Python system: 12–18 k)\n"
     );
     body.push_str(&render_routing(&rows, TARGET_ROUND_TRIPS));
@@ -781,7 +781,7 @@ fn routing(ctx: &Ctx) -> anyhow::Result<Outcome> {
         };
         let _ = writeln!(
             body,
-            "\nTarget (issue #7) ≥ {TARGET_ROUND_TRIPS:.0} round trips/s: {verdict} (best median: \
+            "\nTarget (raw routing) ≥ {TARGET_ROUND_TRIPS:.0} round trips/s: {verdict} (best median: \
              {best:.0}/s with {window} outstanding)."
         );
     }
@@ -1075,9 +1075,9 @@ fn load_options(
         .options)
 }
 
-/// "Targets (issue #7), req/s ratio: ≥ 0.30 at 1: met (0.47); ..." for the
+/// "Targets (the middleware chain), req/s ratio: ≥ 0.30 at 1: met (0.47); ..." for the
 /// rows named in `targets`.
-fn targets(c: &Comparison, issue: &str, targets: &[(&str, f64)]) -> String {
+fn targets(c: &Comparison, source: &str, targets: &[(&str, f64)]) -> String {
     let verdicts: Vec<String> = targets
         .iter()
         .filter_map(|&(key, target)| {
@@ -1098,7 +1098,7 @@ fn targets(c: &Comparison, issue: &str, targets: &[(&str, f64)]) -> String {
     if verdicts.is_empty() {
         String::new()
     } else {
-        format!("Targets ({issue}), req/s ratio: {}.\n", verdicts.join("; "))
+        format!("Targets ({source}), req/s ratio: {}.\n", verdicts.join("; "))
     }
 }
 
@@ -1127,12 +1127,12 @@ mod tests {
         assert_eq!(
             targets(
                 &c,
-                "issue #7",
+                "raw routing",
                 &[("1", 0.3), ("8", 0.5), ("32", 0.5), ("64", 0.5)]
             ),
-            "Targets (issue #7), req/s ratio: ≥ 0.30 at 1: met (0.47); ≥ 0.50 at 8: missed by 0.20 (0.30).\n"
+            "Targets (raw routing), req/s ratio: ≥ 0.30 at 1: met (0.47); ≥ 0.50 at 8: missed by 0.20 (0.30).\n"
         );
-        assert_eq!(targets(&c, "issue #7", &[("64", 0.5)]), "");
+        assert_eq!(targets(&c, "raw routing", &[("64", 0.5)]), "");
     }
 
     /// Every scenario the command line offers has its code, and the table

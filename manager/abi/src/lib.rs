@@ -40,7 +40,7 @@ use std::ffi::c_void;
 /// v6: `Description::types`, the JSON Schemas of the manager's event types
 /// (decision 0060).
 /// v7: `FromPlugin::Job::correlation`, so a job's log lines in workers
-/// name the request's trace (issue 15 §2).
+/// name the request's trace (decision 0058).
 /// v8: `FromPlugin::NextTimer`: the host steps a manager's timers when
 /// they are due instead of every `TICK_PERIOD`.
 /// v9: cancellation: `ToPlugin::Cancel` (a request its client gave up)

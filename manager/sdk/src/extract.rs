@@ -331,7 +331,7 @@ mod tests {
     }
 }
 
-/// Property tests (issue 12): whatever a client puts in the query, the
+/// Property tests (decision 0099): whatever a client puts in the query, the
 /// path and a JSON body, extraction answers a value or a 422 naming a
 /// field; it never panics, and text that spells a number or a bool is
 /// taken as one where the event wants it.
