@@ -303,6 +303,17 @@ impl Group {
         self.lines.lock().unwrap().iter().any(|l| l.contains(needle))
     }
 
+    /// How many lines printed so far contain `needle` (no waiting).
+    pub fn count_lines(&self, needle: &str) -> usize {
+        self.lines.lock().unwrap().iter().filter(|l| l.contains(needle)).count()
+    }
+
+    /// The first line printed so far that contains `needle` (no waiting;
+    /// for `eventually` where the group is shared and cannot be `mut`).
+    pub fn line(&self, needle: &str) -> Option<String> {
+        self.lines.lock().unwrap().iter().find(|l| l.contains(needle)).cloned()
+    }
+
     pub fn supervisor_pid(&self) -> u32 {
         self.child.as_ref().unwrap().id()
     }

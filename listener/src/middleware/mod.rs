@@ -564,14 +564,41 @@ impl Middleware {
         event: &str,
         routes: &Routes,
     ) -> Result<(), Refusal> {
-        let scope = Scope::of_event(event, false, routes);
+        self.count_event(identity, client, &Scope::of_event(event, false, routes))?;
+        self.authorize_event(identity, event, routes)
+    }
+
+    /// Lets one subscription from a session or stream through: the rate
+    /// limits whose `prefix` or `event` concern a type the pattern
+    /// matches count it like a message, then the rules
+    /// ([`authorize_subscription`](Self::authorize_subscription)). A
+    /// reload's re-check of open subscriptions counts nothing.
+    pub(crate) fn admit_subscription(
+        &self,
+        identity: Option<&Identity>,
+        client: Option<IpAddr>,
+        pattern: &str,
+        routes: &Routes,
+    ) -> Result<(), Refusal> {
+        self.count_event(identity, client, &Scope::of_event(pattern, true, routes))?;
+        self.authorize_subscription(identity, pattern, routes)
+    }
+
+    /// Counts one event or subscription against the limits that concern
+    /// it by `prefix` or `event`, keyed as on HTTP.
+    fn count_event(
+        &self,
+        identity: Option<&Identity>,
+        client: Option<IpAddr>,
+        scope: &Scope<'_>,
+    ) -> Result<(), Refusal> {
         // Limits with neither prefix nor event count requests, upgrades
         // and gRPC calls where they come in (`admit`); counting them per
         // message too would count a unary call twice.
         let client = client.unwrap_or(std::net::Ipv4Addr::UNSPECIFIED.into());
         for limit in self.limits.iter().filter(|l| {
             (l.prefix.is_some() || l.event.is_some())
-                && matches(l.prefix.as_deref(), l.event.as_ref(), &scope)
+                && matches(l.prefix.as_deref(), l.event.as_ref(), scope)
         }) {
             let key = match (identity, limit.key) {
                 (Some(who), RateKey::Identity) => Key::Subject(who.subject.clone()),
@@ -582,7 +609,7 @@ impl Middleware {
             };
             limit.limiter.check(&key).map_err(Refusal::TooMany)?;
         }
-        self.authorize_event(identity, event, routes)
+        Ok(())
     }
 
     /// Whether the rules let `identity` have `event`: send it, or receive
