@@ -657,4 +657,21 @@ fn check_prints_what_each_rule_covers() {
         !hello.contains("demo.Hi,") && !hello.contains("demo.Me"),
         "{hello}"
     );
+    // And what each route requires, on each transport.
+    let route = |start: &str| {
+        text.lines()
+            .find(|l| l.starts_with(start))
+            .unwrap_or_else(|| panic!("no line for {start}: {text}"))
+            .to_owned()
+    };
+    let me = route("route GET /me (demo.Me)");
+    assert!(
+        me.contains("an identity (auth.rules[0]) over HTTP")
+            && me.contains("an identity (auth.rules[0]) over WebSocket"),
+        "{me}"
+    );
+    let hello = route("route GET /hello/{name} (demo.Hello)");
+    assert!(hello.contains("a role of admin (auth.rules[1]) over WebSocket"), "{hello}");
+    let noop = route("route GET /noop (demo.Noop)");
+    assert!(noop.contains("nothing (no rule) over HTTP"), "{noop}");
 }

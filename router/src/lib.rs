@@ -146,12 +146,18 @@ pub async fn run_declaring(
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
-            _ = &mut shutdown => return Ok(()),
+            _ = &mut shutdown => break,
             stream = acceptor.accept_peer(&policy) => {
                 tokio::spawn(manager_connection(shared.clone(), stream));
             }
         }
     }
+    // A clean stop: the other groups forget this one's routes now.
+    let bridge = shared.lock().bridge();
+    if let Some(bridge) = bridge {
+        bridge.leave().await;
+    }
+    Ok(())
 }
 
 /// Keeps the connection to the broker up for the life of the router.

@@ -701,6 +701,23 @@ impl Table {
         self.cluster_changed();
     }
 
+    /// Another group said goodbye (a clean stop): its routes and types are
+    /// forgotten now, as after `MANIFEST_EXPIRY` for one that went silent.
+    pub(crate) fn remote_left(&mut self, group: &str) {
+        let Some(cluster) = &mut self.cluster else { return };
+        let Some((manifest, _)) = cluster.remote.remove(group) else {
+            return;
+        };
+        tracing::info!(%group, "another group left (it said goodbye); its routes are forgotten");
+        cluster.forget(&manifest);
+        self.cluster_changed();
+    }
+
+    /// The bridge, to say goodbye with when the router stops.
+    pub(crate) fn bridge(&self) -> Option<Bridge> {
+        self.cluster.as_ref().map(|c| c.bridge.clone())
+    }
+
     /// The link's state, from the bridge.
     pub(crate) fn set_cluster_link(&mut self, state: LinkState) {
         let Some(cluster) = &mut self.cluster else { return };
