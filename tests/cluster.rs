@@ -540,12 +540,17 @@ fn another_groups_route_never_takes_a_local_one() {
         .unwrap();
     rt.block_on(async {
         let client = Client::connect(&format!("ws://{}/ws", a.addr)).await.unwrap();
-        let reached = client.call::<_, Value>("rogue.Bait", &serde_json::json!({})).await;
+        let reached = client
+            .call::<_, Value>("rogue.Bait", &serde_json::json!({}))
+            .await;
         assert!(
             !matches!(reached, Err(switchyard_client::ClientError::Status { .. })),
             "{reached:?}"
         );
-        match client.call::<_, Value>("rogue.Hello", &serde_json::json!({})).await {
+        match client
+            .call::<_, Value>("rogue.Hello", &serde_json::json!({}))
+            .await
+        {
             Err(switchyard_client::ClientError::Status { status, .. }) => assert_eq!(status, 404),
             other => panic!("expected 404, got {other:?}"),
         }

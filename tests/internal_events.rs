@@ -408,9 +408,13 @@ async fn a_stored_job_fires_only_while_its_client_may_send_its_event() {
         .start();
     let anonymous = ws_as(&g, None).await;
     let every = |id: &str| json!({"id": id, "when": {"every_ms": 200}, "event": "demo.Noop"});
-    ws_call(&anonymous, "scheduler.Schedule", &every("anon")).await.unwrap();
+    ws_call(&anonymous, "scheduler.Schedule", &every("anon"))
+        .await
+        .unwrap();
     let lasting = ws_as(&g, Some(&jobs_token("ada", 600))).await;
-    ws_call(&lasting, "scheduler.Schedule", &every("ada")).await.unwrap();
+    ws_call(&lasting, "scheduler.Schedule", &every("ada"))
+        .await
+        .unwrap();
     // Allowed now: both fire, as their clients.
     g.wait_line("job `anon`: demo.Noop answered 200");
     g.wait_line("job `ada`: demo.Noop answered 200");

@@ -527,7 +527,11 @@ per_s = 3600
     let mut statuses = Vec::new();
     for (id, pattern) in ["chat.said", "*", "chat.*"].iter().enumerate() {
         let answer = ws_answer(&mut session, json!({"id": id, "subscribe": pattern})).await;
-        statuses.push(answer.get("subscribed").map_or_else(|| answer["status"].as_u64().unwrap(), |_| 200));
+        statuses.push(
+            answer
+                .get("subscribed")
+                .map_or_else(|| answer["status"].as_u64().unwrap(), |_| 200),
+        );
     }
     assert_eq!(statuses, [200, 200, 429]);
     // A pattern no limit concerns is not counted.
@@ -671,7 +675,10 @@ fn check_prints_what_each_rule_covers() {
         "{me}"
     );
     let hello = route("route GET /hello/{name} (demo.Hello)");
-    assert!(hello.contains("a role of admin (auth.rules[1]) over WebSocket"), "{hello}");
+    assert!(
+        hello.contains("a role of admin (auth.rules[1]) over WebSocket"),
+        "{hello}"
+    );
     let noop = route("route GET /noop (demo.Noop)");
     assert!(noop.contains("nothing (no rule) over HTTP"), "{noop}");
 }

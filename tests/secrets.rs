@@ -327,9 +327,7 @@ fn read_as_nobody(path: &str) -> std::process::Output {
 /// the group.
 #[test]
 fn no_process_of_the_groups_own_user_reads_another_ones_proc_files() {
-    let g = Group::builder("secrets-dumpable")
-        .user(NOBODY)
-        .start();
+    let g = Group::builder("secrets-dumpable").user(NOBODY).start();
     let supervisor = g.supervisor_pid();
     let mut pids = vec![supervisor];
     pids.extend(children_of(supervisor));
@@ -364,7 +362,10 @@ fn no_process_of_the_groups_own_user_reads_another_ones_proc_files() {
 
     for pid in pids {
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-        assert!(status.contains(&format!("Uid:\t{NOBODY}\t")), "{pid} is not nobody's: {status}");
+        assert!(
+            status.contains(&format!("Uid:\t{NOBODY}\t")),
+            "{pid} is not nobody's: {status}"
+        );
         for file in ["environ", "maps", "mem"] {
             let out = read_as_nobody(&format!("/proc/{pid}/{file}"));
             assert!(

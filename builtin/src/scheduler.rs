@@ -185,9 +185,9 @@ impl Spec {
     /// Meta `:job` for a client's job: whom a listener admits it as.
     /// `None` for the managers' jobs, which fire as the Scheduler's calls.
     fn client(&self) -> Option<String> {
-        self.owner.starts_with(CLIENT).then(|| {
-            serde_json::json!({ "identity": self.identity }).to_string()
-        })
+        self.owner
+            .starts_with(CLIENT)
+            .then(|| serde_json::json!({ "identity": self.identity }).to_string())
     }
 
     /// Timed by the wall clock (`at`, `cron`) rather than the monotonic one.
@@ -1069,7 +1069,9 @@ impl Scheduler {
     }
 
     fn schedule(&mut self, ev: Schedule, cx: &mut Context) -> Result<Json<Scheduled>, Error> {
-        self.engine()?.schedule_for(ev, &owner(cx), identity(cx)).map(Json)
+        self.engine()?
+            .schedule_for(ev, &owner(cx), identity(cx))
+            .map(Json)
     }
 
     fn update(&mut self, ev: Update, cx: &mut Context) -> Result<Json<Scheduled>, Error> {

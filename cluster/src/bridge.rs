@@ -135,7 +135,12 @@ impl Bridge {
             return;
         }
         let subject = format!("{}.goodbye", self.cluster);
-        if self.client.publish(subject, self.group.clone().into()).await.is_ok() {
+        if self
+            .client
+            .publish(subject, self.group.clone().into())
+            .await
+            .is_ok()
+        {
             let _ = tokio::time::timeout(Duration::from_secs(1), self.client.flush()).await;
         }
     }

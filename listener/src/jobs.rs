@@ -169,15 +169,7 @@ async fn fire(state: &State, env: Envelope) {
                 .remaining()
                 .unwrap_or(state.config.request_timeout)
                 .max(Duration::from_millis(1));
-            crate::exchange::call(
-                state,
-                &name,
-                env.meta.get("content-type"),
-                body,
-                timeout,
-                &front,
-            )
-            .await
+            crate::exchange::call(state, &name, env.meta.get("content-type"), body, timeout, &front).await
         }
     };
     answer(state, &env, status, content_type.as_deref(), body);

@@ -182,7 +182,8 @@ impl GroupBuilder {
             .unwrap_or_else(|| scratch.path().join("rt"));
         let mut cmd = match self.user {
             Some(uid) => {
-                std::os::unix::fs::chown(scratch.path(), Some(uid), Some(uid)).expect("chown the scratch dir");
+                std::os::unix::fs::chown(scratch.path(), Some(uid), Some(uid))
+                    .expect("chown the scratch dir");
                 let mut cmd = Command::new("setpriv");
                 cmd.arg(format!("--reuid={uid}"))
                     .arg(format!("--regid={uid}"))
@@ -327,13 +328,23 @@ impl Group {
 
     /// How many lines printed so far contain `needle` (no waiting).
     pub fn count_lines(&self, needle: &str) -> usize {
-        self.lines.lock().unwrap().iter().filter(|l| l.contains(needle)).count()
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.contains(needle))
+            .count()
     }
 
     /// The first line printed so far that contains `needle` (no waiting;
     /// for `eventually` where the group is shared and cannot be `mut`).
     pub fn line(&self, needle: &str) -> Option<String> {
-        self.lines.lock().unwrap().iter().find(|l| l.contains(needle)).cloned()
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|l| l.contains(needle))
+            .cloned()
     }
 
     pub fn supervisor_pid(&self) -> u32 {

@@ -624,7 +624,11 @@ fn required_auth(
     if optional {
         alternatives.push(json!({}));
     }
-    alternatives.extend(schemes.iter().map(|(name, _)| json!({ name.clone(): rule.roles })));
+    alternatives.extend(
+        schemes
+            .iter()
+            .map(|(name, _)| json!({ name.clone(): rule.roles })),
+    );
     Some(Value::Array(alternatives))
 }
 

@@ -302,11 +302,11 @@ pub fn describe_rules(auth: &config::AuthConfig, routes: &[(String, String, Stri
             .iter()
             .enumerate()
             .find(|(_, r)| rule_covers(r, path, Some(ty)));
-        let event = auth.rules.iter().enumerate().find(|(_, r)| {
-            routes
-                .iter()
-                .any(|(_, p, t)| t == ty && rule_reaches(r, p, ty))
-        });
+        let event = auth
+            .rules
+            .iter()
+            .enumerate()
+            .find(|(_, r)| routes.iter().any(|(_, p, t)| t == ty && rule_reaches(r, p, ty)));
         out.push(format!(
             "route {method} {path} ({ty}) requires {} over HTTP, HTTP/3; {} over WebSocket, gRPC and subscriptions",
             decided(http),
@@ -641,8 +641,7 @@ impl Middleware {
         // message too would count a unary call twice.
         let client = client.unwrap_or(std::net::Ipv4Addr::UNSPECIFIED.into());
         for limit in self.limits.iter().filter(|l| {
-            (l.prefix.is_some() || l.event.is_some())
-                && matches(l.prefix.as_deref(), l.event.as_ref(), scope)
+            (l.prefix.is_some() || l.event.is_some()) && matches(l.prefix.as_deref(), l.event.as_ref(), scope)
         }) {
             let key = match (identity, limit.key) {
                 (Some(who), RateKey::Identity) => Key::Subject(who.subject.clone()),
