@@ -689,6 +689,24 @@ impl Table {
             let suffix = format!("@{group}");
             cluster.departed.retain(|m| !m.ends_with(&suffix));
         }
+        // A manager the group no longer lists (stopped there, or the group
+        // is stopping one manager after another) is retired at the
+        // listeners like a departed group's: they would keep its routes
+        // for good otherwise. One it lists again is live again.
+        let live: HashSet<String> = manifest.routes.iter().map(|e| e.manager.clone()).collect();
+        cluster.departed.retain(|m| !live.contains(m));
+        if let Some((old, _)) = cluster.remote.get(&group) {
+            let gone = Manifest {
+                routes: old
+                    .routes
+                    .iter()
+                    .filter(|e| !live.contains(&e.manager))
+                    .cloned()
+                    .collect(),
+                ..Manifest::default()
+            };
+            cluster.forget(&gone);
+        }
         if cut {
             tracing::warn!(
                 %group,
