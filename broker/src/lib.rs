@@ -426,19 +426,18 @@ fn fan_out(st: &State, env: &Envelope, max_frame: usize) {
 fn job_to_listener(st: &mut State, env: Envelope) {
     let mut pipes: Vec<u64> = st.pipes.keys().copied().collect();
     pipes.sort_unstable();
-    let mut env = Some(env);
+    let mut env = env;
     for k in 0..pipes.len() {
         let pick = pipes[(st.next_job + k) % pipes.len()];
         let Some(pipe) = st.pipes.get(&pick) else { continue };
-        match pipe.sink.send(env.take().expect("put back on refusal")) {
+        match pipe.sink.send(env) {
             Ok(()) => {
                 st.next_job = st.next_job.wrapping_add(k + 1);
                 return;
             }
-            Err(refused) => env = Some(*refused.envelope),
+            Err(refused) => env = *refused.envelope,
         }
     }
-    let Some(env) = env else { return };
     if env.kind == Kind::Request
         && let Some((_, router)) = &st.router
     {

@@ -123,12 +123,12 @@ async fn fire(state: &State, env: Envelope) {
     });
     if env.kind == Kind::Notification {
         let refused = match admitted {
-            Ok(_) => {
-                let body = env.payload.clone().into_bytes().unwrap_or_default();
-                crate::exchange::emit_notification(state, &name, body)
+            Ok(_) => match env.payload.clone().into_bytes() {
+                Ok(body) => crate::exchange::emit_notification(state, &name, body)
                     .err()
-                    .map(|r| (r.status, r.detail.into_owned()))
-            }
+                    .map(|r| (r.status, r.detail.into_owned())),
+                Err(_) => Some((503, "the job's body is unavailable".to_owned())),
+            },
             Err(r) => Some((r.status, r.detail)),
         };
         if let Some((status, detail)) = refused {

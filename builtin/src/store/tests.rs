@@ -364,7 +364,7 @@ fn each_caller_has_its_own_keys_and_shares_only_shared_namespaces() {
     assert_eq!(got["value"], "a's", "{got}");
     // A client (through `[auth] expose`) is neither.
     let r = s.build::<Get>().json(br#"{"key": "secret"}"#).send();
-    assert_eq!(r.json::<Entry>().found, false);
+    assert!(!r.json::<Entry>().found);
 
     // The shared namespace: one counter for both.
     let inc = serde_json::json!({"key": "counters/hits", "by": 1});
