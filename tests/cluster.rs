@@ -530,6 +530,55 @@ fn another_groups_route_never_takes_a_local_one() {
         "A's own route answers: {}",
         r.text()
     );
+
+    // By name, over A's `/ws`, as by path (decision 0115): B's type with a
+    // route on A is reached; B's type whose route A does not serve is as
+    // undeclared.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let client = Client::connect(&format!("ws://{}/ws", a.addr)).await.unwrap();
+        let reached = client
+            .call::<_, Value>("rogue.Bait", &serde_json::json!({}))
+            .await;
+        assert!(
+            !matches!(reached, Err(switchyard_client::ClientError::Status { .. })),
+            "{reached:?}"
+        );
+        match client
+            .call::<_, Value>("rogue.Hello", &serde_json::json!({}))
+            .await
+        {
+            Err(switchyard_client::ClientError::Status { status, .. }) => assert_eq!(status, 404),
+            other => panic!("expected 404, got {other:?}"),
+        }
+    });
+}
+
+/// A group that stops cleanly says goodbye: the others forget its routes
+/// at once (404, not the 503 of a route remembered for a group that is
+/// unreachable) and count it no more, long before `MANIFEST_EXPIRY`
+/// (90 s) would have (decision 0102).
+#[test]
+fn a_group_that_stops_cleanly_is_forgotten_by_the_others_at_once() {
+    let nats = Nats::start(&[]);
+    let name = cluster_name("leave");
+    let a = group("cluster-leave-a", &nats, &name, &["basics"], "");
+    let mut b = group("cluster-leave-b", &nats, &name, &["payload"], "");
+    a.eventually_status("/payload/100", 200);
+    eventually("A hears from B", PATIENCE, || {
+        let link = ready(&a)["cluster"].clone();
+        (link["peers"] == 1).then_some(()).ok_or(link)
+    });
+    assert!(b.terminate().success());
+    a.eventually_status("/payload/100", 404);
+    eventually("A counts no other group", PATIENCE, || {
+        let link = ready(&a)["cluster"].clone();
+        (link["peers"] == 0).then_some(()).ok_or(link)
+    });
+    assert_eq!(get(a.addr, "/noop").unwrap().status, 200);
 }
 
 /// `GET path`, giving up after `patience`.

@@ -359,3 +359,86 @@ async fn a_client_holds_a_bounded_number_of_jobs() {
     .unwrap();
     assert_eq!(r.status, 201, "{}", r.text());
 }
+
+const JOBS_SECRET: &str = "a-test-secret-of-thirty-two-bytes!!";
+
+fn jobs_config(extra_rules: &str) -> String {
+    format!(
+        "[[managers]]\nname = \"basics\"\n\n\
+         [[managers]]\nname = \"scheduler\"\nbuiltin = \"scheduler\"\n\n\
+         [auth]\nexpose = [\"scheduler.*\"]\n\n\
+         [auth.jwt]\nalgorithms = [\"HS256\"]\nsecret = \"{JOBS_SECRET}\"\n\n\
+         [auth.websocket]\ntoken_from = [\"header\", \"query\"]\n\n\
+         [[auth.rules]]\nevent = \"demo.Panic\"\n{extra_rules}"
+    )
+}
+
+/// A `/ws` session that presents `token`, if any.
+async fn ws_as(g: &Group, token: Option<&str>) -> Client {
+    let url = match token {
+        Some(t) => format!("ws://{}/ws?access_token={t}", g.addr),
+        None => format!("ws://{}/ws", g.addr),
+    };
+    within(Client::connect(&url)).await.unwrap()
+}
+
+fn jobs_token(sub: &str, exp_in_s: u64) -> String {
+    let claims = json!({"sub": sub, "exp": jsonwebtoken::get_current_timestamp() + exp_in_s});
+    jsonwebtoken::encode(
+        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+        &claims,
+        &jsonwebtoken::EncodingKey::from_secret(JOBS_SECRET.as_bytes()),
+    )
+    .unwrap()
+}
+
+/// A client's job fires as that client (decision 0113): a listener admits
+/// each firing under the rules as they are then, with the identity the job
+/// was scheduled with. A reload that makes its target need an identity
+/// stops an anonymous client's stored job; a job whose token expires stops
+/// at `exp`; a job whose client still may goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_job_fires_only_while_its_client_may_send_its_event() {
+    let dir = scratch_dir("jobs-reload");
+    let file = dir.path().join("switchyard.toml");
+    std::fs::write(&file, jobs_config("")).unwrap();
+    let mut g = Group::builder("jobs-reload")
+        .config_file(&file)
+        .env("SWITCHYARD_LOG", "info,switchyard_manager_host=debug")
+        .start();
+    let anonymous = ws_as(&g, None).await;
+    let every = |id: &str| json!({"id": id, "when": {"every_ms": 200}, "event": "demo.Noop"});
+    ws_call(&anonymous, "scheduler.Schedule", &every("anon"))
+        .await
+        .unwrap();
+    let lasting = ws_as(&g, Some(&jobs_token("ada", 600))).await;
+    ws_call(&lasting, "scheduler.Schedule", &every("ada"))
+        .await
+        .unwrap();
+    // Allowed now: both fire, as their clients.
+    g.wait_line("job `anon`: demo.Noop answered 200");
+    g.wait_line("job `ada`: demo.Noop answered 200");
+
+    // `demo.Noop` now needs an identity.
+    std::fs::write(&file, jobs_config("\n[[auth.rules]]\nevent = \"demo.Noop\"\n")).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args(["reload", "--runtime-dir"])
+        .arg(&g.runtime_dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    g.wait_line("job `anon`: demo.Noop answered 401");
+    // The identified client's job still fires after the reload: its
+    // firings answered 200 keep coming (counted past the refusal).
+    let seen = || g.count_lines("job `ada`: demo.Noop answered 200");
+    let before = seen();
+    eventually("ada's job fires after the reload", PATIENCE, || {
+        if seen() > before { Ok(()) } else { Err(before) }
+    });
+
+    // A token that expires: the job fires until `exp`, then is refused.
+    let brief = ws_as(&g, Some(&jobs_token("bo", 2))).await;
+    ws_call(&brief, "scheduler.Schedule", &every("bo")).await.unwrap();
+    let expired = g.wait_line("job `bo`: demo.Noop answered 401");
+    assert!(expired.contains("expired"), "{expired}");
+}

@@ -38,6 +38,13 @@ const RULES: &str = r#"
 [[managers]]
 name = "basics"
 
+[[managers]]
+name = "scheduler"
+builtin = "scheduler"
+
+[auth]
+expose = ["scheduler.*"]
+
 [auth.jwt]
 algorithms = ["HS256"]
 secret = "one-policy-test-secret-of-32-bytes!!"
@@ -76,11 +83,13 @@ enum Way {
     GrpcSession,
     GrpcSubscribe,
     GrpcTyped,
-    // The scheduled job (a client's job authorized as its client when it
-    // fires) is the next row: issue 27's built-in managers part adds it.
+    /// A job the client schedules (`scheduler.*` exposed) to fire at once:
+    /// admitted as the client when scheduled and again when it fires, and
+    /// fired as the client's request (decisions 0110, 0113).
+    ScheduledJob,
 }
 
-const WAYS: [Way; 9] = [
+const WAYS: [Way; 10] = [
     Way::Http1,
     Way::H2,
     Way::Http3,
@@ -90,6 +99,7 @@ const WAYS: [Way; 9] = [
     Way::GrpcSession,
     Way::GrpcSubscribe,
     Way::GrpcTyped,
+    Way::ScheduledJob,
 ];
 
 /// What came of one attempt: refused with 401 or 403 (or the transport's
@@ -150,7 +160,11 @@ fn certificates(dir: &Path) -> CertificateDer<'static> {
 }
 
 fn start() -> Groups {
-    let plain = Group::builder("one-policy").config(RULES).start();
+    // The Scheduler logs what a client's fired job was answered at debug.
+    let plain = Group::builder("one-policy")
+        .config(RULES)
+        .env("SWITCHYARD_LOG", "info,switchyard_manager_host=debug")
+        .start();
     let dir = scratch_dir("one-policy-tls");
     let ca = certificates(dir.path());
     let file = dir.path().join("switchyard.toml");
@@ -361,6 +375,36 @@ async fn reach(g: &Groups, way: Way, e: &Event, token: Option<&str>) -> Outcome 
                 Err(status) => of_grpc(status.code()),
             }
         }
+        Way::ScheduledJob => {
+            static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+            let id = format!("row-{}", NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+            let mut ws = ws(addr, token).await;
+            let job = json!({"id": id, "when": {"after_ms": 0}, "event": e.name, "payload": e.data});
+            let answer = ws_answer(
+                &mut ws,
+                json!({"id": 1, "type": "scheduler.Schedule", "data": job}),
+            )
+            .await;
+            let status = answer["status"].as_u64().expect("a status");
+            if status != 200 {
+                return of_status(status);
+            }
+            // Fired: the Scheduler logs what the job was answered.
+            let needle = format!("job `{id}`: {} answered ", e.name);
+            let line = tokio::task::block_in_place(|| {
+                eventually(&format!("job {id} fired"), PATIENCE, || {
+                    g.plain.line(&needle).ok_or(())
+                })
+            });
+            let rest = &line[line.find(&needle).unwrap() + needle.len()..];
+            let fired: u64 = rest[..3].parse().unwrap_or_else(|_| panic!("{line}"));
+            // The handler saw the job's client: `demo.Me` answers its
+            // subject, which a job fired as the Scheduler had not.
+            if fired < 400 && e.name == "demo.Me" && !rest.contains(r#""sub":"vera""#) {
+                panic!("the job reached demo.Me without its client's identity: {line}");
+            }
+            of_status(fired)
+        }
         Way::GrpcTyped => {
             let mut grpc = tonic::client::Grpc::new(channel(addr).await);
             grpc.ready().await.unwrap();
@@ -464,6 +508,72 @@ per_s = 3600
     assert_eq!(get(g.addr, "/noop").unwrap().status, 429);
 }
 
+/// Subscribing counts against the limits on the types it matches, like
+/// sending one (on `/ws`, gRPC `Subscribe` and a `Session`), so that a
+/// client cannot open subscriptions without bound past a limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_rate_limit_counts_each_subscription() {
+    let config = r#"
+[[managers]]
+name = "basics"
+
+[[rate_limit.limits]]
+event = "chat.*"
+requests = 2
+per_s = 3600
+"#;
+    let g = Group::builder("one-policy-rate-subs").config(config).start();
+    let mut session = ws(g.addr, None).await;
+    let mut statuses = Vec::new();
+    for (id, pattern) in ["chat.said", "*", "chat.*"].iter().enumerate() {
+        let answer = ws_answer(&mut session, json!({"id": id, "subscribe": pattern})).await;
+        statuses.push(
+            answer
+                .get("subscribed")
+                .map_or_else(|| answer["status"].as_u64().unwrap(), |_| 200),
+        );
+    }
+    assert_eq!(statuses, [200, 200, 429]);
+    // A pattern no limit concerns is not counted.
+    let answer = ws_answer(&mut session, json!({"id": 9, "subscribe": "news.*"})).await;
+    assert!(answer.get("subscribed").is_some(), "{answer}");
+    // The client's bucket, whichever way it subscribes.
+    let mut client = EventsClient::new(channel(g.addr).await);
+    let err = client
+        .subscribe(tonic::Request::new(SubscribeRequest {
+            pattern: "chat.*".into(),
+            filter_json: String::new(),
+        }))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err:?}");
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(ClientMessage {
+        id: "1".into(),
+        kind: Some(client_message::Kind::Subscribe(SubscribeRequest {
+            pattern: "chat.said".into(),
+            filter_json: String::new(),
+        })),
+    })
+    .await
+    .unwrap();
+    let mut inbound = client
+        .session(tonic::Request::new(tokio_stream_of(rx)))
+        .await
+        .unwrap()
+        .into_inner();
+    let reply = tokio::time::timeout(PATIENCE, inbound.message())
+        .await
+        .expect("in time")
+        .unwrap()
+        .expect("an answer");
+    match reply.kind {
+        Some(server_message::Kind::Error(e)) => assert_eq!(e.status, 429, "{e:?}"),
+        other => panic!("expected 429, got {other:?}"),
+    }
+    drop(tx);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cross_origin_websocket_upgrades_are_refused() {
     let config = r#"
@@ -551,4 +661,24 @@ fn check_prints_what_each_rule_covers() {
         !hello.contains("demo.Hi,") && !hello.contains("demo.Me"),
         "{hello}"
     );
+    // And what each route requires, on each transport.
+    let route = |start: &str| {
+        text.lines()
+            .find(|l| l.starts_with(start))
+            .unwrap_or_else(|| panic!("no line for {start}: {text}"))
+            .to_owned()
+    };
+    let me = route("route GET /me (demo.Me)");
+    assert!(
+        me.contains("an identity (auth.rules[0]) over HTTP")
+            && me.contains("an identity (auth.rules[0]) over WebSocket"),
+        "{me}"
+    );
+    let hello = route("route GET /hello/{name} (demo.Hello)");
+    assert!(
+        hello.contains("a role of admin (auth.rules[1]) over WebSocket"),
+        "{hello}"
+    );
+    let noop = route("route GET /noop (demo.Noop)");
+    assert!(noop.contains("nothing (no rule) over HTTP"), "{noop}");
 }

@@ -283,3 +283,97 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     }
     files
 }
+
+/// The processes whose parent is `parent`.
+fn children_of(parent: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // `pid (comm) state ppid ...`: the name may hold spaces and parentheses.
+        let after = &stat[stat.rfind(')').unwrap() + 1..];
+        if after.split_whitespace().nth(1).and_then(|p| p.parse().ok()) == Some(parent) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+const NOBODY: u32 = 65534;
+
+/// `cat PATH` as `nobody`, no other group: whether it could read it.
+fn read_as_nobody(path: &str) -> std::process::Output {
+    std::process::Command::new("setpriv")
+        .args([
+            &format!("--reuid={NOBODY}"),
+            &format!("--regid={NOBODY}"),
+            "--clear-groups",
+            "cat",
+            path,
+        ])
+        .output()
+        .unwrap()
+}
+
+/// Every process of the group is non-dumpable (decision 0101), so that
+/// another process of the same user — a plugin in a manager — cannot read
+/// its environment or memory through /proc. Root reads any process, so
+/// the group runs as `nobody` here and so does the reader; the same reader
+/// reads a dumpable process of that user (the control), and no process of
+/// the group.
+#[test]
+fn no_process_of_the_groups_own_user_reads_another_ones_proc_files() {
+    let g = Group::builder("secrets-dumpable").user(NOBODY).start();
+    let supervisor = g.supervisor_pid();
+    let mut pids = vec![supervisor];
+    pids.extend(children_of(supervisor));
+    // Supervisor, broker, router, a listener, the demo's managers.
+    assert!(pids.len() >= 5, "{pids:?}");
+
+    let mut control = std::process::Command::new("setpriv")
+        .args([
+            &format!("--reuid={NOBODY}"),
+            &format!("--regid={NOBODY}"),
+            "--clear-groups",
+            "sleep",
+            "600",
+        ])
+        .spawn()
+        .unwrap();
+    let readable = eventually("the control process runs as nobody", PATIENCE, || {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", control.id())).unwrap_or_default();
+        if status.contains(&format!("Uid:\t{NOBODY}\t")) && status.contains("Name:\tsleep") {
+            Ok(read_as_nobody(&format!("/proc/{}/environ", control.id())))
+        } else {
+            Err(status)
+        }
+    });
+    let _ = control.kill();
+    let _ = control.wait();
+    assert!(
+        readable.status.success(),
+        "the reader cannot read even a dumpable process of its user: {}",
+        String::from_utf8_lossy(&readable.stderr)
+    );
+
+    for pid in pids {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        assert!(
+            status.contains(&format!("Uid:\t{NOBODY}\t")),
+            "{pid} is not nobody's: {status}"
+        );
+        for file in ["environ", "maps", "mem"] {
+            let out = read_as_nobody(&format!("/proc/{pid}/{file}"));
+            assert!(
+                !out.status.success(),
+                "/proc/{pid}/{file} of the group was read by another process of its user"
+            );
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(err.contains("Permission denied"), "/proc/{pid}/{file}: {err}");
+        }
+    }
+}

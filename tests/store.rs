@@ -394,3 +394,39 @@ fn a_data_directory_that_cannot_be_made_stops_up_before_any_process() {
         "a process started"
     );
 }
+
+/// Decision 0114: what a manager keeps in the Store is its own. A client
+/// the operator lets in (`[auth] expose`) neither reads nor overwrites the
+/// demo's `/kv` keys, which are the `basics` manager's; a namespace the
+/// configuration shares is one for both.
+#[tokio::test]
+async fn a_managers_keys_are_its_own_and_shared_namespaces_everyones() {
+    let g = Group::builder("store-scopes")
+        .config(
+            "[auth]\nexpose = [\"store.*\"]\n\n\
+             [[managers]]\nname = \"store\"\nbuiltin = \"store\"\n\
+             [managers.config]\nshared = [\"counters:\"]\n\n\
+             [[managers]]\nname = \"basics\"\n",
+        )
+        .start();
+    assert_eq!(put(&g, "greeting", r#""from basics""#).status, 204);
+    let client = Client::connect(&ws(&g)).await.unwrap();
+    let store = client.store();
+    // Not the client's to read, nor to overwrite.
+    assert_eq!(store.get::<String>("greeting").await.unwrap(), None);
+    store.set("greeting", &"from a client", None).await.unwrap();
+    let r = get(g.addr, "/kv/greeting").unwrap();
+    assert_eq!(r.text(), r#""from basics""#);
+    assert!(!store.delete("nothing-of-mine").await.unwrap());
+    assert_eq!(
+        store.get::<String>("greeting").await.unwrap().as_deref(),
+        Some("from a client")
+    );
+    // One counter in the shared namespace, whoever counts.
+    assert_eq!(incr(&g, "counters:hits").status, 200);
+    assert_eq!(store.increment("counters:hits", 1).await.unwrap(), 2);
+    let r = incr(&g, "counters:hits");
+    assert_eq!(r.json()["value"], 3, "{}", r.text());
+    drop(client);
+    stop(g).await;
+}

@@ -41,7 +41,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use switchyard_proto::accept::Acceptor;
-use switchyard_proto::control::{Control, GroupRole, META_EVENT, META_TO, RouteTable};
+use switchyard_proto::control::{Control, GroupRole, META_EVENT, META_JOB, META_TO, RouteTable};
 use switchyard_proto::link;
 use switchyard_proto::supervision::{RosterWatch, member_of};
 use switchyard_proto::transport::{FrameReader, FrameSink, PeerPolicy, Refused};
@@ -92,6 +92,8 @@ struct State {
     table: Option<RouteTable>,
     next_id: u64,
     subs: subs::Subscriptions,
+    /// Turns through the pipes for clients' jobs to admit.
+    next_job: usize,
 }
 
 #[derive(Clone)]
@@ -285,6 +287,16 @@ async fn pipe(
                         let _ = sink.send(Envelope::error_to(&envelope, 503, detail));
                     }
                 }
+                // A listener's answer to a client's job (decision 0113):
+                // on to the router as it came, which takes it only for a
+                // job it sent the listeners.
+                Kind::Response if matches!(env.origin, Origin::Manager(_)) => {
+                    if let Some((_, router)) = &st.router
+                        && let Err(refused) = router.send(env)
+                    {
+                        tracing::debug!(%refused, pipe = id, "job answer not forwarded to the router");
+                    }
+                }
                 Kind::Control => match env.decode_control() {
                     Ok(Control::Cancel) => {
                         // Stamped like its request, so a pipe can cancel
@@ -409,6 +421,34 @@ fn fan_out(st: &State, env: &Envelope, max_frame: usize) {
     }
 }
 
+/// Hands a client's job to one listener pipe, in turn; a request no pipe
+/// takes is answered 503 to the router.
+fn job_to_listener(st: &mut State, env: Envelope) {
+    let mut pipes: Vec<u64> = st.pipes.keys().copied().collect();
+    pipes.sort_unstable();
+    let mut env = env;
+    for k in 0..pipes.len() {
+        let pick = pipes[(st.next_job + k) % pipes.len()];
+        let Some(pipe) = st.pipes.get(&pick) else { continue };
+        match pipe.sink.send(env) {
+            Ok(()) => {
+                st.next_job = st.next_job.wrapping_add(k + 1);
+                return;
+            }
+            Err(refused) => env = *refused.envelope,
+        }
+    }
+    if env.kind == Kind::Request
+        && let Some((_, router)) = &st.router
+    {
+        let mut err = Envelope::error_to(&env, 503, "no listener can take the job now");
+        err.meta.push("retry-after", "1");
+        let _ = router.send(err);
+    } else {
+        tracing::warn!("a client's notification job dropped: no listener can take it");
+    }
+}
+
 async fn router(
     shared: Shared,
     mut reader: FrameReader<tokio::net::unix::OwnedReadHalf>,
@@ -466,6 +506,10 @@ async fn router(
                     Ok(other) => tracing::debug!(?other, "ignoring control from router"),
                     Err(err) => tracing::warn!(%err, "bad control frame from router"),
                 },
+                // A client's job (the router sends only the built-in
+                // Scheduler's): one listener admits it as its client.
+                (Kind::Request, Origin::Manager(_)) => job_to_listener(&mut st, env),
+                (Kind::Notification, _) if env.meta.get(META_JOB).is_some() => job_to_listener(&mut st, env),
                 (Kind::Notification, _) => fan_out(&st, &env, shared.config.max_frame),
                 (kind, origin) => tracing::debug!(?kind, ?origin, "ignoring frame from router"),
             }

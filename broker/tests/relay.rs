@@ -169,6 +169,7 @@ async fn a_hello_is_taken_only_from_the_role_the_roster_gives_the_pid() {
                 pid: std::process::id(),
                 role,
                 name: "listener".into(),
+                fires_jobs: false,
             }],
         })
     };

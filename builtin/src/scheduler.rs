@@ -164,9 +164,32 @@ struct Spec {
     /// sees, changes or cancels it.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     owner: String,
+    /// A client's identity as the listener verified it when the job was
+    /// scheduled or last changed (`{"sub", "method", "claims"}`; none for
+    /// anonymous clients): the job fires as that client, admitted by a
+    /// listener then (decision 0113).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    identity: Option<serde_json::Value>,
 }
 
 impl Spec {
+    /// The same job, whoever's credential last scheduled it.
+    fn same_job(&self, other: &Spec) -> bool {
+        let bare = |s: &Spec| Spec {
+            identity: None,
+            ..s.clone()
+        };
+        bare(self) == bare(other)
+    }
+
+    /// Meta `:job` for a client's job: whom a listener admits it as.
+    /// `None` for the managers' jobs, which fire as the Scheduler's calls.
+    fn client(&self) -> Option<String> {
+        self.owner
+            .starts_with(CLIENT)
+            .then(|| serde_json::json!({ "identity": self.identity }).to_string())
+    }
+
     /// Timed by the wall clock (`at`, `cron`) rather than the monotonic one.
     fn calendar(&self) -> bool {
         matches!(self.when, When::AtMs(_) | When::Cron(_))
@@ -183,6 +206,8 @@ pub(crate) struct Fire {
     pub(crate) planned_ms: u64,
     /// The JSON body: `{"job", "planned_ms", "payload"}`.
     pub(crate) body: Vec<u8>,
+    /// For a client's job, its client (meta `:job`, decision 0113).
+    pub(crate) client: Option<String>,
 }
 
 /// The jobs, their database and their timing; no I/O but SQLite, so that
@@ -492,7 +517,19 @@ impl<C: Clock> Engine<C> {
 
     /// [`Self::schedule`] for `owner`: a client's job is counted against
     /// its bound, and an id another owner holds is taken.
+    #[cfg(test)]
     pub(crate) fn schedule_as(&mut self, ev: Schedule, owner: &str) -> Result<Scheduled, Error> {
+        self.schedule_for(ev, owner, None)
+    }
+
+    /// [`Self::schedule_as`] recording the client's `identity`, which the
+    /// job fires as.
+    pub(crate) fn schedule_for(
+        &mut self,
+        ev: Schedule,
+        owner: &str,
+        identity: Option<serde_json::Value>,
+    ) -> Result<Scheduled, Error> {
         let spec = Spec {
             when: ev.when,
             event: ev.event,
@@ -501,6 +538,7 @@ impl<C: Clock> Engine<C> {
             missed: ev.missed,
             tz: ev.tz,
             owner: owner.to_owned(),
+            identity,
         };
         check_spec(&spec, &self.settings)?;
         let id = match ev.id {
@@ -512,7 +550,12 @@ impl<C: Clock> Engine<C> {
                     if existing.spec.owner != spec.owner {
                         return Err(Error::conflict(format!("the job id `{id}` is taken")));
                     }
-                    if existing.spec == spec {
+                    if existing.spec.same_job(&spec) {
+                        // The client's newer credential is the one the
+                        // job fires with from now on.
+                        if existing.spec.identity != spec.identity {
+                            self.rewrite(&id, &spec)?;
+                        }
                         return Ok(Scheduled {
                             id,
                             next_ms: existing.next_ms,
@@ -590,7 +633,19 @@ impl<C: Clock> Engine<C> {
     /// [`Self::update`] of `owner`'s job. A client names the target
     /// (`event`) whenever it sets `kind`: the listener checks the target
     /// it names against its rules.
+    #[cfg(test)]
     pub(crate) fn update_as(&mut self, ev: Update, owner: &str) -> Result<Scheduled, Error> {
+        self.update_for(ev, owner, None)
+    }
+
+    /// [`Self::update_as`] by a client whose `identity` the job fires as
+    /// from now on (the listener admitted the change with it).
+    pub(crate) fn update_for(
+        &mut self,
+        ev: Update,
+        owner: &str,
+        identity: Option<serde_json::Value>,
+    ) -> Result<Scheduled, Error> {
         let Some(row) = self.read_owned(&ev.id, owner)? else {
             return Err(Error::not_found(format!("no job `{}`", ev.id)));
         };
@@ -618,6 +673,9 @@ impl<C: Clock> Engine<C> {
         }
         if ev.tz.is_some() {
             spec.tz = ev.tz;
+        }
+        if !owner.is_empty() {
+            spec.identity = identity;
         }
         check_spec(&spec, &self.settings)?;
         let next_ms = if replan {
@@ -813,6 +871,7 @@ impl<C: Clock> Engine<C> {
         self.in_flight.insert(row.id.clone(), token);
         Ok(Some(Fire {
             body: firing_body(&row.id, planned, &row.spec.payload),
+            client: row.spec.client(),
             id: row.id,
             token,
             event: row.spec.event,
@@ -915,11 +974,15 @@ struct Pending {
     id: String,
     token: u64,
     event: String,
+    /// A client's job: fired as its client (decision 0113).
+    client: bool,
     answer: Answer,
 }
 
 /// The owner of the group's managers' jobs.
 const MANAGERS: &str = "";
+/// How a client owner begins.
+const CLIENT: &str = "client:";
 
 /// Who a request's jobs belong to: a client by its identity's subject
 /// (all anonymous clients share one owner), the managers together.
@@ -928,7 +991,16 @@ fn owner(cx: &Context) -> String {
         return MANAGERS.to_owned();
     }
     let sub = cx.identity().map(|i| i.sub).unwrap_or_default();
-    format!("client:{sub}")
+    format!("{CLIENT}{sub}")
+}
+
+/// The identity a client's job fires as: the caller's, as the listener
+/// verified it (`None` for managers and anonymous clients).
+fn identity(cx: &Context) -> Option<serde_json::Value> {
+    if !cx.from_client() {
+        return None;
+    }
+    cx.identity().and_then(|i| serde_json::to_value(i).ok())
 }
 
 /// The `scheduler` manager.
@@ -997,11 +1069,13 @@ impl Scheduler {
     }
 
     fn schedule(&mut self, ev: Schedule, cx: &mut Context) -> Result<Json<Scheduled>, Error> {
-        self.engine()?.schedule_as(ev, &owner(cx)).map(Json)
+        self.engine()?
+            .schedule_for(ev, &owner(cx), identity(cx))
+            .map(Json)
     }
 
     fn update(&mut self, ev: Update, cx: &mut Context) -> Result<Json<Scheduled>, Error> {
-        self.engine()?.update_as(ev, &owner(cx)).map(Json)
+        self.engine()?.update_for(ev, &owner(cx), identity(cx)).map(Json)
     }
 
     fn cancel(&mut self, ev: Cancel, cx: &mut Context) -> Result<Json<Cancelled>, Error> {
@@ -1039,6 +1113,18 @@ impl Scheduler {
             match p.answer.as_mut().poll(&mut waker_cx) {
                 Poll::Pending => still.push(p),
                 Poll::Ready((status, body)) if status < 500 => {
+                    if status < 400 && p.client {
+                        let shown = &body[..body.len().min(256)];
+                        cx.log_at(
+                            LogLevel::Debug,
+                            &format!(
+                                "job `{}`: {} answered {status} ({}), fired as its client",
+                                p.id,
+                                p.event,
+                                String::from_utf8_lossy(shown)
+                            ),
+                        );
+                    }
                     if status >= 400 {
                         cx.log_at(
                             LogLevel::Warn,
@@ -1083,15 +1169,16 @@ impl Scheduler {
         for fire in fires {
             match fire.kind {
                 Kind::Notification => {
-                    cx.notify_json(&fire.event, fire.body);
+                    cx.notify_json_for(&fire.event, fire.body, fire.client.as_deref());
                     self.emitted.push((fire.id, fire.token));
                 }
                 Kind::Request => {
-                    let answer = cx.call_json(&fire.event, fire.body, timeout);
+                    let answer = cx.call_json_for(&fire.event, fire.body, timeout, fire.client.as_deref());
                     self.pending.push(Pending {
                         id: fire.id,
                         token: fire.token,
                         event: fire.event,
+                        client: fire.client.is_some(),
                         answer: Box::pin(answer),
                     });
                 }

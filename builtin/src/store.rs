@@ -23,6 +23,9 @@ use switchyard_manager::{Config, Context, Error, Json, LogLevel, Manager, Regist
 use crate::db::{self, Db, Durability, wall_ms};
 use crate::{BuiltinError, positive, settings};
 
+mod keys;
+use keys::{Keys, shown};
+
 /// Versions are handed out from blocks reserved in `meta`, so that a
 /// version is never reused, even for a key deleted before a restart.
 const VERSION_BLOCK: u64 = 1024;
@@ -52,6 +55,9 @@ pub(crate) struct StoreSettings {
     pub(crate) purge_batch: u32,
     /// At most this many watches at once; more → 429.
     pub(crate) max_watches: usize,
+    /// Key prefixes every caller shares; any other key is its caller's
+    /// own: one manager's, or one client's (decision 0114).
+    pub(crate) shared: Vec<String>,
 }
 
 impl Default for StoreSettings {
@@ -66,6 +72,7 @@ impl Default for StoreSettings {
             purge_interval_ms: 1000,
             purge_batch: 1000,
             max_watches: 1024,
+            shared: Vec::new(),
         }
     }
 }
@@ -80,6 +87,14 @@ impl StoreSettings {
         positive("purge_interval_ms", s.purge_interval_ms)?;
         positive("purge_batch", s.purge_batch as u64)?;
         positive("max_watches", s.max_watches as u64)?;
+        for (i, prefix) in s.shared.iter().enumerate() {
+            if prefix.is_empty() || prefix.contains('\0') {
+                return Err(BuiltinError::Config {
+                    key: format!("shared[{i}]"),
+                    message: "a shared namespace is a non-empty key prefix without NUL".into(),
+                });
+            }
+        }
         if s.max_key_bytes > 64 * 1024 {
             return Err(BuiltinError::Config {
                 key: "max_key_bytes".into(),
@@ -332,8 +347,8 @@ impl Live {
         for w in &self.watches {
             if key.starts_with(&w.prefix) && live_at(w.expires_ms, now) {
                 let _ = cx.notify(&Changed {
-                    watch: w.prefix.clone(),
-                    key: key.to_owned(),
+                    watch: shown(&w.prefix).to_owned(),
+                    key: shown(key).to_owned(),
                     op,
                     version,
                     value: value.clone(),
@@ -350,9 +365,17 @@ impl Store {
             .ok_or_else(|| Error::unavailable("the store is not open"))
     }
 
+    /// Where the keys of the request `cx` handles live (decision 0114).
+    fn keys(&self, cx: &Context) -> Keys {
+        Keys::of(cx, &self.settings.shared)
+    }
+
     fn check_key(&self, key: &str) -> Result<(), Error> {
         if key.is_empty() {
             return Err(Error::unprocessable("the key must not be empty"));
+        }
+        if key.contains('\0') {
+            return Err(Error::unprocessable("a key must not contain NUL"));
         }
         if key.len() > self.settings.max_key_bytes {
             return Err(too_large(
@@ -361,6 +384,14 @@ impl Store {
                 "max_key_bytes",
                 self.settings.max_key_bytes,
             ));
+        }
+        Ok(())
+    }
+
+    /// A `List` or `Watch` prefix: no NUL (a scope's separator).
+    fn check_prefix(&self, prefix: &str) -> Result<(), Error> {
+        if prefix.contains('\0') {
+            return Err(Error::unprocessable("a prefix must not contain NUL"));
         }
         Ok(())
     }
@@ -377,11 +408,12 @@ impl Store {
         Ok(())
     }
 
-    fn get(&mut self, ev: Get, _: &mut Context) -> Result<Json<Entry>, Error> {
+    fn get(&mut self, ev: Get, cx: &mut Context) -> Result<Json<Entry>, Error> {
         self.check_key(&ev.key)?;
+        let key = self.keys(cx).stored(&ev.key);
         let now = wall_ms();
         let live = self.live()?;
-        Ok(Json(match live.current(&ev.key, now)? {
+        Ok(Json(match live.current(&key, now)? {
             Some((value, version, expires_at_ms)) => Entry {
                 key: ev.key,
                 found: true,
@@ -399,18 +431,20 @@ impl Store {
     fn set(&mut self, ev: Set, cx: &mut Context) -> Result<Json<Written>, Error> {
         self.check_key(&ev.key)?;
         self.check_value(&ev.value)?;
+        let key = self.keys(cx).stored(&ev.key);
         let now = wall_ms();
         let live = self.live()?;
-        let version = live.write(&ev.key, ev.value.as_str(), expires(ev.ttl_ms, now))?;
-        live.changed(cx, &ev.key, Op::Set, version, &ev.value);
+        let version = live.write(&key, ev.value.as_str(), expires(ev.ttl_ms, now))?;
+        live.changed(cx, &key, Op::Set, version, &ev.value);
         Ok(Json(Written { version }))
     }
 
     fn delete(&mut self, ev: Delete, cx: &mut Context) -> Result<Json<Deleted>, Error> {
         self.check_key(&ev.key)?;
+        let key = self.keys(cx).stored(&ev.key);
         let now = wall_ms();
         let live = self.live()?;
-        let Some((_, version, _)) = live.current(&ev.key, now)? else {
+        let Some((_, version, _)) = live.current(&key, now)? else {
             return Ok(Json(Deleted { deleted: false }));
         };
         if ev.version.is_some_and(|v| v != version) {
@@ -419,18 +453,19 @@ impl Store {
         live.db
             .conn
             .prepare_cached("DELETE FROM kv WHERE key = ?1")
-            .and_then(|mut stmt| stmt.execute([ev.key.as_bytes()]))
+            .and_then(|mut stmt| stmt.execute([key.as_bytes()]))
             .map_err(|e| live.db.failed(e))?;
         live.wrote();
-        live.changed(cx, &ev.key, Op::Delete, version, &JsonText::null());
+        live.changed(cx, &key, Op::Delete, version, &JsonText::null());
         Ok(Json(Deleted { deleted: true }))
     }
 
     fn increment(&mut self, ev: Increment, cx: &mut Context) -> Result<Json<Counter>, Error> {
         self.check_key(&ev.key)?;
+        let key = self.keys(cx).stored(&ev.key);
         let now = wall_ms();
         let live = self.live()?;
-        let (old, expiry) = match live.current(&ev.key, now)? {
+        let (old, expiry) = match live.current(&key, now)? {
             None => (0, None),
             Some((text, _, expiry)) => {
                 let old = serde_json::from_str::<i64>(&text).map_err(|_| {
@@ -451,25 +486,26 @@ impl Store {
             expiry
         };
         let text = value.to_string();
-        let version = live.write(&ev.key, &text, expiry)?;
-        live.changed(cx, &ev.key, Op::Set, version, &JsonText::parse(text)?);
+        let version = live.write(&key, &text, expiry)?;
+        live.changed(cx, &key, Op::Set, version, &JsonText::parse(text)?);
         Ok(Json(Counter { value, version }))
     }
 
     fn compare_and_set(&mut self, ev: CompareAndSet, cx: &mut Context) -> Result<Json<Swapped>, Error> {
         self.check_key(&ev.key)?;
         self.check_value(&ev.value)?;
+        let key = self.keys(cx).stored(&ev.key);
         let now = wall_ms();
         let live = self.live()?;
-        let current = live.current(&ev.key, now)?.map_or(0, |(_, v, _)| v);
+        let current = live.current(&key, now)?.map_or(0, |(_, v, _)| v);
         if current != ev.version {
             return Ok(Json(Swapped {
                 swapped: false,
                 version: current,
             }));
         }
-        let version = live.write(&ev.key, ev.value.as_str(), expires(ev.ttl_ms, now))?;
-        live.changed(cx, &ev.key, Op::Set, version, &ev.value);
+        let version = live.write(&key, ev.value.as_str(), expires(ev.ttl_ms, now))?;
+        live.changed(cx, &key, Op::Set, version, &ev.value);
         Ok(Json(Swapped {
             swapped: true,
             version,
@@ -479,27 +515,39 @@ impl Store {
     fn set_if_absent(&mut self, ev: SetIfAbsent, cx: &mut Context) -> Result<Json<Swapped>, Error> {
         self.check_key(&ev.key)?;
         self.check_value(&ev.value)?;
+        let key = self.keys(cx).stored(&ev.key);
         let now = wall_ms();
         let live = self.live()?;
-        if let Some((_, version, _)) = live.current(&ev.key, now)? {
+        if let Some((_, version, _)) = live.current(&key, now)? {
             return Ok(Json(Swapped {
                 swapped: false,
                 version,
             }));
         }
-        let version = live.write(&ev.key, ev.value.as_str(), expires(ev.ttl_ms, now))?;
-        live.changed(cx, &ev.key, Op::Set, version, &ev.value);
+        let version = live.write(&key, ev.value.as_str(), expires(ev.ttl_ms, now))?;
+        live.changed(cx, &key, Op::Set, version, &ev.value);
         Ok(Json(Swapped {
             swapped: true,
             version,
         }))
     }
 
-    fn list(&mut self, ev: List, _: &mut Context) -> Result<Json<Listed>, Error> {
-        if ev.prefix.len() > self.settings.max_key_bytes {
+    fn list(&mut self, ev: List, cx: &mut Context) -> Result<Json<Listed>, Error> {
+        self.check_prefix(&ev.prefix)?;
+        // The caller's keys, or a shared namespace's (decision 0114); the
+        // page's `after` is a key of the same place.
+        let keys = self.keys(cx);
+        let place = keys.stored(&ev.prefix);
+        let place = &place[..place.len() - ev.prefix.len()];
+        let ev = List {
+            after: ev.after.map(|a| format!("{place}{a}")),
+            prefix: format!("{place}{}", ev.prefix),
+            ..ev
+        };
+        if ev.prefix.len() - place.len() > self.settings.max_key_bytes {
             return Err(too_large(
                 "a prefix",
-                ev.prefix.len(),
+                ev.prefix.len() - place.len(),
                 "max_key_bytes",
                 self.settings.max_key_bytes,
             ));
@@ -536,7 +584,8 @@ impl Store {
             })
             .map_err(|e| live.db.failed(e))?;
         for (i, (key, version, expires_at_ms, value)) in rows.into_iter().enumerate() {
-            let key = String::from_utf8_lossy(&key).into_owned();
+            let key = String::from_utf8_lossy(&key);
+            let key = key.strip_prefix(place).unwrap_or(&key).to_owned();
             let value = value.map(|v| String::from_utf8_lossy(&v).into_owned());
             let size = value.as_ref().map_or(0, String::len) + key.len();
             if i as u32 == limit || (!entries.is_empty() && bytes + size > LIST_MAX_BYTES) {
@@ -558,11 +607,17 @@ impl Store {
         Ok(Json(Listed { entries, next }))
     }
 
-    fn watch(&mut self, ev: Watch, _: &mut Context) -> Result<Json<Watching>, Error> {
-        if ev.prefix.len() > self.settings.max_key_bytes {
+    fn watch(&mut self, ev: Watch, cx: &mut Context) -> Result<Json<Watching>, Error> {
+        self.check_prefix(&ev.prefix)?;
+        let shown_prefix = ev.prefix.clone();
+        let ev = Watch {
+            prefix: self.keys(cx).stored(&ev.prefix),
+            ..ev
+        };
+        if shown_prefix.len() > self.settings.max_key_bytes {
             return Err(too_large(
                 "a prefix",
-                ev.prefix.len(),
+                shown_prefix.len(),
                 "max_key_bytes",
                 self.settings.max_key_bytes,
             ));
@@ -596,12 +651,15 @@ impl Store {
             }),
         }
         Ok(Json(Watching {
-            prefix: ev.prefix,
+            prefix: shown_prefix,
             expires_at_ms: expires_ms,
         }))
     }
 
-    fn unwatch(&mut self, ev: Unwatch, _: &mut Context) -> Result<Json<Unwatched>, Error> {
+    fn unwatch(&mut self, ev: Unwatch, cx: &mut Context) -> Result<Json<Unwatched>, Error> {
+        let ev = Unwatch {
+            prefix: self.keys(cx).stored(&ev.prefix),
+        };
         let live = self.live()?;
         let before = live.watches.len();
         live.watches.retain(|w| w.prefix != ev.prefix);

@@ -55,6 +55,9 @@ pub enum FromCluster {
     Notification(Envelope),
     /// Another group's routes: the listeners here accept them too.
     Routes { group: String, manifest: Manifest },
+    /// Another group stopped cleanly and said so: forget its routes now,
+    /// not after [`MANIFEST_EXPIRY`].
+    Left { group: String },
     /// The link's state changed.
     Status(LinkState),
 }
@@ -69,9 +72,12 @@ pub struct Manifest {
 }
 
 /// A running bridge: the router's end of it.
+#[derive(Clone)]
 pub struct Bridge {
     to: mpsc::Sender<ToCluster>,
     client: Client,
+    cluster: String,
+    group: String,
 }
 
 impl Bridge {
@@ -111,8 +117,32 @@ impl Bridge {
             default_timeout: config.request_timeout(),
         });
         tracing::info!(cluster = %config.name, servers = ?redacted(&config.nats), group = %core.group, "cluster bridge starting");
+        let (cluster, group) = (core.cluster.clone(), core.group.clone());
         tokio::spawn(run(core, rx, events));
-        Ok(Bridge { to, client })
+        Ok(Bridge {
+            to,
+            client,
+            cluster,
+            group,
+        })
+    }
+
+    /// Tells the other groups this one is leaving (a clean stop), so that
+    /// they forget its routes at once rather than after
+    /// [`MANIFEST_EXPIRY`]; waits at most a second for it to go out.
+    pub async fn leave(&self) {
+        if !self.connected() {
+            return;
+        }
+        let subject = format!("{}.goodbye", self.cluster);
+        if self
+            .client
+            .publish(subject, self.group.clone().into())
+            .await
+            .is_ok()
+        {
+            let _ = tokio::time::timeout(Duration::from_secs(1), self.client.flush()).await;
+        }
     }
 
     /// Queues `frame` for the cluster; gives it back when the queue is full
@@ -618,10 +648,11 @@ async fn manifests(core: Arc<Core>, hellos: mpsc::UnboundedSender<Hello>) {
     let subs = (
         core.client.subscribe(format!("{}.manifest", core.cluster)).await,
         core.client.subscribe(format!("{}.hello", core.cluster)).await,
+        core.client.subscribe(format!("{}.goodbye", core.cluster)).await,
     );
-    let (mut manifests, mut joined) = match subs {
-        (Ok(m), Ok(h)) => (m, h),
-        (Err(err), _) | (_, Err(err)) => {
+    let (mut manifests, mut joined, mut left) = match subs {
+        (Ok(m), Ok(h), Ok(g)) => (m, h, g),
+        (Err(err), _, _) | (_, Err(err), _) | (_, _, Err(err)) => {
             return tracing::error!(%err, "cannot subscribe to the cluster's routes");
         }
     };
@@ -640,6 +671,13 @@ async fn manifests(core: Arc<Core>, hellos: mpsc::UnboundedSender<Hello>) {
             Some(msg) = joined.next() => {
                 if msg.payload != core.group.as_bytes() {
                     let _ = hellos.send(Hello::Joined);
+                }
+            }
+            Some(msg) = left.next() => {
+                match String::from_utf8(msg.payload.to_vec()) {
+                    Ok(group) if group != core.group => core.to_router(FromCluster::Left { group }).await,
+                    Ok(_) => {}
+                    Err(_) => tracing::warn!("malformed goodbye from the cluster dropped"),
                 }
             }
             else => return,

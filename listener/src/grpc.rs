@@ -455,13 +455,22 @@ impl Events for EventsService {
         request: tonic::Request<SubscribeRequest>,
     ) -> Result<tonic::Response<Self::SubscribeStream>, Status> {
         let auth = session_auth(&self.state, request.metadata(), request.extensions());
+        let client = request
+            .extensions()
+            .get::<crate::context::Client>()
+            .and_then(|c| c.ip);
         let req = request.into_inner();
         let filter_json = check(&req).map_err(Status::invalid_argument)?;
         self.state
             .pool
             .policy()
             .middleware
-            .authorize_subscription(auth.identity.as_ref(), &req.pattern, &self.state.pool.routes())
+            .admit_subscription(
+                auth.identity.as_ref(),
+                client,
+                &req.pattern,
+                &self.state.pool.routes(),
+            )
             .map_err(|r| r.grpc())?;
         let (guard, tx, rx, killed) = open(&self.state, auth);
         // The pool holds the queue's sender: the stream ends with the session.
@@ -593,7 +602,12 @@ async fn read_session(
                         .pool
                         .policy()
                         .middleware
-                        .authorize_subscription(opener.identity.as_ref(), &req.pattern, &state.pool.routes())
+                        .admit_subscription(
+                            opener.identity.as_ref(),
+                            opener.client.ip,
+                            &req.pattern,
+                            &state.pool.routes(),
+                        )
                         .map(|()| filter)
                         .map_err(|refusal| (refusal.status(), refusal.grpc()))
                 }) {

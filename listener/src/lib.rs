@@ -89,6 +89,7 @@ mod http;
 mod http3;
 mod identity;
 mod incoming;
+mod jobs;
 pub mod metrics;
 mod middleware;
 mod negotiate;
@@ -453,6 +454,11 @@ pub async fn run(
         state::State::start(pool.clone(), config.clone(), middleware, access),
         None,
     )?;
+    // Clients' jobs fire under the newest configuration's rules.
+    let (states, newest_state) = tokio::sync::watch::channel(current.state.clone());
+    if let Some(queue) = pool.take_jobs() {
+        tokio::spawn(jobs::serve(queue, newest_state));
+    }
     let endpoint = match (quic, &current.quic) {
         (Some(socket), Some(server)) => Some(quinn::Endpoint::new(
             quic::endpoint_config(config.http3.as_ref().expect("a QUIC config comes from http3")),
@@ -495,6 +501,7 @@ pub async fn run(
                     current = next;
                     // Open sessions follow the new rules and keys too.
                     pool.set_policy(current.state.middleware.clone());
+                    states.send_replace(current.state.clone());
                 });
                 match &applied {
                     Ok(()) => tracing::info!(tls = current.tls.is_some(), "configuration reloaded; new connections use it"),

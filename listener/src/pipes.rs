@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use switchyard_proto::backoff::Backoff;
-use switchyard_proto::control::{Control, Filter, META_EVENT, META_TO, RouteTable, pattern_prefix};
+use switchyard_proto::control::{Control, Filter, META_EVENT, META_JOB, META_TO, RouteTable, pattern_prefix};
 use switchyard_proto::grpc::{Push, ServerMessage, server_message};
 use switchyard_proto::link;
 use switchyard_proto::transport::{FrameReader, FrameSink};
@@ -169,8 +169,16 @@ pub(crate) struct Pool {
     /// The policy in force for sessions, whichever configuration they
     /// were opened under.
     policy: watch::Sender<Policy>,
+    /// Clients' jobs the broker handed this process to admit (`crate::jobs`),
+    /// and the receiving end until `lib.rs` takes it.
+    jobs: mpsc::Sender<Envelope>,
+    job_queue: Mutex<Option<mpsc::Receiver<Envelope>>>,
     config: Arc<Config>,
 }
+
+/// Clients' jobs waiting to be admitted in one listener process; past
+/// this a request job is answered 503 and retried by the Scheduler.
+const JOB_QUEUE: usize = 1024;
 
 /// A request in flight: dropping it (answered, timed out, or the client went
 /// away) removes its entry from the pending map. Dropped unanswered, it
@@ -200,6 +208,7 @@ impl Pool {
         // Correlation ids start at a random point so that a restarted
         // listener never matches a late response meant for its predecessor.
         let seed = switchyard_proto::event::now_micros() ^ ((std::process::id() as u64) << 40);
+        let (jobs, job_queue) = mpsc::channel(JOB_QUEUE);
         let pool = Arc::new(Pool {
             slots: (0..config.pipes)
                 .map(|_| Slot {
@@ -220,6 +229,8 @@ impl Pool {
                 generation: 0,
             })
             .0,
+            jobs,
+            job_queue: Mutex::new(Some(job_queue)),
             config,
         });
         for index in 0..pool.slots.len() {
@@ -278,6 +289,43 @@ impl Pool {
             p.middleware = middleware;
             p.generation += 1;
         });
+    }
+
+    /// The clients' jobs this process is handed (once).
+    pub(crate) fn take_jobs(&self) -> Option<mpsc::Receiver<Envelope>> {
+        lock(&self.job_queue).take()
+    }
+
+    /// A client's job from the broker: queued for `crate::jobs`, or, when
+    /// the queue is full, a request answered 503 (the Scheduler retries).
+    fn job(&self, env: Envelope) {
+        if let Err(mpsc::error::TrySendError::Full(env) | mpsc::error::TrySendError::Closed(env)) =
+            self.jobs.try_send(env)
+        {
+            if env.kind == Kind::Request {
+                let mut err = Envelope::error_to(&env, 503, "the listener is admitting too many jobs");
+                err.meta.push("retry-after", "1");
+                self.answer(err);
+            } else {
+                tracing::warn!("a client's notification job dropped: too many jobs to admit");
+            }
+        }
+    }
+
+    /// Sends the answer to a job's call on any live pipe: the broker
+    /// passes it to the router by its origin, whichever pipe it came on.
+    pub(crate) fn answer(&self, env: Envelope) {
+        let mut env = env;
+        for slot in &self.slots {
+            let Some(sink) = lock(&slot.sink).clone() else {
+                continue;
+            };
+            match sink.send(env) {
+                Ok(()) => return,
+                Err(refused) => env = *refused.envelope,
+            }
+        }
+        tracing::warn!("the answer to a client's job was dropped: no pipe took it");
     }
 
     /// The patterns session `session` is subscribed to.
@@ -510,6 +558,9 @@ async fn read_responses(pool: &Pool, index: usize, mut reader: FrameReader<Owned
                     Ok(other) => tracing::debug!(?other, "ignoring control from broker"),
                     Err(err) => tracing::warn!(%err, "bad control frame from broker"),
                 },
+                // Clients' jobs to admit (decision 0113).
+                Kind::Request => pool.job(env),
+                Kind::Notification if env.meta.get(META_JOB).is_some() => pool.job(env),
                 Kind::Notification => push(pool, slot, &env),
                 other => tracing::debug!(?other, "ignoring frame from broker"),
             }

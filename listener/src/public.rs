@@ -53,7 +53,8 @@ pub(crate) fn check_expose(expose: &[String]) -> Result<(), String> {
 /// `routes`, or says how the router would refuse an undeclared type.
 ///
 /// A request needs a declared request type of that name, public or
-/// exposed. A notification of a type some manager declares (as a
+/// exposed, or, for a type no local manager declares (another group's),
+/// a route of that name in the table. A notification of a type some manager declares (as a
 /// request, a subscription or an emission) needs that name and the type
 /// public or exposed; one whose id no manager declares reaches no
 /// manager (client subscribers only) and passes, except while a manager
@@ -62,7 +63,13 @@ pub(crate) fn admit(routes: &Routes, expose: &[String], name: &str, sending: Sen
     let id = EventType::of(name);
     let open = |t: &DeclaredType| t.name == name && (t.public || exposed(expose, name));
     let admitted = match sending {
-        Sending::Request => routes.request_type(id).is_some_and(open),
+        // Another group's type is not declared here, but one with a route
+        // in the table is public (a route makes a type public): it is
+        // reached by name as by its path (decision 0115).
+        Sending::Request => match routes.request_type(id) {
+            Some(declared) => open(declared),
+            None => !routes.paths_of(name).is_empty(),
+        },
         Sending::Notification => {
             let declared: Vec<&DeclaredType> = [routes.request_type(id), routes.notification_type(id)]
                 .into_iter()
@@ -204,6 +211,32 @@ mod tests {
         assert_eq!(
             admit(&starting, none, "shop.Nope", Sending::Request).map_err(|r| r.status),
             Err(503)
+        );
+    }
+
+    #[test]
+    fn another_groups_routed_types_are_reached_by_name_and_only_those() {
+        let remote = |name: &str, path: &str| switchyard_proto::control::RouteEntry {
+            route: switchyard_proto::control::HttpRoute {
+                method: "GET".into(),
+                path: path.into(),
+                stream_body: false,
+            },
+            event_type: EventType::of(name),
+            type_name: name.into(),
+            manager: "payload@b".into(),
+        };
+        let r = Routes::default().merged(RouteTable {
+            version: 1,
+            routes: vec![remote("demo.Payload", "/payload/{size}")],
+            ..Default::default()
+        });
+        assert_eq!(admit(&r, &[], "demo.Payload", Sending::Request), Ok(()));
+        // A remote type without a route (internal there, or only
+        // `#[event(public)]`): as undeclared.
+        assert_eq!(
+            admit(&r, &[], "demo.Other", Sending::Request).map_err(|r| r.status),
+            Err(404)
         );
     }
 

@@ -493,7 +493,7 @@ async fn session(
             if subscription {
                 policy
                     .middleware
-                    .authorize_subscription(who, event, &routes)
+                    .admit_subscription(who, opener.client.ip, event, &routes)
                     .err()
             } else {
                 policy

@@ -86,6 +86,21 @@ pub const META_EVENT: &str = "event";
 /// `session:sub` pairs separated by `,`.
 pub const META_TO: &str = "to";
 
+/// The meta key of a client's scheduled job as the built-in Scheduler
+/// fires it: `{"identity": null | {"sub", "method", "claims"}}`, the
+/// client it was scheduled by. The router keeps it only from the process
+/// the roster marks [`Member::fires_jobs`] (from anyone else it is request
+/// context and stripped) and sends such a request or notification to a
+/// listener, which admits it as that client and sends it on as the
+/// client's own (decision 0113).
+pub const META_JOB: &str = ":job";
+
+/// The meta key the router sets on every request a manager sends: the
+/// sending manager's configured name, after stripping whatever `:` keys
+/// the manager set itself, so that the callee can trust it (the built-in
+/// Store keeps each manager's keys apart by it; decision 0114).
+pub const META_MANAGER: &str = ":manager";
+
 /// Whether a subscription pattern is well formed: an event type name, a
 /// prefix ending in `.*`, or `*` alone. Returns the prefix for wildcards.
 pub fn pattern_prefix(pattern: &str) -> Result<Option<&str>, String> {
@@ -502,6 +517,11 @@ pub struct Member {
     /// A manager's (or its worker's) configured name; the role's name for
     /// the others.
     pub name: String,
+    /// The built-in Scheduler: the one process whose requests and
+    /// notifications may carry [`META_JOB`], a client's job to be admitted
+    /// by a listener as that client when it fires (decision 0113).
+    #[serde(default)]
+    pub fires_jobs: bool,
 }
 
 /// A process's role, as the roster names it.
@@ -577,6 +597,7 @@ mod trust_tests {
                 pid: 42,
                 role: GroupRole::Manager,
                 name: "shop".into(),
+                fires_jobs: false,
             }],
         };
         assert_eq!(

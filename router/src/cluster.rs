@@ -39,6 +39,7 @@ pub(crate) async fn start(shared: &Shared) {
                         table.route_notification(env, Some(switchyard_cluster::BRIDGE_ID))
                     }
                     FromCluster::Routes { group, manifest } => table.set_remote(group, manifest),
+                    FromCluster::Left { group } => table.remote_left(&group),
                     FromCluster::Status(state) => table.set_cluster_link(state),
                 }
             }

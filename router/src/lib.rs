@@ -42,7 +42,7 @@ use std::time::Duration;
 
 use switchyard_proto::accept::Acceptor;
 use switchyard_proto::backoff::Backoff;
-use switchyard_proto::control::{Control, GroupRole, strip_listener_context};
+use switchyard_proto::control::{Control, GroupRole, META_JOB, META_MANAGER, strip_listener_context};
 use switchyard_proto::link;
 use switchyard_proto::supervision::{RosterWatch, member_of};
 use switchyard_proto::transport::{FrameReader, FrameSink, PeerPolicy};
@@ -146,12 +146,18 @@ pub async fn run_declaring(
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
-            _ = &mut shutdown => return Ok(()),
+            _ = &mut shutdown => break,
             stream = acceptor.accept_peer(&policy) => {
                 tokio::spawn(manager_connection(shared.clone(), stream));
             }
         }
     }
+    // A clean stop: the other groups forget this one's routes now.
+    let bridge = shared.lock().bridge();
+    if let Some(bridge) = bridge {
+        bridge.leave().await;
+    }
+    Ok(())
 }
 
 /// Keeps the connection to the broker up for the life of the router.
@@ -202,6 +208,8 @@ async fn broker_reader(shared: &Shared, mut reader: FrameReader<OwnedReadHalf>) 
             match env.kind {
                 Kind::Request => table.route_request(env),
                 Kind::Notification => table.route_notification(env, None),
+                // A listener's answer to a client's job it was sent.
+                Kind::Response => table.complete(env, table::LISTENERS_ID),
                 // The broker stamped the pipe it came from.
                 Kind::Control if matches!(env.decode_control(), Ok(Control::Cancel)) => {
                     table.cancel(env.origin, env.correlation);
@@ -227,9 +235,12 @@ async fn manager_connection(shared: Shared, stream: UnixStream) {
         },
         other => return tracing::warn!(pid = peer, ?other, "manager sent no hello"),
     };
+    // Without a roster (library use) every hello is trusted, this too.
+    let mut fires_jobs = shared.config.roster.is_none();
     if let Some(roster) = &shared.config.roster {
         let mut roster = roster.clone();
         let member = member_of(&mut roster, peer).await;
+        fires_jobs = member.as_ref().is_some_and(|m| m.fires_jobs);
         let holds = member.as_ref().map(|m| (m.role, m.name.as_str()));
         if holds != Some((GroupRole::Manager, description.name.as_str())) {
             return tracing::warn!(
@@ -268,16 +279,30 @@ async fn manager_connection(shared: Shared, stream: UnixStream) {
         }
         let mut table = shared.lock();
         for mut env in batch.drain(..) {
+            // A client's job, from the built-in Scheduler only: a listener
+            // admits it as that client (decision 0113).
+            let mut job = None;
             if matches!(env.kind, Kind::Request | Kind::Notification) {
+                job = fires_jobs
+                    .then(|| env.meta.get(META_JOB).map(str::to_owned))
+                    .flatten();
                 let stripped = strip_listener_context(&mut env.meta);
-                if stripped > 0 {
+                if job.is_none() && stripped > 0 {
                     table.stripped_context(id, stripped);
                 }
+            }
+            if let Some(job) = job {
+                env.meta.push(META_JOB, job);
+                env.origin = Origin::Manager(id);
+                table.route_job(env);
+                continue;
             }
             match env.kind {
                 Kind::Response => table.complete(env, id),
                 Kind::Request => {
                     env.origin = Origin::Manager(id);
+                    // Who sent it, in the router's word (decision 0114).
+                    env.meta.push(META_MANAGER, name.as_str());
                     table.route_request(env);
                 }
                 Kind::Notification => table.route_notification(env, Some(id)),

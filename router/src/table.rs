@@ -10,6 +10,11 @@ use switchyard_proto::control::{
 use switchyard_proto::transport::FrameSink;
 use switchyard_proto::{Deadline, Envelope, EventType, Origin};
 
+/// The responder of a client's job sent to the listeners (decision
+/// 0113): their answers come from the broker, never from a manager
+/// instance (those count up from 1) or the bridge.
+pub(crate) const LISTENERS_ID: u64 = u64::MAX - 1;
+
 struct Instance {
     name: String,
     sink: FrameSink,
@@ -210,6 +215,21 @@ impl Table {
                 }
                 keep
             });
+            // Jobs a listener was admitting: their answer cannot come.
+            let jobs: Vec<(Origin, u64)> = self
+                .in_flight
+                .iter()
+                .filter(|(_, f)| f.instance == LISTENERS_ID)
+                .map(|(k, _)| *k)
+                .collect();
+            for key in jobs {
+                self.in_flight.remove(&key);
+                self.deliver(Envelope::error_to(
+                    &stub_request(key.0, key.1),
+                    503,
+                    "the broker went away while a listener admitted the job",
+                ));
+            }
         }
         self.broker = broker;
         self.publish();
@@ -512,6 +532,46 @@ impl Table {
         }
     }
 
+    /// A client's job from the built-in Scheduler (meta
+    /// [`META_JOB`](switchyard_proto::control::META_JOB)): to the broker,
+    /// which hands it to one listener; the listener admits it as the
+    /// client and sends it on as the client's own. A request stays in
+    /// flight here, answered by the listener (or 504 at its deadline); a
+    /// notification is not fanned out from here at all, only from the
+    /// listener once admitted (decision 0113).
+    pub(crate) fn route_job(&mut self, env: Envelope) {
+        let Some(broker) = &self.broker else {
+            if env.kind == switchyard_proto::Kind::Request {
+                let mut err = Envelope::error_to(&env, 503, "no listener is connected to admit the job");
+                err.meta.push("retry-after", "1");
+                self.deliver(err);
+            } else {
+                tracing::warn!("a client's notification job dropped: no listener is connected");
+            }
+            return;
+        };
+        let key = (env.origin, env.correlation);
+        let (request, deadline) = (env.kind == switchyard_proto::Kind::Request, env.deadline);
+        match broker.send(env) {
+            Ok(()) if request => {
+                self.in_flight.insert(
+                    key,
+                    InFlight {
+                        instance: LISTENERS_ID,
+                        deadline,
+                    },
+                );
+            }
+            Ok(()) => {}
+            Err(refused) if request => {
+                let mut err = Envelope::error_to(&refused.envelope, 503, "the broker is not keeping up");
+                err.meta.push("retry-after", "1");
+                self.deliver(err);
+            }
+            Err(refused) => tracing::warn!(%refused, "a client's notification job dropped"),
+        }
+    }
+
     /// A request whose name (meta `event`, set when a client named its
     /// type) is not the name of the type its id routes to: 400 when the id
     /// is not even the name's hash, 404 when it is but another type holds
@@ -629,6 +689,24 @@ impl Table {
             let suffix = format!("@{group}");
             cluster.departed.retain(|m| !m.ends_with(&suffix));
         }
+        // A manager the group no longer lists (stopped there, or the group
+        // is stopping one manager after another) is retired at the
+        // listeners like a departed group's: they would keep its routes
+        // for good otherwise. One it lists again is live again.
+        let live: HashSet<String> = manifest.routes.iter().map(|e| e.manager.clone()).collect();
+        cluster.departed.retain(|m| !live.contains(m));
+        if let Some((old, _)) = cluster.remote.get(&group) {
+            let gone = Manifest {
+                routes: old
+                    .routes
+                    .iter()
+                    .filter(|e| !live.contains(&e.manager))
+                    .cloned()
+                    .collect(),
+                ..Manifest::default()
+            };
+            cluster.forget(&gone);
+        }
         if cut {
             tracing::warn!(
                 %group,
@@ -639,6 +717,23 @@ impl Table {
         }
         cluster.remote.insert(group, (manifest, now));
         self.cluster_changed();
+    }
+
+    /// Another group said goodbye (a clean stop): its routes and types are
+    /// forgotten now, as after `MANIFEST_EXPIRY` for one that went silent.
+    pub(crate) fn remote_left(&mut self, group: &str) {
+        let Some(cluster) = &mut self.cluster else { return };
+        let Some((manifest, _)) = cluster.remote.remove(group) else {
+            return;
+        };
+        tracing::info!(%group, "another group left (it said goodbye); its routes are forgotten");
+        cluster.forget(&manifest);
+        self.cluster_changed();
+    }
+
+    /// The bridge, to say goodbye with when the router stops.
+    pub(crate) fn bridge(&self) -> Option<Bridge> {
+        self.cluster.as_ref().map(|c| c.bridge.clone())
     }
 
     /// The link's state, from the bridge.
@@ -764,6 +859,7 @@ impl Table {
                     inst.refused_responses += 1;
                     (inst.name.clone(), inst.refused_responses == 1)
                 }
+                None if from == LISTENERS_ID => (String::from("listeners"), true),
                 None => (String::from("cluster"), true),
             };
             if first {
@@ -850,8 +946,9 @@ impl Table {
     /// Tells `instance` that request `correlation` of `origin`, which it
     /// was serving, is no longer wanted; one fewer outstanding on it.
     fn cancel_at(&mut self, instance: u64, origin: Origin, correlation: u64) {
-        // Another group's request: its own deadline ends it there.
-        if instance == BRIDGE_ID {
+        // Another group's request: its own deadline ends it there; a
+        // listener's job call ends at the same deadline.
+        if instance == BRIDGE_ID || instance == LISTENERS_ID {
             return;
         }
         let Some(inst) = self.instances.get_mut(&instance) else {

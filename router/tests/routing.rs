@@ -484,10 +484,14 @@ async fn a_manager_answers_only_its_own_requests_declares_only_its_own_types_and
     call.meta
         .push(":identity", r#"{"sub":"admin","method":"jwt","claims":{}}"#);
     call.meta.push(":client", "203.0.113.9");
+    // Another manager's name, to reach its Store keys (decision 0114).
+    call.meta.push(":manager", "n");
     call.meta.push(":request-id", "req-1");
     call.meta.push("content-type", "application/json");
     m.sink.send(call).unwrap();
     let got = n.next().await;
     let keys: Vec<&str> = got.meta.0.iter().map(|(k, _)| k.as_str()).collect();
-    assert_eq!(keys, [":request-id", "content-type"]);
+    // The router names the caller itself, after stripping its claims.
+    assert_eq!(keys, [":request-id", "content-type", ":manager"]);
+    assert_eq!(got.meta.get(":manager"), Some("m"));
 }

@@ -900,10 +900,20 @@ impl Supervisor {
                     Role::Manager => GroupRole::Manager,
                     Role::Worker => GroupRole::Worker,
                 };
+                // The built-in Scheduler alone fires clients' jobs for a
+                // listener to admit (decision 0113); a plugin manager that
+                // calls itself `scheduler` is not it.
+                let fires_jobs = role == GroupRole::Manager
+                    && self
+                        .config
+                        .managers
+                        .iter()
+                        .any(|m| m.name == c.name && m.builtin.as_deref() == Some("scheduler"));
                 Some(Member {
                     pid,
                     role,
                     name: c.name.clone(),
+                    fires_jobs,
                 })
             })
             .collect();

@@ -113,9 +113,19 @@ pub struct GroupBuilder {
     runtime_dir: Option<PathBuf>,
     /// More arguments for `switchyard up`.
     args: Vec<String>,
+    /// Run the group as this user (uid = gid), not the test's.
+    user: Option<u32>,
 }
 
 impl GroupBuilder {
+    /// Runs the group as `uid` (and the group of that number, no other
+    /// groups), through `setpriv`: for what a root test cannot show, as
+    /// root may read any process. The scratch directory becomes its.
+    pub fn user(mut self, uid: u32) -> Self {
+        self.user = Some(uid);
+        self
+    }
+
     /// Uses this `switchyard.toml` text.
     pub fn config(mut self, toml: &str) -> Self {
         self.config = Some(toml.to_owned());
@@ -170,7 +180,19 @@ impl GroupBuilder {
             .runtime_dir
             .clone()
             .unwrap_or_else(|| scratch.path().join("rt"));
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_switchyard"));
+        let mut cmd = match self.user {
+            Some(uid) => {
+                std::os::unix::fs::chown(scratch.path(), Some(uid), Some(uid))
+                    .expect("chown the scratch dir");
+                let mut cmd = Command::new("setpriv");
+                cmd.arg(format!("--reuid={uid}"))
+                    .arg(format!("--regid={uid}"))
+                    .arg("--clear-groups")
+                    .arg(env!("CARGO_BIN_EXE_switchyard"));
+                cmd
+            }
+            None => Command::new(env!("CARGO_BIN_EXE_switchyard")),
+        };
         cmd.arg("up")
             .arg("--bind")
             .arg("127.0.0.1:0")
@@ -274,6 +296,7 @@ impl Group {
             env: Vec::new(),
             runtime_dir: None,
             args: Vec::new(),
+            user: None,
         }
     }
 
@@ -301,6 +324,27 @@ impl Group {
     /// Whether any line printed so far contains `needle` (no waiting).
     pub fn has_line(&self, needle: &str) -> bool {
         self.lines.lock().unwrap().iter().any(|l| l.contains(needle))
+    }
+
+    /// How many lines printed so far contain `needle` (no waiting).
+    pub fn count_lines(&self, needle: &str) -> usize {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.contains(needle))
+            .count()
+    }
+
+    /// The first line printed so far that contains `needle` (no waiting;
+    /// for `eventually` where the group is shared and cannot be `mut`).
+    pub fn line(&self, needle: &str) -> Option<String> {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|l| l.contains(needle))
+            .cloned()
     }
 
     pub fn supervisor_pid(&self) -> u32 {

@@ -328,3 +328,67 @@ fn bad_settings_name_their_key() {
         err.message
     );
 }
+
+/// Decision 0114: a manager's keys are its own, a client's its own, and a
+/// shared namespace is everyone's; lists, watches and their changes speak
+/// the caller's keys.
+#[test]
+fn each_caller_has_its_own_keys_and_shares_only_shared_namespaces() {
+    let d = dir("scopes");
+    let mut s = store(&d, serde_json::json!({"shared": ["counters/"]}));
+    fn as_manager<E: switchyard_manager::Event>(
+        s: &mut TestManager<Store>,
+        who: &str,
+        body: serde_json::Value,
+    ) -> serde_json::Value {
+        let r = s
+            .build::<E>()
+            .json(body.to_string().as_bytes())
+            .context(":manager", who)
+            .from_manager()
+            .send();
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()
+    }
+    let set = serde_json::json!({"key": "secret", "value": "a's"});
+    as_manager::<Set>(&mut s, "a", set);
+    // B neither reads nor overwrites A's key: its own `secret` is another.
+    let got = as_manager::<Get>(&mut s, "b", serde_json::json!({"key": "secret"}));
+    assert_eq!(got["found"], false, "{got}");
+    as_manager::<Set>(&mut s, "b", serde_json::json!({"key": "secret", "value": "b's"}));
+    let got = as_manager::<Get>(&mut s, "a", serde_json::json!({"key": "secret"}));
+    assert_eq!(got["value"], "a's", "{got}");
+    let gone = as_manager::<Delete>(&mut s, "b", serde_json::json!({"key": "secret"}));
+    assert_eq!(gone["deleted"], true);
+    let got = as_manager::<Get>(&mut s, "a", serde_json::json!({"key": "secret"}));
+    assert_eq!(got["value"], "a's", "{got}");
+    // A client (through `[auth] expose`) is neither.
+    let r = s.build::<Get>().json(br#"{"key": "secret"}"#).send();
+    assert!(!r.json::<Entry>().found);
+
+    // The shared namespace: one counter for both.
+    let inc = serde_json::json!({"key": "counters/hits", "by": 1});
+    as_manager::<Increment>(&mut s, "a", inc.clone());
+    let n = as_manager::<Increment>(&mut s, "b", inc);
+    assert_eq!(n["value"], 2);
+    // Lists show each caller its own keys, as it wrote them.
+    as_manager::<Set>(&mut s, "a", serde_json::json!({"key": "list:1", "value": 1}));
+    let listed = as_manager::<List>(&mut s, "a", serde_json::json!({"prefix": "list:"}));
+    let keys: Vec<&str> = listed["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys, ["list:1"]);
+    let listed = as_manager::<List>(&mut s, "b", serde_json::json!({"prefix": "list:"}));
+    assert_eq!(listed["entries"], serde_json::json!([]));
+    // A key may not spell a scope.
+    let r = s
+        .build::<Get>()
+        .json(br#"{"key": "\u0000manager:a\u0000secret"}"#)
+        .context(":manager", "b")
+        .from_manager()
+        .send();
+    assert_eq!(r.status, 422, "{}", r.text());
+}

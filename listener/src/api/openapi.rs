@@ -592,30 +592,71 @@ fn security_schemes(auth: &AuthConfig) -> Vec<(String, Value)> {
 /// The `security` of a route: any one configured credential, with the
 /// roles the first matching rule asks for; `None` when no rule requires
 /// an identity.
+///
+/// A route whose template no rule covers but whose event a rule reaches
+/// (a `prefix` naming one value of a parameter, which covers those paths
+/// and the event over WebSocket and gRPC) lists the credentials after an
+/// empty requirement: some of its requests need one, others none.
 fn required_auth(
     auth: &AuthConfig,
     path: &str,
     event: Option<&str>,
     schemes: &[(String, Value)],
 ) -> Option<Value> {
-    let rule = auth
+    let covering = auth
         .rules
         .iter()
-        .find(|r| crate::middleware::rule_covers(r, path, event))?;
+        .find(|r| crate::middleware::rule_covers(r, path, event));
+    let (rule, optional) = match (covering, event) {
+        (Some(rule), _) => (rule, false),
+        (None, Some(event)) => (
+            auth.rules
+                .iter()
+                .find(|r| crate::middleware::rule_reaches(r, path, event))?,
+            true,
+        ),
+        (None, None) => return None,
+    };
     if rule.require == Require::None {
         return None;
     }
-    Some(Value::Array(
+    let mut alternatives: Vec<Value> = Vec::new();
+    if optional {
+        alternatives.push(json!({}));
+    }
+    alternatives.extend(
         schemes
             .iter()
-            .map(|(name, _)| json!({ name.clone(): rule.roles }))
-            .collect(),
-    ))
+            .map(|(name, _)| json!({ name.clone(): rule.roles })),
+    );
+    Some(Value::Array(alternatives))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_rule_on_one_value_of_a_parameter_makes_the_route_optionally_protected() {
+        let auth: AuthConfig = serde_json::from_value(json!({
+            "jwt": { "algorithms": ["HS256"], "secret": "0123456789abcdef0123456789abcdef" },
+            "rules": [
+                { "prefix": "/users/admin", "roles": ["admin"] },
+                { "prefix": "/me" },
+            ],
+        }))
+        .unwrap();
+        let schemes = security_schemes(&auth);
+        assert_eq!(
+            required_auth(&auth, "/users/{name}", Some("u.Get"), &schemes),
+            Some(json!([{}, { BEARER: ["admin"] }]))
+        );
+        assert_eq!(
+            required_auth(&auth, "/me", Some("u.Me"), &schemes),
+            Some(json!([{ BEARER: [] }]))
+        );
+        assert_eq!(required_auth(&auth, "/other", Some("u.Other"), &schemes), None);
+    }
 
     #[test]
     fn templates() {

@@ -210,6 +210,40 @@ pub(crate) fn rule_covers(rule: &config::AuthRule, path: &str, event: Option<&st
     matches(rule.prefix.as_deref(), pattern.as_ref(), &scope)
 }
 
+/// Whether `rule` reaches some request of the route `template` of `event`
+/// without covering its template as a path: a `prefix` that names a
+/// value of one of its parameters (`/users/admin` of `/users/{name}`),
+/// which covers those paths over HTTP and the whole event over WebSocket
+/// and gRPC (decision 0105).
+pub(crate) fn rule_reaches(rule: &config::AuthRule, template: &str, event: &str) -> bool {
+    let event_ok = match rule.event.as_deref().map(Pattern::parse) {
+        None => true,
+        Some(Ok(pattern)) => pattern.covers(event),
+        Some(Err(_)) => false,
+    };
+    event_ok && rule.prefix.as_deref().is_none_or(|p| reaches(template, p))
+}
+
+/// What `rule` requires, in words.
+fn requirement(rule: &config::AuthRule) -> String {
+    match rule.require {
+        config::Require::None => "nothing".to_owned(),
+        config::Require::Identity if rule.roles.is_empty() && rule.claims.is_empty() => {
+            "an identity".to_owned()
+        }
+        config::Require::Identity => {
+            let mut n = Vec::new();
+            if !rule.roles.is_empty() {
+                n.push(format!("a role of {}", rule.roles.join(", ")));
+            }
+            for (k, v) in &rule.claims {
+                n.push(format!("{k} = {v}"));
+            }
+            n.join(" and ")
+        }
+    }
+}
+
 /// What each `[[auth.rules]]` entry covers, given the group's routes
 /// (`(method, path template, event type)`): one line per rule, for
 /// `switchyard check`. The same derivation the listener makes from its
@@ -225,22 +259,7 @@ pub fn describe_rules(auth: &config::AuthConfig, routes: &[(String, String, Stri
         if let Some(event) = &rule.event {
             what.push(format!("event {event}"));
         }
-        let needs = match rule.require {
-            config::Require::None => "nothing".to_owned(),
-            config::Require::Identity if rule.roles.is_empty() && rule.claims.is_empty() => {
-                "an identity".to_owned()
-            }
-            config::Require::Identity => {
-                let mut n = Vec::new();
-                if !rule.roles.is_empty() {
-                    n.push(format!("a role of {}", rule.roles.join(", ")));
-                }
-                for (k, v) in &rule.claims {
-                    n.push(format!("{k} = {v}"));
-                }
-                n.join(" and ")
-            }
-        };
+        let needs = requirement(rule);
         let mut types: Vec<&str> = routes
             .iter()
             .filter(|(_, path, ty)| {
@@ -267,6 +286,31 @@ pub fn describe_rules(auth: &config::AuthConfig, routes: &[(String, String, Stri
         out.push(format!(
             "auth.rules[{i}] ({what}) requires {needs}: HTTP paths{} and, on HTTP, HTTP/3, WebSocket, gRPC and subscriptions, {events}",
             rule.prefix.as_deref().map_or_else(|| " of those events".to_owned(), |p| format!(" under {p}"))
+        ));
+    }
+    // Then each route: what its path needs over HTTP (the first rule that
+    // covers the template), and what its event needs over WebSocket and
+    // gRPC (the first rule that reaches the route, by its event or a path
+    // of it).
+    let decided = |found: Option<(usize, &config::AuthRule)>| match found {
+        Some((i, rule)) => format!("{} (auth.rules[{i}])", requirement(rule)),
+        None => "nothing (no rule)".to_owned(),
+    };
+    for (method, path, ty) in routes {
+        let http = auth
+            .rules
+            .iter()
+            .enumerate()
+            .find(|(_, r)| rule_covers(r, path, Some(ty)));
+        let event = auth
+            .rules
+            .iter()
+            .enumerate()
+            .find(|(_, r)| routes.iter().any(|(_, p, t)| t == ty && rule_reaches(r, p, ty)));
+        out.push(format!(
+            "route {method} {path} ({ty}) requires {} over HTTP, HTTP/3; {} over WebSocket, gRPC and subscriptions",
+            decided(http),
+            decided(event)
         ));
     }
     out
@@ -564,14 +608,40 @@ impl Middleware {
         event: &str,
         routes: &Routes,
     ) -> Result<(), Refusal> {
-        let scope = Scope::of_event(event, false, routes);
+        self.count_event(identity, client, &Scope::of_event(event, false, routes))?;
+        self.authorize_event(identity, event, routes)
+    }
+
+    /// Lets one subscription from a session or stream through: the rate
+    /// limits whose `prefix` or `event` concern a type the pattern
+    /// matches count it like a message, then the rules
+    /// ([`authorize_subscription`](Self::authorize_subscription)). A
+    /// reload's re-check of open subscriptions counts nothing.
+    pub(crate) fn admit_subscription(
+        &self,
+        identity: Option<&Identity>,
+        client: Option<IpAddr>,
+        pattern: &str,
+        routes: &Routes,
+    ) -> Result<(), Refusal> {
+        self.count_event(identity, client, &Scope::of_event(pattern, true, routes))?;
+        self.authorize_subscription(identity, pattern, routes)
+    }
+
+    /// Counts one event or subscription against the limits that concern
+    /// it by `prefix` or `event`, keyed as on HTTP.
+    fn count_event(
+        &self,
+        identity: Option<&Identity>,
+        client: Option<IpAddr>,
+        scope: &Scope<'_>,
+    ) -> Result<(), Refusal> {
         // Limits with neither prefix nor event count requests, upgrades
         // and gRPC calls where they come in (`admit`); counting them per
         // message too would count a unary call twice.
         let client = client.unwrap_or(std::net::Ipv4Addr::UNSPECIFIED.into());
         for limit in self.limits.iter().filter(|l| {
-            (l.prefix.is_some() || l.event.is_some())
-                && matches(l.prefix.as_deref(), l.event.as_ref(), &scope)
+            (l.prefix.is_some() || l.event.is_some()) && matches(l.prefix.as_deref(), l.event.as_ref(), scope)
         }) {
             let key = match (identity, limit.key) {
                 (Some(who), RateKey::Identity) => Key::Subject(who.subject.clone()),
@@ -582,7 +652,7 @@ impl Middleware {
             };
             limit.limiter.check(&key).map_err(Refusal::TooMany)?;
         }
-        self.authorize_event(identity, event, routes)
+        Ok(())
     }
 
     /// Whether the rules let `identity` have `event`: send it, or receive

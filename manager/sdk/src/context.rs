@@ -172,6 +172,17 @@ impl Context {
         self.client
     }
 
+    /// The manager that sent the request being handled, by its
+    /// configured name as the router stamped it (a manager cannot name
+    /// itself another); `None` for a client's request or outside one.
+    /// The built-in Store keeps each manager's keys apart by it.
+    pub fn calling_manager(&self) -> Option<&str> {
+        if self.client {
+            return None;
+        }
+        self.request.get(switchyard_proto::control::META_MANAGER)
+    }
+
     /// The configured name of this manager.
     pub fn manager_name(&self) -> &str {
         &self.shared.name
@@ -339,9 +350,22 @@ impl Context {
     /// `body`, for code that knows the type only at run time (the
     /// Scheduler); [`notify`](Self::notify) is the typed way.
     pub fn notify_json(&self, event_type: &str, body: Vec<u8>) {
+        self.notify_json_for(event_type, body, None);
+    }
+
+    /// [`notify_json`](Self::notify_json) for a client's scheduled job:
+    /// `client` is the job's client as the Scheduler recorded it (meta
+    /// `:job`). Only the built-in Scheduler's is honoured: the router sends
+    /// it to a listener, which admits it as that client (decision 0113);
+    /// from any other manager the key is stripped like all request
+    /// context, and the notification goes out as the manager's.
+    pub fn notify_json_for(&self, event_type: &str, body: Vec<u8>, client: Option<&str>) {
         let mut meta = Meta::default();
         meta.push("content-type", JSON);
         meta.push(switchyard_proto::control::META_EVENT, event_type);
+        if let Some(client) = client {
+            meta.push(switchyard_proto::control::META_JOB, client);
+        }
         self.shared.outbox.borrow_mut().push(FromPlugin::Notify {
             event_type: EventType::of(event_type),
             meta,
@@ -359,10 +383,27 @@ impl Context {
         body: Vec<u8>,
         timeout: Duration,
     ) -> impl Future<Output = (u16, Bytes)> + use<> {
+        self.call_json_for(event_type, body, timeout, None)
+    }
+
+    /// [`call_json`](Self::call_json) for a client's scheduled job, as
+    /// [`notify_json_for`](Self::notify_json_for): the answer is the
+    /// handler's, or the listener's refusal (401, 403, 404) when the
+    /// client may not send `event_type` now.
+    pub fn call_json_for(
+        &self,
+        event_type: &str,
+        body: Vec<u8>,
+        timeout: Duration,
+        client: Option<&str>,
+    ) -> impl Future<Output = (u16, Bytes)> + use<> {
         let mut meta = Meta::default();
         meta.push("content-type", JSON);
         meta.push("accept", JSON);
         meta.push(switchyard_proto::control::META_EVENT, event_type);
+        if let Some(client) = client {
+            meta.push(switchyard_proto::control::META_JOB, client);
+        }
         let call = self.call_raw(EventType::of(event_type), meta, Bytes::from(body), timeout);
         async move {
             let (status, _, body) = call.await;

@@ -121,14 +121,14 @@ impl<'de> Deserialize<'de> for JsonText {
 
 /// `store.Get`: the current value of `key`.
 #[derive(Clone, Debug, Serialize, Deserialize, crate::Event)]
-#[event(name = "store.Get")]
+#[event(name = "store.Get", request(identity))]
 pub struct Get {
     pub key: String,
 }
 
 /// `store.Set`: writes `value` under `key`, replacing what was there.
 #[derive(Clone, Debug, Serialize, Deserialize, crate::Event)]
-#[event(name = "store.Set")]
+#[event(name = "store.Set", request(identity))]
 pub struct Set {
     pub key: String,
     pub value: JsonText,
@@ -141,7 +141,7 @@ pub struct Set {
 /// `store.Delete`: removes `key`; with `version`, only if the key is at
 /// that version (a lock's release by its holder).
 #[derive(Clone, Debug, Serialize, Deserialize, crate::Event)]
-#[event(name = "store.Delete")]
+#[event(name = "store.Delete", request(identity))]
 pub struct Delete {
     pub key: String,
     #[serde(default)]
@@ -151,7 +151,7 @@ pub struct Delete {
 /// `store.Increment`: adds `by` to the integer under `key` (absent: 0) and
 /// answers the new value. A value that is not an integer is a 409.
 #[derive(Clone, Debug, Serialize, Deserialize, crate::Event)]
-#[event(name = "store.Increment")]
+#[event(name = "store.Increment", request(identity))]
 pub struct Increment {
     pub key: String,
     #[serde(default = "one")]
@@ -169,7 +169,7 @@ fn one() -> i64 {
 /// `store.CompareAndSet`: writes `value` only if `key` is at `version`
 /// (0: only if the key is absent).
 #[derive(Clone, Debug, Serialize, Deserialize, crate::Event)]
-#[event(name = "store.CompareAndSet")]
+#[event(name = "store.CompareAndSet", request(identity))]
 pub struct CompareAndSet {
     pub key: String,
     pub version: u64,
@@ -182,7 +182,7 @@ pub struct CompareAndSet {
 /// expired): a lock, released by its expiry or by a `Delete` with the
 /// version it answered.
 #[derive(Clone, Debug, Serialize, Deserialize, crate::Event)]
-#[event(name = "store.SetIfAbsent")]
+#[event(name = "store.SetIfAbsent", request(identity))]
 pub struct SetIfAbsent {
     pub key: String,
     pub value: JsonText,
@@ -193,7 +193,7 @@ pub struct SetIfAbsent {
 /// `store.List`: the entries whose key starts with `prefix`, in key order,
 /// a page at a time: pass the answer's `next` as `after` for the next page.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, crate::Event)]
-#[event(name = "store.List")]
+#[event(name = "store.List", request(identity))]
 pub struct List {
     #[serde(default)]
     pub prefix: String,
@@ -213,7 +213,7 @@ pub struct List {
 /// whole key watches that key, `""` everything) is emitted as a
 /// [`Changed`] notification. Watching an already watched prefix renews it.
 #[derive(Clone, Debug, Serialize, Deserialize, crate::Event)]
-#[event(name = "store.Watch")]
+#[event(name = "store.Watch", request(identity))]
 pub struct Watch {
     pub prefix: String,
     /// The watch ends this long after the call unless renewed (absent:
@@ -224,7 +224,7 @@ pub struct Watch {
 
 /// `store.Unwatch`: ends the watch of `prefix`.
 #[derive(Clone, Debug, Serialize, Deserialize, crate::Event)]
-#[event(name = "store.Unwatch")]
+#[event(name = "store.Unwatch", request(identity))]
 pub struct Unwatch {
     pub prefix: String,
 }
