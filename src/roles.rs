@@ -86,8 +86,15 @@ impl Spec {
         if role != Role::Listener {
             config.auth = Default::default();
         }
-        // `[cluster]` (NATS credentials) is the router's alone.
-        if role != Role::Router {
+        // `[cluster]` (NATS credentials) is the router's alone, and the
+        // built-in Store's, which keeps its keys in JetStream through it
+        // (decision 0135).
+        let jetstream_store = role == Role::Manager
+            && config
+                .managers
+                .iter()
+                .any(|m| m.name == name && m.builtin.as_deref() == Some(switchyard_builtin::STORE));
+        if role != Role::Router && !jetstream_store {
             config.cluster = Default::default();
         }
         Spec {

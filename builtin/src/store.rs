@@ -52,6 +52,27 @@ pub(crate) struct StoreSettings {
     pub(crate) purge_batch: u32,
     /// At most this many watches at once; more → 429.
     pub(crate) max_watches: usize,
+    /// Where the keys live: `auto` (JetStream when the group has
+    /// `[cluster]`, else SQLite), `sqlite` or `jetstream`.
+    pub(crate) backend: Backend,
+    /// JetStream: the bucket's replicas (1 to 5).
+    pub(crate) replicas: usize,
+    /// JetStream: the bucket's name (default `store-<cluster name>`).
+    pub(crate) bucket: Option<String>,
+    /// JetStream: the longest an operation waits for the bucket.
+    pub(crate) op_timeout_ms: u64,
+    /// Set by the supervisor from `[cluster]`.
+    pub(crate) cluster: Option<switchyard_cluster::Config>,
+}
+
+/// The `backend` setting.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Backend {
+    #[default]
+    Auto,
+    Sqlite,
+    Jetstream,
 }
 
 impl Default for StoreSettings {
@@ -66,6 +87,11 @@ impl Default for StoreSettings {
             purge_interval_ms: 1000,
             purge_batch: 1000,
             max_watches: 1024,
+            backend: Backend::Auto,
+            replicas: 3,
+            bucket: None,
+            op_timeout_ms: 2000,
+            cluster: None,
         }
     }
 }
@@ -80,6 +106,30 @@ impl StoreSettings {
         positive("purge_interval_ms", s.purge_interval_ms)?;
         positive("purge_batch", s.purge_batch as u64)?;
         positive("max_watches", s.max_watches as u64)?;
+        positive("op_timeout_ms", s.op_timeout_ms)?;
+        if !(1..=5).contains(&s.replicas) {
+            return Err(BuiltinError::Config {
+                key: "replicas".into(),
+                message: "must be 1 to 5 (JetStream's limit)".into(),
+            });
+        }
+        if let Some(bucket) = &s.bucket
+            && (bucket.is_empty()
+                || !bucket
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'))
+        {
+            return Err(BuiltinError::Config {
+                key: "bucket".into(),
+                message: format!("`{bucket}` must be letters, digits, `-` or `_`"),
+            });
+        }
+        if s.backend == Backend::Jetstream && s.cluster.is_none() {
+            return Err(BuiltinError::Config {
+                key: "backend".into(),
+                message: "`jetstream` needs `[cluster]` (the NATS servers to reach JetStream through)".into(),
+            });
+        }
         if s.max_key_bytes > 64 * 1024 {
             return Err(BuiltinError::Config {
                 key: "max_key_bytes".into(),
@@ -118,8 +168,11 @@ struct Live {
 /// The `store` manager.
 pub struct Store {
     settings: StoreSettings,
-    /// `None` only in the validation child, which serves nothing.
+    /// `None` only in the validation child, which serves nothing, and
+    /// on JetStream.
     live: Option<Live>,
+    /// The JetStream back end, when the keys live there.
+    js: Option<jetstream::JsStore>,
 }
 
 fn too_large(what: &str, len: usize, key: &str, max: usize) -> Error {
@@ -129,7 +182,7 @@ fn too_large(what: &str, len: usize, key: &str, max: usize) -> Error {
     )
 }
 
-fn expires(ttl_ms: Option<u64>, now: u64) -> Option<u64> {
+pub(crate) fn expires(ttl_ms: Option<u64>, now: u64) -> Option<u64> {
     ttl_ms.map(|t| now.saturating_add(t.max(1)))
 }
 
@@ -151,13 +204,43 @@ fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
     None
 }
 
+impl StoreSettings {
+    /// `[cluster]`, when the keys live in JetStream.
+    pub(crate) fn jetstream(&self) -> Option<&switchyard_cluster::Config> {
+        match self.backend {
+            Backend::Sqlite => None,
+            Backend::Auto | Backend::Jetstream => self.cluster.as_ref().filter(|c| c.enabled()),
+        }
+    }
+}
+
 impl Manager for Store {
     const NAME: &'static str = "store";
 
     fn create(config: &Config) -> Result<Self, Error> {
         let settings = StoreSettings::parse(&config.value)?;
         if config.validation {
-            return Ok(Store { settings, live: None });
+            return Ok(Store {
+                settings,
+                live: None,
+                js: None,
+            });
+        }
+        if let Some(cluster) = settings.jetstream() {
+            let spec = crate::nats::BucketSpec {
+                name: settings
+                    .bucket
+                    .clone()
+                    .unwrap_or_else(|| format!("store-{}", cluster.name)),
+                replicas: settings.replicas,
+                max_value_bytes: settings.max_value_bytes,
+            };
+            let js = jetstream::JsStore::start(cluster, spec, Duration::from_millis(settings.op_timeout_ms))?;
+            return Ok(Store {
+                settings,
+                live: None,
+                js: Some(js),
+            });
         }
         let dir = settings.data_dir.clone().ok_or_else(|| BuiltinError::Config {
             key: crate::DATA_DIR_KEY.into(),
@@ -168,6 +251,7 @@ impl Manager for Store {
         Ok(Store {
             settings,
             live: Some(live),
+            js: None,
         })
     }
 
@@ -379,6 +463,9 @@ impl Store {
 
     fn get(&mut self, ev: Get, _: &mut Context) -> Result<Json<Entry>, Error> {
         self.check_key(&ev.key)?;
+        if let Some(js) = &self.js {
+            return js.get(ev.key).map(Json);
+        }
         let now = wall_ms();
         let live = self.live()?;
         Ok(Json(match live.current(&ev.key, now)? {
@@ -400,6 +487,10 @@ impl Store {
         self.check_key(&ev.key)?;
         self.check_value(&ev.value)?;
         let now = wall_ms();
+        if let Some(js) = &self.js {
+            let expiry = expires(ev.ttl_ms, now);
+            return js.set(ev, expiry, cx).map(Json);
+        }
         let live = self.live()?;
         let version = live.write(&ev.key, ev.value.as_str(), expires(ev.ttl_ms, now))?;
         live.changed(cx, &ev.key, Op::Set, version, &ev.value);
@@ -408,6 +499,9 @@ impl Store {
 
     fn delete(&mut self, ev: Delete, cx: &mut Context) -> Result<Json<Deleted>, Error> {
         self.check_key(&ev.key)?;
+        if let Some(js) = &self.js {
+            return js.delete(ev.key, ev.version, cx).map(Json);
+        }
         let now = wall_ms();
         let live = self.live()?;
         let Some((_, version, _)) = live.current(&ev.key, now)? else {
@@ -428,6 +522,9 @@ impl Store {
 
     fn increment(&mut self, ev: Increment, cx: &mut Context) -> Result<Json<Counter>, Error> {
         self.check_key(&ev.key)?;
+        if let Some(js) = &self.js {
+            return js.increment(ev, cx).map(Json);
+        }
         let now = wall_ms();
         let live = self.live()?;
         let (old, expiry) = match live.current(&ev.key, now)? {
@@ -459,6 +556,11 @@ impl Store {
     fn compare_and_set(&mut self, ev: CompareAndSet, cx: &mut Context) -> Result<Json<Swapped>, Error> {
         self.check_key(&ev.key)?;
         self.check_value(&ev.value)?;
+        if let Some(js) = &self.js {
+            return js
+                .swap(ev.key, ev.value, ev.ttl_ms, Some(ev.version), cx)
+                .map(Json);
+        }
         let now = wall_ms();
         let live = self.live()?;
         let current = live.current(&ev.key, now)?.map_or(0, |(_, v, _)| v);
@@ -479,6 +581,9 @@ impl Store {
     fn set_if_absent(&mut self, ev: SetIfAbsent, cx: &mut Context) -> Result<Json<Swapped>, Error> {
         self.check_key(&ev.key)?;
         self.check_value(&ev.value)?;
+        if let Some(js) = &self.js {
+            return js.swap(ev.key, ev.value, ev.ttl_ms, None, cx).map(Json);
+        }
         let now = wall_ms();
         let live = self.live()?;
         if let Some((_, version, _)) = live.current(&ev.key, now)? {
@@ -505,6 +610,9 @@ impl Store {
             ));
         }
         let limit = ev.limit.unwrap_or(LIST_MAX).clamp(1, LIST_MAX);
+        if let Some(js) = &self.js {
+            return js.list(&ev, limit, LIST_MAX_BYTES).map(Json);
+        }
         let now = wall_ms();
         let live = self.live()?;
         let lower = match &ev.after {
@@ -570,6 +678,9 @@ impl Store {
         let max = self.settings.max_watches;
         let now = wall_ms();
         let expires_ms = expires(ev.lease_ms, now);
+        if let Some(js) = &self.js {
+            return js.watch(ev.prefix, expires_ms, max).map(Json);
+        }
         let live = self.live()?;
         live.watches.retain(|w| live_at(w.expires_ms, now));
         let known = live.watches.iter().position(|w| w.prefix == ev.prefix);
@@ -602,6 +713,9 @@ impl Store {
     }
 
     fn unwatch(&mut self, ev: Unwatch, _: &mut Context) -> Result<Json<Unwatched>, Error> {
+        if let Some(js) = &self.js {
+            return js.unwatch(ev.prefix).map(Json);
+        }
         let live = self.live()?;
         let before = live.watches.len();
         live.watches.retain(|w| w.prefix != ev.prefix);
@@ -620,6 +734,13 @@ impl Store {
     /// rest at the next round), and tells the watches.
     fn purge(&mut self, cx: &mut Context) -> Result<(), Error> {
         let batch = self.settings.purge_batch;
+        if let Some(js) = &self.js {
+            let purged = js.purge(batch, cx)?;
+            if purged > 0 {
+                cx.log_at(LogLevel::Debug, &format!("purged {purged} expired keys"));
+            }
+            return Ok(());
+        }
         let Some(live) = self.live.as_mut() else {
             return Ok(());
         };
@@ -668,6 +789,9 @@ fn purge_expired(live: &mut Live, now: u64, batch: u32) -> Result<Vec<(String, u
         .map(|(k, v)| (String::from_utf8_lossy(&k).into_owned(), v))
         .collect())
 }
+
+mod jetstream;
+pub mod transfer;
 
 #[cfg(test)]
 mod tests;
