@@ -1036,6 +1036,14 @@ impl Config {
                     "managers[{i}].instances: the built-in `{builtin}` runs as one instance (the one writer of its database)"
                 ));
             }
+            if builtin == switchyard_builtin::STORE
+                && m.config.get("backend").and_then(|b| b.as_str()) == Some("jetstream")
+                && !self.cluster.enabled()
+            {
+                problems.push(format!(
+                    "managers[{i}].config.backend: `jetstream` needs `[cluster]` (the NATS servers to reach JetStream through)"
+                ));
+            }
             if m.config.contains_key(switchyard_builtin::CLUSTER_KEY) {
                 problems.push(format!(
                     "managers[{i}].config.{}: the built-ins take the NATS servers from `[cluster]`",

@@ -460,7 +460,8 @@ impl Live {
 mod tests {
     use super::*;
 
-    /// Each role's spec holds its own secrets and no other's.
+    /// Each role's spec holds its own secrets and no other's (the built-in
+    /// Store's process: `[cluster]`'s, decision 0135).
     #[test]
     fn each_spec_holds_only_its_own_secrets() {
         let config: Config = toml::from_str(
@@ -480,6 +481,9 @@ mod tests {
             name = "b"
             [managers.config]
             token = "b-token"
+            [[managers]]
+            name = "kv"
+            builtin = "store"
             "#,
         )
         .unwrap();
@@ -496,6 +500,9 @@ mod tests {
             (Role::Manager, "a", &["a-token"][..]),
             (Role::Worker, "a", &[][..]),
             (Role::Manager, "b", &["b-token"][..]),
+            // The Store reaches JetStream with the cluster's credentials.
+            (Role::Manager, "kv", &["nats-password"][..]),
+            (Role::Worker, "kv", &[][..]),
         ];
         let all = [
             "nats-password",

@@ -591,3 +591,46 @@ async fn export_and_import_move_a_store_from_sqlite_to_a_bucket_and_back() {
     stop(g).await;
     drop(js);
 }
+
+#[test]
+fn jetstream_settings_are_checked_before_anything_starts() {
+    let scratch = scratch_dir("js-check");
+    let path = scratch.path().join("switchyard.toml");
+    let check = |toml: &str| {
+        std::fs::write(&path, toml).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_switchyard"))
+            .args(["check", "-c"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, text) = check(
+        "[[managers]]\nname = \"store\"\nbuiltin = \"store\"\n\
+         [managers.config]\nbackend = \"jetstream\"\ncluster = { nats = \"nats://127.0.0.1:1\" }\n",
+    );
+    assert_eq!(code, Some(64), "{text}");
+    for needle in [
+        "managers[0].config.backend: `jetstream` needs `[cluster]`",
+        "managers[0].config.cluster: the built-ins take the NATS servers from `[cluster]`",
+    ] {
+        assert!(text.contains(needle), "{needle}: {text}");
+    }
+    let (code, text) = check(
+        "[cluster]\nnats = \"nats://127.0.0.1:1\"\n\
+         [[managers]]\nname = \"store\"\nbuiltin = \"store\"\n\
+         [managers.config]\nreplicas = 7\nbackend = \"cloud\"\n",
+    );
+    assert_eq!(code, Some(64), "{text}");
+    assert!(text.contains("config.backend: unknown variant `cloud`"), "{text}");
+    let (code, text) = check(
+        "[cluster]\nnats = \"nats://127.0.0.1:1\"\n\
+         [[managers]]\nname = \"store\"\nbuiltin = \"store\"\n\
+         [managers.config]\nreplicas = 7\n",
+    );
+    assert_eq!(code, Some(64), "{text}");
+    assert!(text.contains("config.replicas: must be 1 to 5"), "{text}");
+}

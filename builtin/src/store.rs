@@ -107,6 +107,14 @@ impl StoreSettings {
         positive("purge_batch", s.purge_batch as u64)?;
         positive("max_watches", s.max_watches as u64)?;
         positive("op_timeout_ms", s.op_timeout_ms)?;
+        if s.op_timeout_ms > 10_000 {
+            // A handler waits this long, and the watchdog ends a manager
+            // whose handlers take `group.handler_timeout_ms` (30 s).
+            return Err(BuiltinError::Config {
+                key: "op_timeout_ms".into(),
+                message: "must be at most 10000".into(),
+            });
+        }
         if !(1..=5).contains(&s.replicas) {
             return Err(BuiltinError::Config {
                 key: "replicas".into(),
@@ -122,12 +130,6 @@ impl StoreSettings {
             return Err(BuiltinError::Config {
                 key: "bucket".into(),
                 message: format!("`{bucket}` must be letters, digits, `-` or `_`"),
-            });
-        }
-        if s.backend == Backend::Jetstream && s.cluster.is_none() {
-            return Err(BuiltinError::Config {
-                key: "backend".into(),
-                message: "`jetstream` needs `[cluster]` (the NATS servers to reach JetStream through)".into(),
             });
         }
         if s.max_key_bytes > 64 * 1024 {
@@ -225,6 +227,15 @@ impl Manager for Store {
                 live: None,
                 js: None,
             });
+        }
+        // Checked here, not in `parse`: the validation child is not given
+        // `[cluster]` (the supervisor's check names this case).
+        if settings.backend == Backend::Jetstream && settings.jetstream().is_none() {
+            return Err(BuiltinError::Config {
+                key: "backend".into(),
+                message: "`jetstream` needs `[cluster]` (the NATS servers to reach JetStream through)".into(),
+            }
+            .into());
         }
         if let Some(cluster) = settings.jetstream() {
             let spec = crate::nats::BucketSpec {
