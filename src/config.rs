@@ -1036,6 +1036,20 @@ impl Config {
                     "managers[{i}].instances: the built-in `{builtin}` runs as one instance (the one writer of its database)"
                 ));
             }
+            if builtin == switchyard_builtin::STORE
+                && m.config.get("backend").and_then(|b| b.as_str()) == Some("jetstream")
+                && !self.cluster.enabled()
+            {
+                problems.push(format!(
+                    "managers[{i}].config.backend: `jetstream` needs `[cluster]` (the NATS servers to reach JetStream through)"
+                ));
+            }
+            if m.config.contains_key(switchyard_builtin::CLUSTER_KEY) {
+                problems.push(format!(
+                    "managers[{i}].config.{}: the built-ins take the NATS servers from `[cluster]`",
+                    switchyard_builtin::CLUSTER_KEY
+                ));
+            }
             if m.config.contains_key(switchyard_builtin::DATA_DIR_KEY) {
                 problems.push(format!(
                     "managers[{i}].config.{}: set the data directory with `data.dir` or `--data-dir`",
@@ -1070,6 +1084,17 @@ impl Config {
             map.insert(
                 switchyard_builtin::DATA_DIR_KEY.to_owned(),
                 serde_json::to_value(dir)?,
+            );
+        }
+        // The built-ins reach JetStream through the cluster's servers, with
+        // its credentials (decision 0135).
+        if m.builtin.as_deref() == Some(switchyard_builtin::STORE)
+            && self.cluster.enabled()
+            && let serde_json::Value::Object(map) = &mut value
+        {
+            map.insert(
+                switchyard_builtin::CLUSTER_KEY.to_owned(),
+                serde_json::to_value(&self.cluster)?,
             );
         }
         serde_json::to_string(&value)

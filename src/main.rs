@@ -164,6 +164,12 @@ enum Command {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// Move the built-in Store's keys between back ends (docs/store.md):
+    /// `export` writes every live key as a JSON line, `import` sets them.
+    Store {
+        #[command(subcommand)]
+        action: StoreAction,
+    },
     /// Validate a configuration file and exit.
     Check {
         #[arg(short, long)]
@@ -181,6 +187,106 @@ enum Command {
         #[arg(long, default_value_t = 0)]
         instance: u32,
     },
+}
+
+#[derive(Subcommand)]
+enum StoreAction {
+    /// Write the Store's live keys as JSON lines (`{"key", "value",
+    /// "expires_at_ms"}`), in key order, to stdout or `--file`.
+    Export(StoreArgs),
+    /// Set the keys of JSON lines (as `export` writes them) from stdin or
+    /// `--file`; a SQLite store must not be running.
+    Import(StoreArgs),
+}
+
+#[derive(clap::Args)]
+struct StoreArgs {
+    /// Configuration file (default: built-in demo configuration).
+    #[arg(short, long)]
+    config: Option<PathBuf>,
+    /// The data directory, overriding `data.dir`.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// `sqlite` or `jetstream`, overriding the Store's `backend`.
+    #[arg(long)]
+    backend: Option<String>,
+    /// Read or write this file instead of stdin / stdout.
+    #[arg(long)]
+    file: Option<PathBuf>,
+}
+
+/// `switchyard store export|import`.
+fn store_transfer(action: StoreAction) -> ExitCode {
+    let (export, args) = match action {
+        StoreAction::Export(a) => (true, a),
+        StoreAction::Import(a) => (false, a),
+    };
+    let mut loaded = match load_config(args.config.as_deref()) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    if let Err(err) = loaded.prepare_data_dir(args.data_dir) {
+        eprintln!("switchyard: {err}");
+        return ExitCode::from(EXIT_CONFIG);
+    }
+    let Some(store) = loaded
+        .managers
+        .iter()
+        .find(|m| m.builtin.as_deref() == Some(switchyard_builtin::STORE))
+    else {
+        eprintln!("switchyard: the configuration runs no built-in store");
+        return ExitCode::from(EXIT_CONFIG);
+    };
+    let json = match loaded
+        .manager_config_json(store)
+        .map_err(|e| e.to_string())
+        .and_then(|j| serde_json::from_str::<serde_json::Value>(&j).map_err(|e| e.to_string()))
+    {
+        Ok(j) => j,
+        Err(err) => {
+            eprintln!("switchyard: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let backend = args.backend.as_deref();
+    let moved = if export {
+        let out: Result<Box<dyn std::io::Write>, _> = match &args.file {
+            Some(p) => std::fs::File::create(p)
+                .map(|f| Box::new(std::io::BufWriter::new(f)) as Box<dyn std::io::Write>),
+            None => Ok(Box::new(std::io::BufWriter::new(std::io::stdout().lock()))),
+        };
+        out.map_err(|e| e.to_string()).and_then(|mut out| {
+            let n = switchyard_builtin::store::transfer::export(&json, backend, &mut out)
+                .map_err(|e| e.to_string())?;
+            out.flush().map_err(|e| e.to_string())?;
+            Ok(n)
+        })
+    } else {
+        let input: Result<Box<dyn std::io::BufRead>, _> = match &args.file {
+            Some(p) => std::fs::File::open(p)
+                .map(|f| Box::new(std::io::BufReader::new(f)) as Box<dyn std::io::BufRead>),
+            None => Ok(Box::new(std::io::stdin().lock())),
+        };
+        input.map_err(|e| e.to_string()).and_then(|mut input| {
+            switchyard_builtin::store::transfer::import(&json, backend, &mut input).map_err(|e| e.to_string())
+        })
+    };
+    match moved {
+        Ok(n) => {
+            eprintln!(
+                "switchyard: {} {n} keys",
+                if export { "exported" } else { "imported" }
+            );
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            eprintln!(
+                "switchyard: store {}: {err}",
+                if export { "export" } else { "import" }
+            );
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// A command whose reader goes away (`switchyard status | head -1`) ends
@@ -315,6 +421,7 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Store { action } => store_transfer(action),
         Command::Check { config } => match load_config(Some(&config)) {
             Ok(loaded) => {
                 for line in validate::rule_coverage(&loaded) {

@@ -86,8 +86,15 @@ impl Spec {
         if role != Role::Listener {
             config.auth = Default::default();
         }
-        // `[cluster]` (NATS credentials) is the router's alone.
-        if role != Role::Router {
+        // `[cluster]` (NATS credentials) is the router's alone, and the
+        // built-in Store's, which keeps its keys in JetStream through it
+        // (decision 0135).
+        let jetstream_store = role == Role::Manager
+            && config
+                .managers
+                .iter()
+                .any(|m| m.name == name && m.builtin.as_deref() == Some(switchyard_builtin::STORE));
+        if role != Role::Router && !jetstream_store {
             config.cluster = Default::default();
         }
         Spec {
@@ -453,7 +460,8 @@ impl Live {
 mod tests {
     use super::*;
 
-    /// Each role's spec holds its own secrets and no other's.
+    /// Each role's spec holds its own secrets and no other's (the built-in
+    /// Store's process: `[cluster]`'s, decision 0135).
     #[test]
     fn each_spec_holds_only_its_own_secrets() {
         let config: Config = toml::from_str(
@@ -473,6 +481,9 @@ mod tests {
             name = "b"
             [managers.config]
             token = "b-token"
+            [[managers]]
+            name = "kv"
+            builtin = "store"
             "#,
         )
         .unwrap();
@@ -489,6 +500,9 @@ mod tests {
             (Role::Manager, "a", &["a-token"][..]),
             (Role::Worker, "a", &[][..]),
             (Role::Manager, "b", &["b-token"][..]),
+            // The Store reaches JetStream with the cluster's credentials.
+            (Role::Manager, "kv", &["nats-password"][..]),
+            (Role::Worker, "kv", &[][..]),
         ];
         let all = [
             "nats-password",

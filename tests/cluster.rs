@@ -130,7 +130,9 @@ fn config(nats: &Nats, cluster: &str, managers: &[&str], extra: &str) -> String 
     for m in managers {
         toml.push_str(&format!("[[managers]]\nname = \"{m}\"\n"));
         if *m == "store" {
-            toml.push_str("builtin = \"store\"\n");
+            // Its keys in its own SQLite file: these servers run without
+            // JetStream (tests/store_jetstream.rs has the Store on it).
+            toml.push_str("builtin = \"store\"\n[managers.config]\nbackend = \"sqlite\"\n");
         }
         if *m == "ticker" {
             toml.push_str("[managers.config]\ninterval_ms = 50\n");

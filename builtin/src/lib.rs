@@ -22,6 +22,7 @@
 #![forbid(unsafe_code)]
 
 mod db;
+mod nats;
 pub mod scheduler;
 pub mod store;
 
@@ -38,6 +39,13 @@ pub const BUILTINS: &[&str] = &[
 
 /// The config key the supervisor fills in with the group's data directory.
 pub const DATA_DIR_KEY: &str = "data_dir";
+
+/// The Store's `builtin` name.
+pub const STORE: &str = <Store as switchyard_manager::Manager>::NAME;
+
+/// The config key the supervisor fills in with `[cluster]`, when the group
+/// has one: the JetStream back end connects through it.
+pub const CLUSTER_KEY: &str = "cluster";
 
 /// Why a built-in cannot start.
 #[derive(Debug, thiserror::Error)]

@@ -58,6 +58,27 @@ pub(crate) struct StoreSettings {
     /// Key prefixes every caller shares; any other key is its caller's
     /// own: one manager's, or one client's (decision 0114).
     pub(crate) shared: Vec<String>,
+    /// Where the keys live: `auto` (JetStream when the group has
+    /// `[cluster]`, else SQLite), `sqlite` or `jetstream`.
+    pub(crate) backend: Backend,
+    /// JetStream: the bucket's replicas (1 to 5).
+    pub(crate) replicas: usize,
+    /// JetStream: the bucket's name (default `store-<cluster name>`).
+    pub(crate) bucket: Option<String>,
+    /// JetStream: the longest an operation waits for the bucket.
+    pub(crate) op_timeout_ms: u64,
+    /// Set by the supervisor from `[cluster]`.
+    pub(crate) cluster: Option<switchyard_cluster::Config>,
+}
+
+/// The `backend` setting.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Backend {
+    #[default]
+    Auto,
+    Sqlite,
+    Jetstream,
 }
 
 impl Default for StoreSettings {
@@ -73,6 +94,11 @@ impl Default for StoreSettings {
             purge_batch: 1000,
             max_watches: 1024,
             shared: Vec::new(),
+            backend: Backend::Auto,
+            replicas: 3,
+            bucket: None,
+            op_timeout_ms: 2000,
+            cluster: None,
         }
     }
 }
@@ -94,6 +120,32 @@ impl StoreSettings {
                     message: "a shared namespace is a non-empty key prefix without NUL".into(),
                 });
             }
+        }
+        positive("op_timeout_ms", s.op_timeout_ms)?;
+        if s.op_timeout_ms > 10_000 {
+            // A handler waits this long, and the watchdog ends a manager
+            // whose handlers take `group.handler_timeout_ms` (30 s).
+            return Err(BuiltinError::Config {
+                key: "op_timeout_ms".into(),
+                message: "must be at most 10000".into(),
+            });
+        }
+        if !(1..=5).contains(&s.replicas) {
+            return Err(BuiltinError::Config {
+                key: "replicas".into(),
+                message: "must be 1 to 5 (JetStream's limit)".into(),
+            });
+        }
+        if let Some(bucket) = &s.bucket
+            && (bucket.is_empty()
+                || !bucket
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'))
+        {
+            return Err(BuiltinError::Config {
+                key: "bucket".into(),
+                message: format!("`{bucket}` must be letters, digits, `-` or `_`"),
+            });
         }
         if s.max_key_bytes > 64 * 1024 {
             return Err(BuiltinError::Config {
@@ -133,8 +185,11 @@ struct Live {
 /// The `store` manager.
 pub struct Store {
     settings: StoreSettings,
-    /// `None` only in the validation child, which serves nothing.
+    /// `None` only in the validation child, which serves nothing, and
+    /// on JetStream.
     live: Option<Live>,
+    /// The JetStream back end, when the keys live there.
+    js: Option<jetstream::JsStore>,
 }
 
 fn too_large(what: &str, len: usize, key: &str, max: usize) -> Error {
@@ -144,7 +199,7 @@ fn too_large(what: &str, len: usize, key: &str, max: usize) -> Error {
     )
 }
 
-fn expires(ttl_ms: Option<u64>, now: u64) -> Option<u64> {
+pub(crate) fn expires(ttl_ms: Option<u64>, now: u64) -> Option<u64> {
     ttl_ms.map(|t| now.saturating_add(t.max(1)))
 }
 
@@ -166,13 +221,52 @@ fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
     None
 }
 
+impl StoreSettings {
+    /// `[cluster]`, when the keys live in JetStream.
+    pub(crate) fn jetstream(&self) -> Option<&switchyard_cluster::Config> {
+        match self.backend {
+            Backend::Sqlite => None,
+            Backend::Auto | Backend::Jetstream => self.cluster.as_ref().filter(|c| c.enabled()),
+        }
+    }
+}
+
 impl Manager for Store {
     const NAME: &'static str = "store";
 
     fn create(config: &Config) -> Result<Self, Error> {
         let settings = StoreSettings::parse(&config.value)?;
         if config.validation {
-            return Ok(Store { settings, live: None });
+            return Ok(Store {
+                settings,
+                live: None,
+                js: None,
+            });
+        }
+        // Checked here, not in `parse`: the validation child is not given
+        // `[cluster]` (the supervisor's check names this case).
+        if settings.backend == Backend::Jetstream && settings.jetstream().is_none() {
+            return Err(BuiltinError::Config {
+                key: "backend".into(),
+                message: "`jetstream` needs `[cluster]` (the NATS servers to reach JetStream through)".into(),
+            }
+            .into());
+        }
+        if let Some(cluster) = settings.jetstream() {
+            let spec = crate::nats::BucketSpec {
+                name: settings
+                    .bucket
+                    .clone()
+                    .unwrap_or_else(|| format!("store-{}", cluster.name)),
+                replicas: settings.replicas,
+                max_value_bytes: settings.max_value_bytes,
+            };
+            let js = jetstream::JsStore::start(cluster, spec, Duration::from_millis(settings.op_timeout_ms))?;
+            return Ok(Store {
+                settings,
+                live: None,
+                js: Some(js),
+            });
         }
         let dir = settings.data_dir.clone().ok_or_else(|| BuiltinError::Config {
             key: crate::DATA_DIR_KEY.into(),
@@ -183,6 +277,7 @@ impl Manager for Store {
         Ok(Store {
             settings,
             live: Some(live),
+            js: None,
         })
     }
 
@@ -411,6 +506,9 @@ impl Store {
     fn get(&mut self, ev: Get, cx: &mut Context) -> Result<Json<Entry>, Error> {
         self.check_key(&ev.key)?;
         let key = self.keys(cx).stored(&ev.key);
+        if let Some(js) = &self.js {
+            return js.get(key).map(|e| Json(Entry { key: ev.key, ..e }));
+        }
         let now = wall_ms();
         let live = self.live()?;
         Ok(Json(match live.current(&key, now)? {
@@ -433,6 +531,10 @@ impl Store {
         self.check_value(&ev.value)?;
         let key = self.keys(cx).stored(&ev.key);
         let now = wall_ms();
+        if let Some(js) = &self.js {
+            let expiry = expires(ev.ttl_ms, now);
+            return js.set(Set { key, ..ev }, expiry, cx).map(Json);
+        }
         let live = self.live()?;
         let version = live.write(&key, ev.value.as_str(), expires(ev.ttl_ms, now))?;
         live.changed(cx, &key, Op::Set, version, &ev.value);
@@ -442,6 +544,9 @@ impl Store {
     fn delete(&mut self, ev: Delete, cx: &mut Context) -> Result<Json<Deleted>, Error> {
         self.check_key(&ev.key)?;
         let key = self.keys(cx).stored(&ev.key);
+        if let Some(js) = &self.js {
+            return js.delete(key, ev.version, cx).map(Json);
+        }
         let now = wall_ms();
         let live = self.live()?;
         let Some((_, version, _)) = live.current(&key, now)? else {
@@ -463,6 +568,9 @@ impl Store {
     fn increment(&mut self, ev: Increment, cx: &mut Context) -> Result<Json<Counter>, Error> {
         self.check_key(&ev.key)?;
         let key = self.keys(cx).stored(&ev.key);
+        if let Some(js) = &self.js {
+            return js.increment(Increment { key, ..ev }, cx).map(Json);
+        }
         let now = wall_ms();
         let live = self.live()?;
         let (old, expiry) = match live.current(&key, now)? {
@@ -495,6 +603,9 @@ impl Store {
         self.check_key(&ev.key)?;
         self.check_value(&ev.value)?;
         let key = self.keys(cx).stored(&ev.key);
+        if let Some(js) = &self.js {
+            return js.swap(key, ev.value, ev.ttl_ms, Some(ev.version), cx).map(Json);
+        }
         let now = wall_ms();
         let live = self.live()?;
         let current = live.current(&key, now)?.map_or(0, |(_, v, _)| v);
@@ -516,6 +627,9 @@ impl Store {
         self.check_key(&ev.key)?;
         self.check_value(&ev.value)?;
         let key = self.keys(cx).stored(&ev.key);
+        if let Some(js) = &self.js {
+            return js.swap(key, ev.value, ev.ttl_ms, None, cx).map(Json);
+        }
         let now = wall_ms();
         let live = self.live()?;
         if let Some((_, version, _)) = live.current(&key, now)? {
@@ -553,6 +667,18 @@ impl Store {
             ));
         }
         let limit = ev.limit.unwrap_or(LIST_MAX).clamp(1, LIST_MAX);
+        if let Some(js) = &self.js {
+            let mut listed = js.list(&ev, limit, LIST_MAX_BYTES)?;
+            for e in &mut listed.entries {
+                if let Some(k) = e.key.strip_prefix(place) {
+                    e.key = k.to_owned();
+                }
+            }
+            if let Some(k) = listed.next.as_deref().and_then(|n| n.strip_prefix(place)) {
+                listed.next = Some(k.to_owned());
+            }
+            return Ok(Json(listed));
+        }
         let now = wall_ms();
         let live = self.live()?;
         let lower = match &ev.after {
@@ -625,6 +751,14 @@ impl Store {
         let max = self.settings.max_watches;
         let now = wall_ms();
         let expires_ms = expires(ev.lease_ms, now);
+        if let Some(js) = &self.js {
+            return js.watch(ev.prefix, expires_ms, max).map(|w| {
+                Json(Watching {
+                    prefix: shown_prefix,
+                    ..w
+                })
+            });
+        }
         let live = self.live()?;
         live.watches.retain(|w| live_at(w.expires_ms, now));
         let known = live.watches.iter().position(|w| w.prefix == ev.prefix);
@@ -660,6 +794,9 @@ impl Store {
         let ev = Unwatch {
             prefix: self.keys(cx).stored(&ev.prefix),
         };
+        if let Some(js) = &self.js {
+            return js.unwatch(ev.prefix).map(Json);
+        }
         let live = self.live()?;
         let before = live.watches.len();
         live.watches.retain(|w| w.prefix != ev.prefix);
@@ -678,6 +815,13 @@ impl Store {
     /// rest at the next round), and tells the watches.
     fn purge(&mut self, cx: &mut Context) -> Result<(), Error> {
         let batch = self.settings.purge_batch;
+        if let Some(js) = &self.js {
+            let purged = js.purge(batch, cx)?;
+            if purged > 0 {
+                cx.log_at(LogLevel::Debug, &format!("purged {purged} expired keys"));
+            }
+            return Ok(());
+        }
         let Some(live) = self.live.as_mut() else {
             return Ok(());
         };
@@ -726,6 +870,9 @@ fn purge_expired(live: &mut Live, now: u64, batch: u32) -> Result<Vec<(String, u
         .map(|(k, v)| (String::from_utf8_lossy(&k).into_owned(), v))
         .collect())
 }
+
+mod jetstream;
+pub mod transfer;
 
 #[cfg(test)]
 mod tests;

@@ -178,7 +178,9 @@ pub async fn probe(config: &Config) -> Result<(), Error> {
     flushed.map_err(|e| Error::Unreachable(e.to_string()))
 }
 
-fn options(config: &Config) -> Result<ConnectOptions, Error> {
+/// The connection options `[cluster]` gives: also what the built-ins' JetStream
+/// back end connects with (same servers, credentials and TLS).
+pub fn options(config: &Config) -> Result<ConnectOptions, Error> {
     let mut o = ConnectOptions::new()
         .name(format!("switchyard {} pid {}", config.name, std::process::id()))
         // Our own notifications never come back to us.

@@ -30,7 +30,7 @@ pub mod bridge;
 pub mod config;
 mod wire;
 
-pub use bridge::{Bridge, FromCluster, HEARTBEAT, MANIFEST_EXPIRY, Manifest, ToCluster, probe};
+pub use bridge::{Bridge, FromCluster, HEARTBEAT, MANIFEST_EXPIRY, Manifest, ToCluster, options, probe};
 pub use config::Config;
 
 /// The origin id the router gives requests that came from NATS: never a
