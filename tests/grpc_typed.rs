@@ -311,3 +311,34 @@ fn the_proto_marks_defaulted_fields_optional_and_bytes_replies_http_body() {
     );
     assert!(text.contains("// ---- google/api/httpbody.proto"), "{text}");
 }
+
+#[test]
+fn a_plugin_derives_json_schema_through_the_sdk_alone() {
+    // The fixture derives `JsonSchema` on a nested type with no schemars
+    // dependency of its own: it compiles (`plugin` builds it), and the
+    // type is described field by field, its integer an integer.
+    let manifest = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/fixtures/versioned-one/Cargo.toml"
+    ))
+    .unwrap();
+    assert!(!manifest.contains("schemars"), "{manifest}");
+    let dir = common::scratch_dir("grpc-typed-schemars");
+    let path = dir.path().join("switchyard.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[[managers]]\nname = \"versioned\"\nplugin = \"{}\"\n",
+            plugin("switchyard-fixture-versioned-one").display()
+        ),
+    )
+    .unwrap();
+    let proto = proto_of(&path);
+    let notes = proto
+        .split("message ReleaseNotes {")
+        .nth(1)
+        .and_then(|rest| rest.split('}').next())
+        .unwrap_or_else(|| panic!("no ReleaseNotes message:\n{proto}"));
+    assert!(notes.contains("repeated string lines = "), "{notes}");
+    assert!(notes.contains("uint32 build_number = "), "{notes}");
+}
