@@ -113,6 +113,8 @@ pub struct GroupBuilder {
     runtime_dir: Option<PathBuf>,
     /// More arguments for `switchyard up`.
     args: Vec<String>,
+    /// The command that runs the group: `up`, or `dev`.
+    command: &'static str,
 }
 
 impl GroupBuilder {
@@ -138,6 +140,12 @@ impl GroupBuilder {
     /// Passes one more argument to `switchyard up` (`--admin-bind`, ...).
     pub fn arg(mut self, arg: &str) -> Self {
         self.args.push(arg.to_owned());
+        self
+    }
+
+    /// Runs the group with `switchyard dev` instead of `up`.
+    pub fn dev(mut self) -> Self {
+        self.command = "dev";
         self
     }
 
@@ -171,7 +179,7 @@ impl GroupBuilder {
             .clone()
             .unwrap_or_else(|| scratch.path().join("rt"));
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_switchyard"));
-        cmd.arg("up")
+        cmd.arg(self.command)
             .arg("--bind")
             .arg("127.0.0.1:0")
             .arg("--runtime-dir")
@@ -274,6 +282,7 @@ impl Group {
             env: Vec::new(),
             runtime_dir: None,
             args: Vec::new(),
+            command: "up",
         }
     }
 
