@@ -316,3 +316,42 @@ fn reload(w: &Watched, runtime_dir: &Path) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_snapshot_sees_sources_not_build_output_or_hidden_directories() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        for (path, text) in [
+            ("Cargo.toml", "[package]"),
+            ("src/lib.rs", "fn a() {}"),
+            ("src/nested/mod.rs", ""),
+            ("target/debug/libx.so", "binary"),
+            (".git/HEAD", "ref"),
+        ] {
+            let path = root.join(path);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, text).unwrap();
+        }
+        let before = snapshot(root);
+        let names: Vec<String> = before
+            .keys()
+            .map(|p| p.strip_prefix(root).unwrap().display().to_string())
+            .collect();
+        assert_eq!(names, ["Cargo.toml", "src/lib.rs", "src/nested/mod.rs"]);
+        // Build output changes nothing; a source edit does.
+        std::fs::write(root.join("target/debug/libx.so"), "rebuilt binary").unwrap();
+        assert_eq!(snapshot(root), before);
+        std::fs::write(root.join("src/lib.rs"), "fn a() { b() }").unwrap();
+        assert_ne!(snapshot(root), before);
+    }
+
+    #[test]
+    fn a_plugin_outside_a_cargo_target_directory_is_not_watched() {
+        let err = crate_of(Path::new("/opt/plugins/greeter.so"), None).unwrap_err();
+        assert!(err.contains("lib<name>.so"), "{err}");
+    }
+}
