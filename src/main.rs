@@ -14,6 +14,8 @@
 //! - `status`: the control socket, and its clients `switchyard status`,
 //!   `reload` and `upgrade`.
 //! - `token`: `switchyard token`, a development bearer token.
+//! - `dev`: `switchyard dev`, the group plus a watcher that rebuilds and
+//!   reloads changed plugin crates.
 //! - `apidoc`: `[api]`, the catalog of the plugins' event types handed to
 //!   the listeners, and `switchyard openapi`.
 
@@ -26,6 +28,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 mod admin;
 mod apidoc;
 mod config;
+mod dev;
 mod hardening;
 mod inherit;
 mod roles;
@@ -81,6 +84,26 @@ enum Command {
         /// supervisor hands its listening sockets over.
         #[arg(long, hide = true)]
         upgrade_fd: Option<i32>,
+    },
+    /// Run the group as `up` does, and watch the plugin crates its
+    /// configuration names: a changed crate is rebuilt with cargo and its
+    /// managers reloaded without failing a request; a build error is
+    /// printed and the running build serves on (docs/writing-managers.md,
+    /// "The development loop").
+    Dev {
+        /// Configuration file (default: `switchyard.toml` in the current
+        /// directory when there is one, else the built-in demo).
+        #[arg(short, long)]
+        config: Option<PathBuf>,
+        /// Listen address, overriding the configuration (port 0: any free port).
+        #[arg(long, value_parser = config::resolve_bind)]
+        bind: Option<std::net::SocketAddr>,
+        /// Directory for the group's sockets (default: a fresh private one).
+        #[arg(long)]
+        runtime_dir: Option<PathBuf>,
+        /// Directory of the built-in Store's and Scheduler's database.
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
     },
     /// Re-read the configuration of a running group and apply it without
     /// failing a request (also SIGHUP): changed managers are replaced
@@ -327,7 +350,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     if !matches!(
         cli.command,
-        Command::Up { .. } | Command::Role { .. } | Command::Validate
+        Command::Up { .. } | Command::Dev { .. } | Command::Role { .. } | Command::Validate
     ) {
         quiet_on_closed_output();
     }
@@ -370,6 +393,40 @@ fn main() -> ExitCode {
                 eprintln!("switchyard: cannot raise the descriptor limit: {err}");
             }
             supervisor::main(config, source, runtime_dir, handover)
+        }
+        Command::Dev {
+            config,
+            bind,
+            runtime_dir,
+            data_dir,
+        } => {
+            let config = config.or_else(|| {
+                let here = PathBuf::from("switchyard.toml");
+                here.exists().then_some(here)
+            });
+            let source = supervisor::Source {
+                path: config,
+                bind,
+                data_dir,
+                admin_bind: None,
+                admin_bound: None,
+            };
+            let loaded = match source.load() {
+                Ok(c) => c,
+                Err(err @ supervisor::SourceError::Config(_)) => {
+                    eprintln!("switchyard: {err}");
+                    return ExitCode::from(EXIT_CONFIG);
+                }
+                Err(err) => {
+                    eprintln!("switchyard: {err}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            if let Err(err) = switchyard_proto::accept::raise_nofile_limit() {
+                eprintln!("switchyard: cannot raise the descriptor limit: {err}");
+            }
+            dev::arm(&loaded, source.path.as_deref());
+            supervisor::main(loaded, source, runtime_dir, None)
         }
         Command::Status { json, runtime_dir } => status::main(json, runtime_dir),
         Command::Reload { runtime_dir } => status::reload(runtime_dir),

@@ -222,6 +222,19 @@ pub(crate) fn reload(runtime_dir: Option<PathBuf>) -> ExitCode {
     }
 }
 
+/// Reloads the group in `dir` and returns what changed (`switchyard dev`
+/// after a rebuild), or why it did not.
+pub(crate) fn request_reload(dir: &std::path::Path) -> Result<ReloadReport, String> {
+    match ask::<ControlAnswer<ReloadReport>>(dir, "reload", None) {
+        Ok(ControlAnswer {
+            reloaded: Some(report),
+            ..
+        }) => Ok(report),
+        Ok(answer) => Err(answer.error.unwrap_or_else(|| "no answer".to_owned())),
+        Err(err) => Err(format!("cannot reach the group in {}: {err}", dir.display())),
+    }
+}
+
 #[derive(serde::Deserialize)]
 struct Upgraded {
     pid: u32,

@@ -311,3 +311,89 @@ fn the_proto_marks_defaulted_fields_optional_and_bytes_replies_http_body() {
     );
     assert!(text.contains("// ---- google/api/httpbody.proto"), "{text}");
 }
+
+#[test]
+fn a_plugin_derives_json_schema_through_the_sdk_alone() {
+    // The fixture derives `JsonSchema` on a nested type with no schemars
+    // dependency of its own: it compiles (`plugin` builds it), and the
+    // type is described field by field, its integer an integer.
+    let manifest = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/fixtures/versioned-one/Cargo.toml"
+    ))
+    .unwrap();
+    assert!(!manifest.contains("schemars"), "{manifest}");
+    let dir = common::scratch_dir("grpc-typed-schemars");
+    let path = dir.path().join("switchyard.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[[managers]]\nname = \"versioned\"\nplugin = \"{}\"\n",
+            plugin("switchyard-fixture-versioned-one").display()
+        ),
+    )
+    .unwrap();
+    let proto = proto_of(&path);
+    let notes = proto
+        .split("message ReleaseNotes {")
+        .nth(1)
+        .and_then(|rest| rest.split('}').next())
+        .unwrap_or_else(|| panic!("no ReleaseNotes message:\n{proto}"));
+    assert!(notes.contains("repeated string lines = "), "{notes}");
+    assert!(notes.contains("uint32 build_number = "), "{notes}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn created_and_no_content_are_described_with_their_schema_and_status() {
+    let config = format!(
+        "[[managers]]\nname = \"versioned\"\nplugin = \"{}\"\n",
+        plugin("switchyard-fixture-versioned-one").display()
+    );
+    let group = Group::builder("grpc-typed-created").config(&config).start();
+    let doc = common::get(group.addr, "/openapi.json").unwrap().json();
+    let created = &doc["paths"]["/releases"]["post"]["responses"];
+    assert!(created.get("200").is_none(), "{created}");
+    let schema = &created["201"]["content"]["application/json"]["schema"];
+    assert_eq!(schema["properties"]["number"]["type"], "integer", "{created}");
+    assert_eq!(schema["properties"]["build"]["type"], "string", "{created}");
+    let withdrawn = &doc["paths"]["/releases/{number}"]["delete"]["responses"];
+    assert!(
+        withdrawn["204"].is_object() && withdrawn.get("200").is_none(),
+        "{withdrawn}"
+    );
+
+    // The typed rpc answers a message whose integer is a varint, not a
+    // `google.protobuf.Value`'s double.
+    let mut grpc = tonic::client::Grpc::new(channel(&group).await);
+    grpc.ready().await.unwrap();
+    let number = field_numbers(["number"])["number"];
+    let mut request = Vec::new();
+    let mut put = |mut v: u64| loop {
+        let byte = (v & 0x7f) as u8;
+        v >>= 7;
+        if v == 0 {
+            request.push(byte);
+            break;
+        }
+        request.push(byte | 0x80);
+    };
+    put(u64::from(number) << 3);
+    put(7);
+    let path = http::uri::PathAndQuery::from_static("/versioned.v1.Versioned/Release");
+    let reply = tokio::time::timeout(
+        PATIENCE,
+        grpc.unary(tonic::Request::new(Bytes::from(request)), path, Raw),
+    )
+    .await
+    .expect("in time")
+    .unwrap()
+    .into_inner();
+    let numbers = field_numbers(["build", "number"]);
+    let fields = fields(&reply);
+    assert!(
+        fields
+            .iter()
+            .any(|(k, v)| *k == numbers["number"] && matches!(v, Wire::Varint(7))),
+        "{fields:?}"
+    );
+}

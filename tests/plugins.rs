@@ -182,3 +182,40 @@ fn unknown_manager_in_a_plugin_is_a_configuration_error() {
         "{out}"
     );
 }
+
+#[test]
+fn a_panic_with_its_backtrace_is_one_error_record() {
+    let plugin = plugin("switchyard-demo");
+    // The built-in demo (the host's std) and the same code as a plugin
+    // (the plugin's own std, whose hook the SDK sets).
+    for (tag, entry) in [
+        ("panic-log-builtin", String::new()),
+        ("panic-log-plugin", format!("plugin = \"{}\"\n", plugin.display())),
+    ] {
+        let config = format!("[log]\nformat = \"json\"\n\n[[managers]]\nname = \"basics\"\n{entry}");
+        let g = Group::builder(tag)
+            .config(&config)
+            .env("RUST_BACKTRACE", "1")
+            .start();
+        let pid = g.pid_of("basics");
+        assert_eq!(get(g.addr, "/panic").unwrap().status, 500);
+        let prefix = format!("basics[{pid}]");
+        let record = eventually("the panic's record", PATIENCE, || {
+            g.lines_with("panicked")
+                .into_iter()
+                .filter_map(|l| serde_json::from_str::<serde_json::Value>(&l).ok())
+                .find(|r| r["process"] == prefix.as_str() && r.to_string().contains("backtrace"))
+                .ok_or("not yet")
+        });
+        assert_eq!(record["level"], "ERROR", "{record}");
+        // Every line of the process is a record with a level: no loose
+        // backtrace lines.
+        let loose: Vec<String> = g
+            .lines_with(&prefix)
+            .into_iter()
+            .filter(|l| serde_json::from_str::<serde_json::Value>(l).map_or(true, |r| r["level"].is_null()))
+            .collect();
+        assert!(loose.is_empty(), "{tag}: lines without a level: {loose:#?}");
+        assert_eq!(get(g.addr, "/noop").unwrap().status, 200);
+    }
+}

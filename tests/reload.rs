@@ -364,3 +364,56 @@ fn managers_come_and_go_and_listener_limits_change_live() {
     assert_eq!(get(g.addr, "/version").unwrap().status, 404);
     g.eventually_status("/ready", 200);
 }
+
+#[test]
+fn the_report_names_every_change_applied_and_a_planned_replacement_is_no_warning() {
+    let build = plugin("switchyard-fixture-versioned-one");
+    let dir = scratch_dir("reload-report");
+    let config = dir.path().join("switchyard.toml");
+    let basics = "[[managers]]\nname = \"basics\"\n";
+    let jwt = "[auth.jwt]\nalgorithms = [\"HS256\"]\nsecret = \"reload-report-test-secret-32-bytes-long\"\n";
+    std::fs::write(
+        &config,
+        format!(
+            "[api]\ntitle = \"Before\"\n{jwt}{basics}{}",
+            versioned(&build, "one", 1)
+        ),
+    )
+    .unwrap();
+    let mut g = Group::builder("reload-report").config_file(&config).start();
+    assert_eq!(get(g.addr, "/hello/Ada").unwrap().status, 200);
+    let old = g.pid_of("versioned");
+
+    // A new rule, a new title, a manager's configuration.
+    std::fs::write(
+        &config,
+        format!(
+            "[api]\ntitle = \"After\"\n{jwt}[[auth.rules]]\nprefix = \"/hello\"\n{basics}{}",
+            versioned(&build, "two", 1)
+        ),
+    )
+    .unwrap();
+    let said = reload_ok(&g);
+    assert!(said.contains("replaced versioned"), "{said}");
+    assert!(
+        said.contains("auth.rules") && said.contains("api.title"),
+        "{said}"
+    );
+    assert!(!said.contains("no manager or setting changed"), "{said}");
+    // And each was applied.
+    assert_eq!(get(g.addr, "/hello/Ada").unwrap().status, 401);
+    assert_eq!(
+        get(g.addr, "/openapi.json").unwrap().json()["info"]["title"],
+        "After"
+    );
+    assert!(get(g.addr, "/version").unwrap().text().contains("two"));
+
+    // The replaced instance drained and left: the router says so without
+    // a warning.
+    g.wait_line("manager left after draining manager=versioned");
+    eventually("the old instance exits", PATIENCE, || {
+        if alive(old) { Err(old) } else { Ok(()) }
+    });
+    let warned: Vec<String> = g.lines_with("manager disconnected");
+    assert!(warned.is_empty(), "{warned:?}");
+}

@@ -332,3 +332,46 @@ fn a_broken_template_is_a_plain_500_and_a_log_line() {
     // JSON is unaffected, and the group goes on serving.
     assert_eq!(get(&group, "/hello/Ada", &[]).status, 200);
 }
+
+#[test]
+fn a_form_with_invalid_fields_gets_a_page_that_lists_them_and_why() {
+    let form = "application/x-www-form-urlencoded";
+    // A manager without templates: the listener's page for the problem.
+    let shop = common::plugin("switchyard-example-shop");
+    let config = format!(
+        "[[managers]]\nname = \"orders\"\nplugin = \"{p}\"\n[[managers]]\nname = \"inventory\"\nplugin = \"{p}\"\n",
+        p = shop.display()
+    );
+    let group = Group::builder("web-invalid-plain").config(&config).start();
+    let r = send(
+        &group,
+        "POST",
+        "/orders",
+        form,
+        &[("accept", BROWSER)],
+        b"sku=&qty=0&customer_id=1",
+    );
+    assert_eq!(r.status, 422, "{}", r.text());
+    assert_eq!(r.header("content-type"), Some("text/html; charset=utf-8"));
+    let page = r.text();
+    assert!(page.contains("2 invalid fields"), "{page}");
+    for field in ["sku", "qty"] {
+        let item = page
+            .split(&format!("<li><code>{field}</code>: "))
+            .nth(1)
+            .unwrap_or_else(|| panic!("`{field}` is not listed: {page}"));
+        let why = item.split("</li>").next().unwrap_or_default();
+        assert!(!why.trim().is_empty(), "no reason for `{field}`: {page}");
+    }
+    drop(group);
+
+    // A manager with templates but no `error.html`: the SDK's page.
+    let scratch = common::scratch_dir("web-invalid-templated");
+    let dir = scratch.path().join("templates");
+    templates_in(&dir);
+    std::fs::remove_file(dir.join("error.html")).unwrap();
+    let group = group_with_templates("web-invalid-templated", &dir, false);
+    let r = send(&group, "POST", "/greet", form, &[("accept", BROWSER)], b"name=");
+    assert_eq!(r.status, 422, "{}", r.text());
+    assert!(r.text().contains("<li><code>name</code>: "), "{}", r.text());
+}

@@ -39,7 +39,7 @@ use switchyard_proto::grpc::{
 use tokio::sync::{mpsc, oneshot};
 use tonic::transport::Channel;
 
-use crate::{ClientError, DEFAULT_TIMEOUT, Push};
+use crate::{Call, ClientError, Credential, DEFAULT_TIMEOUT, Push};
 
 /// A gRPC client of `switchyard.v1.Events`. Cheap to clone (one HTTP/2
 /// connection).
@@ -47,6 +47,82 @@ use crate::{ClientError, DEFAULT_TIMEOUT, Push};
 pub struct GrpcClient {
     events: EventsClient<Channel>,
     timeout: Duration,
+    /// Metadata every call carries (`authorization`, an API key).
+    credential: Option<Metadata>,
+}
+
+/// A credential as gRPC metadata.
+type Metadata = (
+    tonic::metadata::MetadataKey<tonic::metadata::Ascii>,
+    tonic::metadata::MetadataValue<tonic::metadata::Ascii>,
+);
+
+/// `request` with the credential's metadata.
+fn authorized<T>(credential: &Option<Metadata>, message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    if let Some((key, value)) = credential {
+        request.metadata_mut().insert(key.clone(), value.clone());
+    }
+    request
+}
+
+/// How a [`GrpcClient`] connects: [`GrpcClient::builder`].
+#[derive(Clone, Debug)]
+pub struct GrpcClientBuilder {
+    url: String,
+    timeout: Duration,
+    credential: Option<Credential>,
+}
+
+impl GrpcClientBuilder {
+    /// The deadline of every call (default [`DEFAULT_TIMEOUT`]).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Presents `credential` on every call.
+    pub fn credential(mut self, credential: Credential) -> Self {
+        self.credential = Some(credential);
+        self
+    }
+
+    /// Presents a bearer token.
+    pub fn bearer(self, token: impl Into<String>) -> Self {
+        self.credential(Credential::Bearer(token.into()))
+    }
+
+    /// Presents an API key in `x-api-key`.
+    pub fn api_key(self, key: impl Into<String>) -> Self {
+        self.credential(Credential::api_key(key))
+    }
+
+    /// Connects; fails if the first attempt does. The credential is
+    /// checked per call (a refused one: [`ClientError::Status`] 401).
+    pub async fn connect(self) -> Result<GrpcClient, ClientError> {
+        let credential = self
+            .credential
+            .map(|c| {
+                let (name, value) = c.header();
+                let key = tonic::metadata::MetadataKey::from_bytes(name.as_bytes())
+                    .map_err(|e| ClientError::Connect(format!("credential header `{name}`: {e}")))?;
+                let value = value
+                    .parse()
+                    .map_err(|e| ClientError::Connect(format!("credential value: {e}")))?;
+                Ok::<_, ClientError>((key, value))
+            })
+            .transpose()?;
+        let channel = Channel::from_shared(self.url)
+            .map_err(|e| ClientError::Connect(e.to_string()))?
+            .connect()
+            .await
+            .map_err(|e| ClientError::Connect(e.to_string()))?;
+        Ok(GrpcClient {
+            events: EventsClient::new(channel),
+            timeout: self.timeout,
+            credential,
+        })
+    }
 }
 
 impl GrpcClient {
@@ -58,15 +134,23 @@ impl GrpcClient {
 
     /// [`connect`](Self::connect) with the deadline every call gets.
     pub async fn connect_with_timeout(url: &str, timeout: Duration) -> Result<GrpcClient, ClientError> {
-        let channel = Channel::from_shared(url.to_owned())
-            .map_err(|e| ClientError::Connect(e.to_string()))?
-            .connect()
-            .await
-            .map_err(|e| ClientError::Connect(e.to_string()))?;
-        Ok(GrpcClient {
-            events: EventsClient::new(channel),
-            timeout,
-        })
+        GrpcClient::builder(url).timeout(timeout).connect().await
+    }
+
+    /// A client with a credential or another deadline:
+    /// `GrpcClient::builder(url).api_key(key).connect().await`.
+    pub fn builder(url: &str) -> GrpcClientBuilder {
+        GrpcClientBuilder {
+            url: url.to_owned(),
+            timeout: DEFAULT_TIMEOUT,
+            credential: None,
+        }
+    }
+
+    /// Sends `event` as a request of its type and decodes the reply as its
+    /// [`Call::Reply`].
+    pub async fn request<E: Call>(&self, event: &E) -> Result<E::Reply, ClientError> {
+        self.call(E::NAME, event).await
     }
 
     /// The generated client, for what the typed API does not cover.
@@ -87,7 +171,7 @@ impl GrpcClient {
             payload: serde_json::to_vec(event)?.into(),
             deadline_ms: self.timeout.as_millis() as u64,
         };
-        let mut request = tonic::Request::new(request);
+        let mut request = authorized(&self.credential, request);
         request.set_timeout(self.timeout);
         let reply = self
             .events
@@ -108,7 +192,11 @@ impl GrpcClient {
             content_type: "application/json".to_owned(),
             payload: serde_json::to_vec(event)?.into(),
         };
-        self.events.clone().notify(request).await.map_err(from_status)?;
+        self.events
+            .clone()
+            .notify(authorized(&self.credential, request))
+            .await
+            .map_err(from_status)?;
         Ok(())
     }
 
@@ -130,12 +218,12 @@ impl GrpcClient {
         };
         let mut events = self.events.clone();
         let first = events
-            .subscribe(request.clone())
+            .subscribe(authorized(&self.credential, request.clone()))
             .await
             .map_err(from_status)?
             .into_inner();
         let (tx, rx) = mpsc::unbounded_channel();
-        let task = tokio::spawn(forward(events, request, first, tx));
+        let task = tokio::spawn(forward(events, self.credential.clone(), request, first, tx));
         Ok(GrpcSubscription { rx, task })
     }
 
@@ -147,7 +235,7 @@ impl GrpcClient {
         let inbound = self
             .events
             .clone()
-            .session(outbound)
+            .session(authorized(&self.credential, outbound))
             .await
             .map_err(from_status)?
             .into_inner();
@@ -259,6 +347,7 @@ async fn dispatch(mut inbound: tonic::Streaming<ServerMessage>, pending: Pending
 /// until the subscription is dropped.
 async fn forward(
     mut events: EventsClient<Channel>,
+    credential: Option<Metadata>,
     request: SubscribeRequest,
     mut stream: tonic::Streaming<switchyard_proto::grpc::Push>,
     tx: mpsc::UnboundedSender<Push>,
@@ -283,7 +372,7 @@ async fn forward(
             if tx.is_closed() {
                 return;
             }
-            if let Ok(s) = events.subscribe(request.clone()).await {
+            if let Ok(s) = events.subscribe(authorized(&credential, request.clone())).await {
                 stream = s.into_inner();
                 break;
             }

@@ -17,6 +17,14 @@
 //! The group's built-in Store and Scheduler have typed handles on both
 //! clients: `client.store().get::<T>("k")`, `client.scheduler().schedule(..)`.
 //!
+//! An event type that names its reply ([`Call`]) is sent with
+//! [`Client::request`], its reply type inferred:
+//! `let ticket = client.request(&CreateTicket { .. }).await?`.
+//!
+//! Behind `[auth]`, a client presents a [`Credential`] (a bearer token or
+//! an API key) on the WebSocket upgrade and on every gRPC call:
+//! `Client::builder(url).bearer(token).connect()`.
+//!
 //! One connection carries every call and subscription, interleaved. When it
 //! drops, calls in flight fail with [`ClientError::Disconnected`], and the
 //! client reconnects in the background with exponential backoff with jitter (10 ms up
@@ -34,7 +42,7 @@
 mod grpc;
 mod state;
 
-pub use grpc::{GrpcClient, GrpcSession, GrpcSubscription};
+pub use grpc::{GrpcClient, GrpcClientBuilder, GrpcSession, GrpcSubscription};
 pub use state::{Caller, Scheduler, Store};
 /// The Store's and the Scheduler's events, as the SDK defines them.
 pub use switchyard_manager::{scheduler, store};
@@ -83,6 +91,114 @@ pub enum ClientError {
     Decode(String),
 }
 
+/// An event type whose reply type is known, so that [`Client::request`]
+/// and [`GrpcClient::request`] infer what they decode. The type's name is
+/// its [`Event::NAME`](switchyard_manager::Event::NAME); the plugin crate
+/// that defines the event says what it answers:
+///
+/// ```ignore
+/// impl switchyard_client::Call for CreateTicket {
+///     type Reply = Ticket;
+/// }
+/// ```
+pub trait Call: switchyard_manager::Event {
+    /// What the handler of this event answers.
+    type Reply: DeserializeOwned;
+}
+
+/// What a client presents to a group with `[auth]` (docs/security.md):
+/// on the WebSocket upgrade request, and on every gRPC call.
+#[derive(Clone)]
+pub enum Credential {
+    /// `Authorization: Bearer <token>` (a JWT).
+    Bearer(String),
+    /// An API key in `header` (the group's `auth.api_keys.header`,
+    /// `x-api-key` by default).
+    ApiKey { header: String, key: String },
+}
+
+impl Credential {
+    /// An API key in the default header, `x-api-key`.
+    pub fn api_key(key: impl Into<String>) -> Credential {
+        Credential::ApiKey {
+            header: "x-api-key".to_owned(),
+            key: key.into(),
+        }
+    }
+
+    /// The header's name and value.
+    fn header(&self) -> (String, String) {
+        match self {
+            Credential::Bearer(token) => ("authorization".to_owned(), format!("Bearer {token}")),
+            Credential::ApiKey { header, key } => (header.to_ascii_lowercase(), key.clone()),
+        }
+    }
+}
+
+/// Never prints the secret.
+impl std::fmt::Debug for Credential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Credential::Bearer(_) => f.write_str("Bearer(..)"),
+            Credential::ApiKey { header, .. } => write!(f, "ApiKey({header}: ..)"),
+        }
+    }
+}
+
+/// How a [`Client`] connects: [`Client::builder`].
+#[derive(Clone, Debug)]
+pub struct ClientBuilder {
+    url: String,
+    timeout: Duration,
+    credential: Option<Credential>,
+}
+
+impl ClientBuilder {
+    /// The deadline of every call (default [`DEFAULT_TIMEOUT`]).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Presents `credential`.
+    pub fn credential(mut self, credential: Credential) -> Self {
+        self.credential = Some(credential);
+        self
+    }
+
+    /// Presents a bearer token.
+    pub fn bearer(self, token: impl Into<String>) -> Self {
+        self.credential(Credential::Bearer(token.into()))
+    }
+
+    /// Presents an API key in `x-api-key`.
+    pub fn api_key(self, key: impl Into<String>) -> Self {
+        self.credential(Credential::api_key(key))
+    }
+
+    /// Connects; fails if the first attempt does (a refused credential:
+    /// [`ClientError::Status`] with 401 or 403). Reconnects present the
+    /// same credential.
+    pub async fn connect(self) -> Result<Client, ClientError> {
+        let socket = open(&self.url, self.credential.as_ref()).await?;
+        let inner = Arc::new(Inner {
+            url: self.url,
+            credential: self.credential,
+            out: Mutex::new(None),
+            pending: Mutex::new(HashMap::new()),
+            subs: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
+            timeout: self.timeout,
+        });
+        // The first connection's queue exists before `connect` returns, so
+        // the first call never finds the client disconnected.
+        let (tx, rx) = mpsc::unbounded_channel();
+        *lock(&inner.out) = Some(tx);
+        tokio::spawn(run(Arc::downgrade(&inner), socket, rx));
+        Ok(Client { inner })
+    }
+}
+
 /// One pushed notification.
 #[derive(Clone, Debug)]
 pub struct Push {
@@ -106,6 +222,7 @@ struct Sub {
 
 struct Inner {
     url: String,
+    credential: Option<Credential>,
     out: Mutex<Option<mpsc::UnboundedSender<Message>>>,
     pending: Mutex<HashMap<String, oneshot::Sender<Value>>>,
     subs: Mutex<HashMap<String, Sub>>,
@@ -134,21 +251,17 @@ impl Client {
 
     /// [`connect`](Self::connect) with the deadline every call gets.
     pub async fn connect_with_timeout(url: &str, timeout: Duration) -> Result<Client, ClientError> {
-        let socket = open(url).await?;
-        let inner = Arc::new(Inner {
+        Client::builder(url).timeout(timeout).connect().await
+    }
+
+    /// A client with a credential or another deadline:
+    /// `Client::builder(url).bearer(token).connect().await`.
+    pub fn builder(url: &str) -> ClientBuilder {
+        ClientBuilder {
             url: url.to_owned(),
-            out: Mutex::new(None),
-            pending: Mutex::new(HashMap::new()),
-            subs: Mutex::new(HashMap::new()),
-            next_id: AtomicU64::new(1),
-            timeout,
-        });
-        // The first connection's queue exists before `connect` returns, so
-        // the first call never finds the client disconnected.
-        let (tx, rx) = mpsc::unbounded_channel();
-        *lock(&inner.out) = Some(tx);
-        tokio::spawn(run(Arc::downgrade(&inner), socket, rx));
-        Ok(Client { inner })
+            timeout: DEFAULT_TIMEOUT,
+            credential: None,
+        }
     }
 
     fn next_id(&self, prefix: &str) -> String {
@@ -196,6 +309,12 @@ impl Client {
         Ok(serde_json::from_value(
             answer.get("data").cloned().unwrap_or(Value::Null),
         )?)
+    }
+
+    /// Sends `event` as a request of its type and decodes the answer as
+    /// its [`Call::Reply`]: `let ticket = client.request(&CreateTicket { .. }).await?`.
+    pub async fn request<E: Call>(&self, event: &E) -> Result<E::Reply, ClientError> {
+        self.call(E::NAME, event).await
     }
 
     /// Emits a notification of type `ty` with `event` as its JSON data into
@@ -280,11 +399,36 @@ impl Drop for Subscription {
     }
 }
 
-async fn open(url: &str) -> Result<Socket, ClientError> {
-    tokio_tungstenite::connect_async(url)
-        .await
-        .map(|(socket, _)| socket)
-        .map_err(|e| ClientError::Connect(e.to_string()))
+async fn open(url: &str, credential: Option<&Credential>) -> Result<Socket, ClientError> {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    use tokio_tungstenite::tungstenite::http::{HeaderName, HeaderValue};
+    let mut request = url
+        .into_client_request()
+        .map_err(|e| ClientError::Connect(e.to_string()))?;
+    if let Some(credential) = credential {
+        let (name, value) = credential.header();
+        let name = HeaderName::from_bytes(name.as_bytes())
+            .map_err(|e| ClientError::Connect(format!("credential header `{name}`: {e}")))?;
+        let value = HeaderValue::from_str(&value)
+            .map_err(|e| ClientError::Connect(format!("credential value: {e}")))?;
+        request.headers_mut().insert(name, value);
+    }
+    match tokio_tungstenite::connect_async(request).await {
+        Ok((socket, _)) => Ok(socket),
+        // The upgrade refused (401, 403): the status, as a call's would be.
+        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
+            let problem = response
+                .body()
+                .as_deref()
+                .and_then(|b| serde_json::from_slice(b).ok())
+                .unwrap_or(Value::Null);
+            Err(ClientError::Status {
+                status: response.status().as_u16(),
+                problem,
+            })
+        }
+        Err(e) => Err(ClientError::Connect(e.to_string())),
+    }
 }
 
 /// Serves connections until the client is dropped: pumps messages, routes
@@ -297,10 +441,11 @@ async fn run(inner: Weak<Inner>, first: Socket, first_rx: mpsc::UnboundedReceive
         let ws = match socket.take() {
             Some(ws) => ws,
             None => {
-                let Some(url) = inner.upgrade().map(|i| i.url.clone()) else {
+                let Some((url, credential)) = inner.upgrade().map(|i| (i.url.clone(), i.credential.clone()))
+                else {
                     return;
                 };
-                match open(&url).await {
+                match open(&url, credential.as_ref()).await {
                     Ok(ws) => ws,
                     Err(err) => {
                         tracing::debug!(%err, "reconnect failed");

@@ -10,7 +10,7 @@
 use bytes::Bytes;
 use http::{HeaderValue, header};
 use http_body_util::{BodyExt, Either, Full};
-use switchyard_proto::problem::{PROBLEM_JSON, reason};
+use switchyard_proto::problem::PROBLEM_JSON;
 use switchyard_proto::web::negotiate;
 
 use crate::body::Body;
@@ -38,10 +38,7 @@ pub(crate) async fn error_page(accept: Option<&str>, answer: Answer) -> Answer {
     };
     let Ok(collected) = whole.collect().await;
     let problem: serde_json::Value = serde_json::from_slice(&collected.to_bytes()).unwrap_or_default();
-    let status = parts.status.as_u16();
-    let title = problem["title"].as_str().unwrap_or(reason(status));
-    let detail = problem["detail"].as_str().unwrap_or("");
-    let page = switchyard_proto::web::error_page(status, title, detail);
+    let page = switchyard_proto::web::problem_page(parts.status.as_u16(), &problem);
     parts.headers.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/html; charset=utf-8"),

@@ -62,6 +62,7 @@ impl RuntimePaths {
 /// time and the fields of the span it is in (a request's id and trace id);
 /// the supervisor adds the process to each.
 pub fn init_child_logging() {
+    log_panics();
     let filter = tracing_subscriber::EnvFilter::try_from_env(ENV_LOG)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     if json_logs() {
@@ -84,6 +85,35 @@ pub fn init_child_logging() {
         .with_target(false)
         .compact()
         .try_init();
+}
+
+/// Makes a panic one ERROR record of the process's log, its backtrace (when
+/// `RUST_BACKTRACE` asks for one) a field of it, instead of std's lines on
+/// stderr that the supervisor would merge one by one, without a level. A
+/// plugin has its own copy of std, and the SDK installs the same hook in
+/// it (`switchyard_manager`'s `export_managers!`).
+pub fn log_panics() {
+    std::panic::set_hook(Box::new(|info| {
+        let (message, location, backtrace) = describe_panic(info);
+        match backtrace {
+            Some(backtrace) => tracing::error!(panic.location = %location, %backtrace, "panicked: {message}"),
+            None => tracing::error!(panic.location = %location, "panicked: {message}"),
+        }
+    }));
+}
+
+/// What a panic hook reports: the panic's message, where it happened, and
+/// the backtrace when `RUST_BACKTRACE` (or `RUST_LIB_BACKTRACE`) enables one.
+pub fn describe_panic(info: &std::panic::PanicHookInfo<'_>) -> (String, String, Option<String>) {
+    let message = info.payload_as_str().unwrap_or("Box<dyn Any>").to_owned();
+    let location = info
+        .location()
+        .map(|l| format!("{}:{}:{}", l.file(), l.line(), l.column()))
+        .unwrap_or_default();
+    let backtrace = std::backtrace::Backtrace::capture();
+    let backtrace =
+        (backtrace.status() == std::backtrace::BacktraceStatus::Captured).then(|| backtrace.to_string());
+    (message, location, backtrace)
 }
 
 /// Whether this process logs JSON lines (`SWITCHYARD_LOG_FORMAT=json`).

@@ -154,6 +154,40 @@ pub fn error_page(status: u16, title: &str, detail: &str) -> String {
     )
 }
 
+/// The page of a problem+json `problem` (its `title`, `detail`, and for a
+/// 422 each invalid field of `errors` with why), for a client that asked
+/// for HTML and a manager without an `error.html` template. Escaped; says
+/// no more than the problem does.
+pub fn problem_page(status: u16, problem: &serde_json::Value) -> String {
+    let title = problem["title"]
+        .as_str()
+        .unwrap_or(crate::problem::reason(status));
+    let detail = problem["detail"].as_str().unwrap_or("");
+    let page = error_page(status, title, detail);
+    let fields: Vec<String> = problem["errors"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|e| {
+            let field = e["field"].as_str().unwrap_or("");
+            let message = escape_html(e["message"].as_str().unwrap_or(""));
+            if field.is_empty() {
+                format!("<li>{message}</li>")
+            } else {
+                format!("<li><code>{}</code>: {message}</li>", escape_html(field))
+            }
+        })
+        .collect();
+    if fields.is_empty() {
+        return page;
+    }
+    page.replacen(
+        "</p></body>",
+        &format!("</p>\n<ul>{}</ul></body>", fields.join("")),
+        1,
+    )
+}
+
 /// `text` with `& < > " '` escaped for HTML text and attribute values.
 pub fn escape_html(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
@@ -175,6 +209,34 @@ mod tests {
     use super::*;
 
     const OFFERS: &[&str] = &["application/json", "text/html", "application/x-bincode"];
+
+    #[test]
+    fn a_problem_page_lists_the_invalid_fields_and_why() {
+        let problem = serde_json::json!({
+            "title": "Unprocessable Content",
+            "detail": "2 invalid fields",
+            "errors": [
+                {"field": "name", "message": "must not be empty"},
+                {"field": "age<", "message": "must be at most 150 & more"},
+            ],
+        });
+        let page = problem_page(422, &problem);
+        assert!(page.contains("<h1>422 Unprocessable Content</h1>"), "{page}");
+        assert!(
+            page.contains("<li><code>name</code>: must not be empty</li>"),
+            "{page}"
+        );
+        assert!(
+            page.contains("<li><code>age&lt;</code>: must be at most 150 &amp; more</li>"),
+            "{page}"
+        );
+        // No errors: the plain page.
+        let plain = serde_json::json!({"title": "Not Found", "detail": "no route"});
+        assert_eq!(
+            problem_page(404, &plain),
+            error_page(404, "Not Found", "no route")
+        );
+    }
 
     #[test]
     fn accept_by_quality_and_specificity() {

@@ -268,6 +268,9 @@ async fn manager_connection(shared: Shared, stream: UnixStream) {
     }
     tracing::info!(manager = %name, pid, router_id = id, "manager registered");
     let mut batch = Vec::with_capacity(64);
+    // Whether the instance said it was draining before it left: a planned
+    // stop (a reload, a shutdown), which is no warning.
+    let mut drained = false;
     loop {
         match reader.read_batch(&mut batch).await {
             Ok(true) => {}
@@ -313,6 +316,7 @@ async fn manager_connection(shared: Shared, stream: UnixStream) {
                         // Taken out under the table lock, then acknowledged on
                         // the same queue as the requests routed to it before.
                         table.drain_instance(id);
+                        drained = true;
                         if let Ok(ack) = Envelope::control(&Control::Draining) {
                             let _ = sink.send(ack);
                         }
@@ -325,7 +329,11 @@ async fn manager_connection(shared: Shared, stream: UnixStream) {
         }
     }
     let failed = shared.lock().remove_instance(id);
-    tracing::warn!(manager = %name, pid, router_id = id, failed, "manager disconnected");
+    if drained && failed == 0 {
+        tracing::info!(manager = %name, pid, router_id = id, "manager left after draining");
+    } else {
+        tracing::warn!(manager = %name, pid, router_id = id, failed, "manager disconnected");
+    }
 }
 
 async fn deadline_sweeper(shared: Shared) {

@@ -639,6 +639,8 @@ async fn up(
         ))
     });
     sup.systemd.ready(&format!("serving on {addr}"));
+    // `switchyard dev`: rebuilds and reloads from now on.
+    crate::dev::start(sup.dir.path());
 
     let mut watchdog = sup.systemd.watchdog_period().map(tokio::time::interval);
     let mut upgraded = false;

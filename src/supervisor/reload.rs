@@ -175,6 +175,54 @@ pub(crate) fn plan(running: &Config, running_prints: &HashMap<String, Fingerprin
             serde_json::to_value(&running.metrics),
             serde_json::to_value(&new.metrics),
         ),
+        // What the listeners apply live: the middleware, the API
+        // documents and the web side. Only key names are reported, never
+        // a value (a changed `auth.jwt.secret` is named, not echoed).
+        (
+            "request_id",
+            serde_json::to_value(&running.request_id),
+            serde_json::to_value(&new.request_id),
+        ),
+        (
+            "auth",
+            serde_json::to_value(&running.auth),
+            serde_json::to_value(&new.auth),
+        ),
+        (
+            "cors",
+            serde_json::to_value(&running.cors),
+            serde_json::to_value(&new.cors),
+        ),
+        (
+            "rate_limit",
+            serde_json::to_value(&running.rate_limit),
+            serde_json::to_value(&new.rate_limit),
+        ),
+        (
+            "compression",
+            serde_json::to_value(&running.compression),
+            serde_json::to_value(&new.compression),
+        ),
+        (
+            "security_headers",
+            serde_json::to_value(&running.security_headers),
+            serde_json::to_value(&new.security_headers),
+        ),
+        (
+            "api",
+            serde_json::to_value(&running.api),
+            serde_json::to_value(&new.api),
+        ),
+        (
+            "static",
+            serde_json::to_value(&running.statics),
+            serde_json::to_value(&new.statics),
+        ),
+        (
+            "web",
+            serde_json::to_value(&running.web),
+            serde_json::to_value(&new.web),
+        ),
     ] {
         changed_keys(
             section,
@@ -363,5 +411,25 @@ mod tests {
         assert_eq!(plan.effective.log.format, old.log.format);
         assert_eq!(plan.effective.log.access, "stdout");
         assert!(plan.effective.tracing.server_timing);
+    }
+
+    #[test]
+    fn auth_rules_the_api_title_and_the_web_side_are_reported_as_applied_live() {
+        let old = config("[api]\ntitle = \"Old\"\n[[managers]]\nname = \"a\"\n");
+        let new = config(
+            "[api]\ntitle = \"New\"\n[[auth.rules]]\nprefix = \"/admin\"\nrequire = \"identity\"\n\
+             [cors]\nallow_origins = [\"https://a.example\"]\n[[managers]]\nname = \"a\"\n",
+        );
+        let plan = plan(&old, &fingerprints(&old), new);
+        assert_eq!(
+            plan.report.live,
+            ["auth.rules", "cors.allow_origins", "api.title"]
+        );
+        assert!(plan.report.restart_needed.is_empty());
+        let said = plan.report.describe();
+        assert!(
+            said.contains("applied live: auth.rules, cors.allow_origins, api.title"),
+            "{said}"
+        );
     }
 }

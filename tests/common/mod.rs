@@ -115,6 +115,8 @@ pub struct GroupBuilder {
     args: Vec<String>,
     /// Run the group as this user (uid = gid), not the test's.
     user: Option<u32>,
+    /// The command that runs the group: `up`, or `dev`.
+    command: &'static str,
 }
 
 impl GroupBuilder {
@@ -148,6 +150,12 @@ impl GroupBuilder {
     /// Passes one more argument to `switchyard up` (`--admin-bind`, ...).
     pub fn arg(mut self, arg: &str) -> Self {
         self.args.push(arg.to_owned());
+        self
+    }
+
+    /// Runs the group with `switchyard dev` instead of `up`.
+    pub fn dev(mut self) -> Self {
+        self.command = "dev";
         self
     }
 
@@ -193,7 +201,7 @@ impl GroupBuilder {
             }
             None => Command::new(env!("CARGO_BIN_EXE_switchyard")),
         };
-        cmd.arg("up")
+        cmd.arg(self.command)
             .arg("--bind")
             .arg("127.0.0.1:0")
             .arg("--runtime-dir")
@@ -297,6 +305,7 @@ impl Group {
             runtime_dir: None,
             args: Vec::new(),
             user: None,
+            command: "up",
         }
     }
 

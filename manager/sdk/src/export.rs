@@ -48,6 +48,7 @@ unsafe extern "C" fn create<M: Manager>(
         // SAFETY: the host's wake function may be called from any thread.
         Arc::new(move || unsafe { wake() }) as crate::runtime::WakeHost
     });
+    log_panics(&log);
     let made = catch_unwind(AssertUnwindSafe(|| {
         let args: CreateArgs = codec::decode(bytes).map_err(|e| format!("bad create arguments: {e}"))?;
         let (runtime, description) = Runtime::<M>::create(args, Some(log), wake).map_err(|e| e.message)?;
@@ -62,6 +63,35 @@ unsafe extern "C" fn create<M: Manager>(
     // SAFETY: the host passes a valid, writable `out`.
     unsafe { out.write(Buffer::from_vec(result)) };
     ptr
+}
+
+/// Sends this plugin's panics to the host's log as one ERROR record each,
+/// the backtrace (when `RUST_BACKTRACE` enables one) inside it. The plugin
+/// has its own copy of std, whose default hook would write the panic to
+/// stderr line by line, where the supervisor merges each line as a record
+/// of its own without a level. Installed once, by the first `create`.
+fn log_panics(log: &crate::runtime::LogSink) {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    let log = log.clone();
+    ONCE.call_once(move || {
+        std::panic::set_hook(Box::new(move |info| {
+            let message = info.payload_as_str().unwrap_or("Box<dyn Any>");
+            let mut text = match info.location() {
+                Some(at) => format!(
+                    "panicked at {}:{}:{}: {message}",
+                    at.file(),
+                    at.line(),
+                    at.column()
+                ),
+                None => format!("panicked: {message}"),
+            };
+            let backtrace = std::backtrace::Backtrace::capture();
+            if backtrace.status() == std::backtrace::BacktraceStatus::Captured {
+                text.push_str(&format!("\nstack backtrace:\n{backtrace}"));
+            }
+            log(LogLevel::Error, 0, &text);
+        }));
+    });
 }
 
 unsafe extern "C" fn step<M: Manager>(

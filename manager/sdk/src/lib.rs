@@ -69,10 +69,15 @@ pub use middleware::{Flow, Incoming, Middleware, Replacement, RequestHead};
 pub use multipart::{Multipart, MultipartLimits, Part};
 pub use registry::{Config, Manager, Registry, State, TICK_PERIOD};
 pub use reply::{
-    AutoEtag, BINCODE, Binary, Created, Error, FieldError, Format, JSON, Json, Redirect, Reply, Response,
-    WithHeaders,
+    AutoEtag, BINCODE, Binary, Created, Error, FieldError, Format, JSON, Json, NoContent, Redirect, Reply,
+    Response, WithHeaders,
 };
 pub use schema::JsonSchema;
+/// The `schemars` crate, for `#[derive(JsonSchema)]` in a plugin that does
+/// not depend on it: the derive's code names `schemars::…`, which
+/// `use switchyard_manager::{JsonSchema, schemars};` brings into scope
+/// (or `#[schemars(crate = "switchyard_manager::schemars")]` on the type).
+pub use schemars;
 pub use stream::{BodyReader, BodyWriter, MAX_STREAMS, STREAM_IDLE_TIMEOUT, Streamed};
 pub use switchyard_manager_abi::messages::LogLevel;
 pub use switchyard_manager_macros::{Event, Reply};

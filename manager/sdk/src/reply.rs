@@ -98,7 +98,9 @@ impl Response {
         Ok(Response::empty(kind.status()).with_header("location", location))
     }
 
-    /// 204 No Content.
+    /// 204 No Content. The API description cannot see the status of a
+    /// handler that returns [`Response`]: return [`NoContent`] (or `()`)
+    /// to have its route documented as 204.
     pub fn no_content() -> Response {
         Response::empty(204)
     }
@@ -172,9 +174,17 @@ impl<T: Serialize> Created<T> {
     }
 }
 
-impl<T: Serialize> Reply for Created<T> {
-    fn describe(_: &mut crate::schema::SchemaGenerator) -> Option<switchyard_proto::api::ReplyDoc> {
-        Some(crate::schema::reply(201, "", None))
+/// Described as its body's reply with status 201: the body type's schema
+/// (a `#[derive(Reply)]` struct's fields), so that `/openapi.json` and the
+/// typed gRPC service see its fields and their types.
+impl<T: Serialize + Reply> Reply for Created<T> {
+    fn describe(generator: &mut crate::schema::SchemaGenerator) -> Option<switchyard_proto::api::ReplyDoc> {
+        let mut doc = T::describe(generator).unwrap_or_else(|| crate::schema::reply(201, "", None));
+        doc.status = 201;
+        if doc.content_type.is_empty() {
+            doc.content_type = crate::JSON.to_owned();
+        }
+        Some(doc)
     }
 
     fn into_response(self, format: Format) -> Result<Response, Error> {
@@ -325,6 +335,21 @@ impl<R: Reply> Reply for AutoEtag<R> {
             response.meta.push("etag", tag);
         }
         Ok(response)
+    }
+}
+
+/// 204 No Content, described as such in `/openapi.json` and the typed
+/// gRPC service (an empty message).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NoContent;
+
+impl Reply for NoContent {
+    fn describe(_: &mut crate::schema::SchemaGenerator) -> Option<switchyard_proto::api::ReplyDoc> {
+        Some(crate::schema::reply(204, "", None))
+    }
+
+    fn into_response(self, _: Format) -> Result<Response, Error> {
+        Ok(Response::no_content())
     }
 }
 

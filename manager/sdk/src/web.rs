@@ -211,7 +211,7 @@ impl Templates {
                 Err(err) => log(&format!("template `error.html` failed: {err:#}")),
             }
         }
-        builtin_page(status, title, detail)
+        switchyard_proto::web::problem_page(status, problem)
     }
 }
 

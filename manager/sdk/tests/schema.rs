@@ -91,6 +91,27 @@ fn a_reply_schema_has_its_status_and_fields() {
     assert_eq!(s["required"], json!(["id"]));
 }
 
+#[test]
+fn created_is_described_with_its_bodys_schema_and_no_content_as_204() {
+    let created =
+        switchyard_manager::Created::<Placed>::describe(&mut schema::generator()).expect("described");
+    assert_eq!(created.status, 201);
+    assert_eq!(created.content_type, "application/json");
+    let s: Value = serde_json::from_str(&created.schema).unwrap();
+    assert_eq!(s["properties"]["id"]["type"], "integer", "{s}");
+    assert_eq!(s["required"], json!(["id"]));
+
+    let none = switchyard_manager::NoContent::describe(&mut schema::generator()).expect("described");
+    assert_eq!(
+        (none.status, none.content_type.as_str(), none.schema.as_str()),
+        (204, "", "")
+    );
+    let r = switchyard_manager::NoContent
+        .into_response(switchyard_manager::Format::Json)
+        .unwrap();
+    assert_eq!((r.status, r.body.len()), (204, 0));
+}
+
 struct Opaque;
 
 #[test]
