@@ -2,7 +2,7 @@
 //! unix socket in that directory (no TCP port to collide on), stopped and
 //! removed when dropped.
 //!
-//! PostgreSQL refuses to run as root, and the tests may run as root: the
+//! Decision 0121. PostgreSQL refuses to run as root, and the tests may run as root: the
 //! cluster then belongs to `nobody`, whose uid the server is started with.
 //! The binaries are looked up as Debian installs them
 //! (`/usr/lib/postgresql/<version>/bin`, the newest first), or in
