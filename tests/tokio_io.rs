@@ -41,7 +41,7 @@ fn value(g: &Group, path: &str) -> serde_json::Value {
 }
 
 #[test]
-fn async_handlers_await_tokio_timers_sockets_and_sqlx() {
+fn async_handlers_await_tokio_timers_sockets_and_postgres() {
     let Some(pg) = Postgres::start() else {
         return;
     };

@@ -2,8 +2,9 @@
 //! unix socket in that directory (no TCP port to collide on), stopped and
 //! removed when dropped.
 //!
-//! Decision 0121. PostgreSQL refuses to run as root, and the tests may run as root: the
-//! cluster then belongs to `nobody`, whose uid the server is started with.
+//! PostgreSQL refuses to run as root, and the tests may run as root: the
+//! cluster then belongs to `nobody`, whose uid the server is started with
+//! (decision 0121).
 //! The binaries are looked up as Debian installs them
 //! (`/usr/lib/postgresql/<version>/bin`, the newest first), or in
 //! `SWITCHYARD_PG_BIN`. Without them a test is skipped with a message,

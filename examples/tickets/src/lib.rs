@@ -115,6 +115,12 @@ pub struct Opened {
     pub ticket: Ticket,
 }
 
+/// A reminder's firing: whether it was announced.
+#[derive(Debug, Serialize, Deserialize, Reply)]
+pub struct Reminded {
+    pub announced: bool,
+}
+
 #[derive(Debug, Serialize, Deserialize, Reply)]
 pub struct Tickets {
     pub tickets: Vec<Ticket>,
@@ -358,8 +364,9 @@ impl TicketDesk {
     }
 
     /// The reminder's firing: announced once, and only for a ticket still
-    /// open (the Scheduler delivers at least once).
-    async fn remind(state: State<Self>, ev: Remind, cx: Context) -> Result<Ticket, Error> {
+    /// open (the Scheduler delivers at least once). A closed or reminded
+    /// ticket is a firing done, not an error the Scheduler would retry.
+    async fn remind(state: State<Self>, ev: Remind, cx: Context) -> Result<Reminded, Error> {
         let db = state.with(|m| m.db.clone());
         let client = db.get().await.map_err(self::db)?;
         let row = client
@@ -372,18 +379,15 @@ impl TicketDesk {
             .await
             .map_err(self::db)?;
         let Some(row) = row else {
-            return Err(Error::conflict(format!(
-                "ticket {} is closed or was reminded already",
-                ev.payload.id
-            )));
+            return Ok(Reminded { announced: false });
         };
         let ticket = ticket(&row);
         cx.notify(&TicketReminder {
             id: ticket.id,
-            title: ticket.title.clone(),
-            assignee: ticket.assignee.clone(),
+            title: ticket.title,
+            assignee: ticket.assignee,
         })?;
-        Ok(ticket)
+        Ok(Reminded { announced: true })
     }
 }
 
