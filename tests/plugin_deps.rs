@@ -1,14 +1,19 @@
 //! A plugin links the SDK and the ABI, never the host's side: no library
-//! loading, no tokio (so none of its networking), no worker pool.
+//! loading, no worker pool, and of tokio only the scheduler of the
+//! plugin's own runtime (decision 0120), none of its networking unless the
+//! plugin asks for it.
 
 use std::process::Command;
 
-fn tree(package: &str) -> String {
+fn tree(package: &str, extra: &[&str]) -> String {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let out = Command::new(cargo)
-        .args([
-            "tree", "--locked", "-e", "normal", "--prefix", "none", "-p", package,
-        ])
+        .args(["tree", "--locked", "--prefix", "none", "-p", package])
+        .args(if extra.is_empty() {
+            &["-e", "normal"][..]
+        } else {
+            extra
+        })
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
         .unwrap();
@@ -21,16 +26,16 @@ fn tree(package: &str) -> String {
 }
 
 #[test]
-fn plugins_link_neither_the_host_nor_tokio() {
+fn plugins_link_neither_the_host_nor_tokio_networking() {
     for plugin in ["switchyard-example-shop", "switchyard-demo"] {
-        let tree = tree(plugin);
+        let tree = tree(plugin, &[]);
         assert!(
             tree.contains("switchyard-manager-abi "),
             "{plugin} links the ABI crate:\n{tree}"
         );
         for crate_name in [
             "libloading ",
-            "tokio ",
+            "mio ",
             "switchyard-manager-host ",
             "switchyard-worker ",
         ] {
@@ -40,4 +45,14 @@ fn plugins_link_neither_the_host_nor_tokio() {
             );
         }
     }
+}
+
+#[test]
+fn a_plugin_that_asks_nothing_of_tokio_gets_its_scheduler_only() {
+    let features = tree("switchyard-example-shop", &["-e", "features", "-i", "tokio"]);
+    let enabled: Vec<&str> = features
+        .lines()
+        .filter_map(|line| line.strip_prefix("tokio feature "))
+        .collect();
+    assert_eq!(enabled, ["\"rt\""], "{features}");
 }

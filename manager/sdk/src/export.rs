@@ -49,6 +49,9 @@ unsafe extern "C" fn create<M: Manager>(
         Arc::new(move || unsafe { wake() }) as crate::runtime::WakeHost
     });
     log_panics(&log);
+    // Inside the plugin's tokio runtime (decision 0120): a pool or client
+    // made in `create` finds its reactor.
+    let _io = crate::reactor::enter();
     let made = catch_unwind(AssertUnwindSafe(|| {
         let args: CreateArgs = codec::decode(bytes).map_err(|e| format!("bad create arguments: {e}"))?;
         let (runtime, description) = Runtime::<M>::create(args, Some(log), wake).map_err(|e| e.message)?;
@@ -108,6 +111,7 @@ unsafe extern "C" fn step<M: Manager>(
             std::slice::from_raw_parts(input, len),
         )
     };
+    let _io = crate::reactor::enter();
     let outcome = catch_unwind(AssertUnwindSafe(|| {
         let inputs: Vec<ToPlugin> = codec::decode_local(bytes).map_err(|e| format!("bad step input: {e}"))?;
         codec::encode(&runtime.step(inputs)).map_err(|e| e.to_string())
@@ -123,6 +127,9 @@ unsafe extern "C" fn step<M: Manager>(
 }
 
 unsafe extern "C" fn destroy<M: Manager>(instance: *mut c_void) {
+    // The manager's pools and sockets close inside the runtime they were
+    // made in.
+    let _io = crate::reactor::enter();
     // SAFETY: `instance` came from `create::<M>` and is destroyed once.
     let _ = catch_unwind(AssertUnwindSafe(|| {
         drop(unsafe { Box::from_raw(instance as *mut Runtime<M>) })
@@ -137,6 +144,8 @@ unsafe extern "C" fn run_job<M: Manager>(
 ) -> bool {
     // SAFETY: the host passes a readable `len`-byte buffer for the call.
     let bytes = unsafe { std::slice::from_raw_parts(input, len) };
+    // A job may block on the plugin's runtime (`Handle::current().block_on`).
+    let _io = crate::reactor::enter();
     let outcome = catch_unwind(AssertUnwindSafe(|| {
         let output = crate::runtime::run_job::<M>(switchyard_proto::EventType(job_type), bytes);
         codec::encode(&output).map_err(|e| e.to_string())

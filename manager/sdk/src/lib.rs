@@ -25,6 +25,8 @@
 //! - [`Streamed`], [`BodyReader`]: bodies streamed through shared-memory
 //!   pipes (downloads and uploads of any size, on their own threads).
 //! - `runtime`: one manager instance and a small executor for async handlers.
+//! - `reactor`: the plugin's tokio runtime, entered while handlers run, so
+//!   sqlx, reqwest and tokio's own timers and sockets work in them.
 //! - `export`: the plugin side of the C ABI and [`export_managers!`] (all
 //!   the unsafe code of the SDK).
 //! - `web`: the representation a request gets by `Accept` (JSON, HTML
@@ -50,6 +52,7 @@ pub mod export;
 mod extract;
 mod middleware;
 mod multipart;
+mod reactor;
 mod registry;
 mod reply;
 mod runtime;

@@ -58,6 +58,11 @@ pub trait Manager: Sized + 'static {
     /// report it. Those run `create` once more in a short-lived validation
     /// process ([`Config::validation`]): keep lasting side effects (files,
     /// sockets) out of it, or skip them when validating.
+    ///
+    /// It runs inside the plugin's tokio runtime (decision 0120): a lazy
+    /// pool or an HTTP client made here works in the handlers, and
+    /// `tokio::runtime::Handle::current().block_on(..)` may await a first
+    /// connection or migrations (`create` is not inside an executor).
     fn create(config: &Config) -> Result<Self, Error>;
     /// Declares the handlers; runs once, right after `create`.
     fn register(registry: &mut Registry<Self>);

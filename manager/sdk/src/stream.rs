@@ -59,6 +59,7 @@ pub(crate) fn spawn_stream_thread(work: impl FnOnce() + Send + 'static) -> Resul
         .name("switchyard-stream".into())
         .spawn(move || {
             let _slot = slot;
+            let _io = crate::reactor::enter();
             work();
         })
         .map(drop)
