@@ -252,7 +252,7 @@ fn context_fields_declare_what_they_read() {
     const { assert!(WHO.method && WHO.path && WHO.client && WHO.identity) };
     let who = WHO;
     assert_eq!(who.headers, ["user-agent"]);
-    assert!(Mine::REQUEST.identity && !Mine::REQUEST.method);
+    const { assert!(Mine::REQUEST.identity && !Mine::REQUEST.method) };
 
     let mut m = TestManager::<Shop>::new();
     let identity = Identity {
