@@ -151,14 +151,21 @@ greeting = "Hello"
             r#"//! The `{name}` manager: a Switchyard plugin.
 
 use serde::{{Deserialize, Serialize}};
-use switchyard_manager::{{Config, Context, Error, Event, Manager, Registry, Reply}};
+use switchyard_manager::{{Config, Context, Error, Event, Manager, Registry, Reply, State, tracing}};
 
-/// `GET /{name}/hello/{{who}}`: the event the listener builds from the request.
+/// `GET /{name}/hello/{{who}}`: the event the listener builds from the
+/// request. `reply` names what its handler returns (and what `cx.call` of
+/// it gives another manager).
 #[derive(Debug, Serialize, Deserialize, Event)]
-#[event(name = "{name}.Hello", http = "GET /{name}/hello/{{who}}")]
+#[event(name = "{name}.Hello", http = "GET /{name}/hello/{{who}}", reply = Greeting)]
 pub struct Hello {{
     #[validate(length(min = 1, max = 64))]
     pub who: String,
+    /// Request context is a field: `#[from(..)]` both declares it (only
+    /// what is declared travels) and reads it. Also `cookie = ".."`,
+    /// `scope = ".."`, `method`, `path`, `client`, `identity`.
+    #[from(header = "user-agent")]
+    pub agent: Option<String>,
 }}
 
 /// The reply, as JSON to HTTP clients.
@@ -171,14 +178,14 @@ pub struct Greeting {{
 /// How many greetings so far. No HTTP route: `public` lets WebSocket and
 /// gRPC clients send it (`{{"type": "{name}.Count"}}` on `/ws`).
 #[derive(Debug, Serialize, Deserialize, Event)]
-#[event(name = "{name}.Count", public)]
+#[event(name = "{name}.Count", public, reply = Counted)]
 pub struct Count {{}}
 
 /// Starts the count again. Neither a route nor `public`: internal, so
 /// only the group's other managers may send it (`cx.call`); clients get
 /// 404 as for a type no manager declares.
 #[derive(Debug, Serialize, Deserialize, Event)]
-#[event(name = "{name}.Reset")]
+#[event(name = "{name}.Reset", reply = Counted)]
 pub struct Reset {{}}
 
 /// The count, as a reply.
@@ -187,10 +194,17 @@ pub struct Counted {{
     pub count: u64,
 }}
 
-/// `[managers.config]` in switchyard.toml.
+/// `[managers.config]` in switchyard.toml; every key has a default.
 #[derive(Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct Settings {{
     pub greeting: String,
+}}
+
+impl Default for Settings {{
+    fn default() -> Self {{
+        Settings {{ greeting: "Hello".to_owned() }}
+    }}
 }}
 
 /// State lives across requests; handlers run one at a time.
@@ -203,24 +217,30 @@ impl Manager for {type_name} {{
     const NAME: &'static str = "{name}";
 
     fn create(config: &Config) -> Result<Self, Error> {{
-        let greeting = if config.value.is_null() {{ "Hello".to_owned() }} else {{ config.get::<Settings>()?.greeting }};
-        Ok({type_name} {{ greeting, count: 0 }})
+        let settings: Settings = config.get_or_default()?;
+        Ok({type_name} {{ greeting: settings.greeting, count: 0 }})
     }}
 
     fn register(r: &mut Registry<Self>) {{
-        r.request(Self::hello).request(Self::count).request(Self::reset);
+        // One way for every handler, sync or async.
+        r.handle(Self::hello).handle(Self::count).handle(Self::reset);
     }}
 }}
 
 impl {type_name} {{
-    fn hello(&mut self, ev: Hello, cx: &mut Context) -> Result<Greeting, Error> {{
+    /// A handler with the state to itself.
+    fn hello(&mut self, ev: Hello, _: &mut Context) -> Result<Greeting, Error> {{
         self.count += 1;
-        cx.log(&format!("greeting {{}}", ev.who));
+        // In the group's log with the request's id and trace id.
+        tracing::info!(agent = ?ev.agent, "greeting {{}}", ev.who);
         Ok(Greeting {{ message: format!("{{}}, {{}}!", self.greeting, ev.who), count: self.count }})
     }}
 
-    fn count(&mut self, _: Count, _: &mut Context) -> Result<Counted, Error> {{
-        Ok(Counted {{ count: self.count }})
+    /// `State<Self>` and `Context`: make it `async fn` to `.await` a
+    /// `cx.call(..)`, a database query or an HTTP request, and nothing
+    /// else changes, neither here nor in `register`.
+    fn count(state: State<Self>, _: Count, _: Context) -> Result<Counted, Error> {{
+        Ok(Counted {{ count: state.with(|m| m.count) }})
     }}
 
     fn reset(&mut self, _: Reset, _: &mut Context) -> Result<Counted, Error> {{

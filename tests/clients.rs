@@ -7,7 +7,7 @@ mod common;
 
 use common::*;
 use serde::{Deserialize, Serialize};
-use switchyard_client::{Call, Client, ClientError, GrpcClient};
+use switchyard_client::{Client, ClientError, GrpcClient};
 
 const SECRET: &str = "clients-test-secret-of-thirty-two-bytes!";
 /// `test`, whose SHA-256 the configuration holds.
@@ -15,8 +15,9 @@ const KEY: &str = "test";
 
 /// The demo's `demo.Hello`, as a client crate that shares the plugin's
 /// types would see it.
+/// It declares its reply, so it is a `Call` with no more code.
 #[derive(Serialize, Deserialize, switchyard_manager::Event)]
-#[event(name = "demo.Hello")]
+#[event(name = "demo.Hello", reply = Greeting)]
 struct Hello {
     name: String,
 }
@@ -24,10 +25,6 @@ struct Hello {
 #[derive(Debug, PartialEq, Deserialize)]
 struct Greeting {
     message: String,
-}
-
-impl Call for Hello {
-    type Reply = Greeting;
 }
 
 fn token(sub: &str) -> String {

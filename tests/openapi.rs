@@ -124,6 +124,20 @@ fn the_demo_group_describes_every_route_and_the_document_validates() {
     let files = body("post", "/files");
     assert!(files["content"]["multipart/form-data"].is_object(), "{files}");
     assert_eq!(files["content"].as_object().unwrap().len(), 1, "{files}");
+    // The form's text fields are the event's, with their rules; any other
+    // part is a file (decision 0125).
+    let form = &files["content"]["multipart/form-data"]["schema"];
+    assert_eq!(form["properties"]["note"]["maxLength"], 200, "{form}");
+    assert_eq!(
+        form["additionalProperties"]["contentMediaType"], "application/octet-stream",
+        "{form}"
+    );
+    // The files' reply is described too.
+    assert!(
+        doc["paths"]["/files"]["post"]["responses"]["200"]["content"]["application/json"].is_object(),
+        "{}",
+        doc["paths"]["/files"]["post"]["responses"]
+    );
     let raw = body("post", "/echo-bytes");
     assert!(raw["content"]["application/octet-stream"].is_object(), "{raw}");
     assert_eq!(raw["required"], false);

@@ -182,7 +182,10 @@ fn a_request_id_is_in_every_hops_log_lines_and_the_reply() {
         ("listener", "answered"),
         ("broker", "request to the router"),
         ("router", "request routed"),
+        // `tracing` records of the handler, before its call and after it
+        // (decision 0125).
         ("ctx", "ctx.Log handler ran"),
+        ("ctx", "ctx.Log call answered served_by=plain"),
         ("ctx", "request to the plugin"),
         ("plain", "mw.Remote handler ran"),
     ] {

@@ -1052,11 +1052,11 @@ impl Manager for Scheduler {
     }
 
     fn register(r: &mut Registry<Self>) {
-        r.request(Self::schedule)
-            .request(Self::update)
-            .request(Self::cancel)
-            .request(Self::get)
-            .request(Self::list)
+        r.handle(Self::schedule)
+            .handle(Self::update)
+            .handle(Self::cancel)
+            .handle(Self::get)
+            .handle(Self::list)
             .every(|_| switchyard_manager::TICK_PERIOD, Self::tick);
     }
 }

@@ -282,15 +282,15 @@ impl Manager for Store {
     }
 
     fn register(r: &mut Registry<Self>) {
-        r.request(Self::get)
-            .request(Self::set)
-            .request(Self::delete)
-            .request(Self::increment)
-            .request(Self::compare_and_set)
-            .request(Self::set_if_absent)
-            .request(Self::list)
-            .request(Self::watch)
-            .request(Self::unwatch)
+        r.handle(Self::get)
+            .handle(Self::set)
+            .handle(Self::delete)
+            .handle(Self::increment)
+            .handle(Self::compare_and_set)
+            .handle(Self::set_if_absent)
+            .handle(Self::list)
+            .handle(Self::watch)
+            .handle(Self::unwatch)
             .every(
                 |s| Duration::from_millis(s.settings.purge_interval_ms),
                 Self::purge,

@@ -93,8 +93,9 @@ pub enum ClientError {
 
 /// An event type whose reply type is known, so that [`Client::request`]
 /// and [`GrpcClient::request`] infer what they decode. The type's name is
-/// its [`Event::NAME`](switchyard_manager::Event::NAME); the plugin crate
-/// that defines the event says what it answers:
+/// its [`Event::NAME`](switchyard_manager::Event::NAME). An event declared
+/// with `#[event(reply = R)]` is one already; for an event that names no
+/// reply, the crate that defines it says what it answers:
 ///
 /// ```ignore
 /// impl switchyard_client::Call for CreateTicket {
@@ -104,6 +105,16 @@ pub enum ClientError {
 pub trait Call: switchyard_manager::Event {
     /// What the handler of this event answers.
     type Reply: DeserializeOwned;
+}
+
+/// An event that declares its reply (`#[event(reply = R)]`) is a `Call`
+/// with that reply: nothing to write by hand.
+impl<E> Call for E
+where
+    E: switchyard_manager::DeclaredReply,
+    <E as switchyard_manager::DeclaredReply>::Reply: DeserializeOwned,
+{
+    type Reply = <E as switchyard_manager::DeclaredReply>::Reply;
 }
 
 /// What a client presents to a group with `[auth]` (docs/security.md):

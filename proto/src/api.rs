@@ -20,6 +20,9 @@ pub enum TypeRole {
     Upload,
     /// A notification some manager subscribes to or declares it emits.
     Notification,
+    /// A request whose body is a `multipart/form-data` form a handler reads
+    /// part by part; the type's fields are the form's leading text fields.
+    Form,
 }
 
 /// One event type, described.

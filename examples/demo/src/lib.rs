@@ -23,8 +23,8 @@ pub use state::{
 
 use serde::{Deserialize, Serialize};
 use switchyard_manager::{
-    Binary, BodyReader, Config, Context, Error, Event, Json, Manager, Registry, Reply, Request, State,
-    Streamed,
+    AutoEtag, Binary, BodyReader, Config, Context, Error, Event, Json, Manager, Registry, Reply, Request,
+    State, Streamed, WithHeaders, tracing,
 };
 
 /// `GET /noop` → `{"ok":true}`.
@@ -35,6 +35,9 @@ pub struct Noop {}
 /// `POST /echo` → the JSON body, echoed.
 #[derive(Deserialize, Serialize)]
 pub struct Echo(pub serde_json::Value);
+
+// Hand-written: any reply (what `#[event]` without `reply` says).
+impl<R> switchyard_manager::Returns<R> for Echo {}
 
 impl Event for Echo {
     const NAME: &'static str = "demo.Echo";
@@ -80,15 +83,18 @@ pub struct Hello {
 /// address, request id, `User-Agent`, and a `visits` cookie it counts up
 /// (answered with `Set-Cookie`).
 #[derive(Deserialize, Serialize, Event)]
-#[event(
-    name = "demo.Whoami",
-    http = "GET /whoami",
-    request(client, headers = ["user-agent"], cookies = ["visits"])
-)]
+#[event(name = "demo.Whoami", http = "GET /whoami")]
 pub struct Whoami {
     /// Only ever from the scope: `?sub=` or a body cannot set it.
     #[from(scope = "sub")]
     pub sub: Option<String>,
+    #[from(client)]
+    pub client: Option<std::net::IpAddr>,
+    #[from(header = "user-agent")]
+    pub user_agent: Option<String>,
+    /// The count so far; not a number counts as none.
+    #[from(cookie = "visits")]
+    pub visits: Option<String>,
 }
 
 #[derive(Serialize, Deserialize, Reply)]
@@ -113,12 +119,15 @@ pub struct Hi {
 #[derive(Deserialize, Serialize)]
 pub struct WsEcho(pub bytes::Bytes);
 
+// Hand-written: any reply (what `#[event]` without `reply` says).
+impl<R> switchyard_manager::Returns<R> for WsEcho {}
+
 impl Event for WsEcho {
     const NAME: &'static str = "demo.WsEcho";
     // No HTTP route, but `/ws/echo` clients send it: public (decision 0108).
     const PUBLIC: bool = true;
     fn from_request(request: &Request<'_>) -> Result<Self, Error> {
-        Result::Ok(WsEcho(bytes::Bytes::copy_from_slice(request.body)))
+        Ok(WsEcho(bytes::Bytes::copy_from_slice(request.body)))
     }
 }
 
@@ -145,8 +154,9 @@ pub struct Subject {
 #[event(name = "demo.Panic", http = "GET /panic")]
 pub struct Panic {}
 
+/// `{"ok": true}`: done, nothing more to say.
 #[derive(Serialize, Deserialize, Reply)]
-pub struct Ok {
+pub struct Done {
     pub ok: bool,
 }
 
@@ -221,14 +231,14 @@ pub struct GetNote {}
 
 /// `PUT /note`: the note's new text.
 #[derive(Deserialize, Serialize, Event)]
-#[event(
-    name = "demo.PutNote",
-    http = "PUT /note",
-    request(headers = ["if-match", "if-none-match"])
-)]
+#[event(name = "demo.PutNote", http = "PUT /note")]
 pub struct PutNote {
     #[validate(length(max = 1000))]
     pub text: String,
+    #[from(header = "if-match")]
+    pub if_match: Option<String>,
+    #[from(header = "if-none-match")]
+    pub if_none_match: Option<String>,
 }
 
 #[derive(Serialize, Deserialize, Reply, Clone)]
@@ -261,7 +271,7 @@ fn files(ev: Files, form: &mut switchyard_manager::Multipart) -> Result<FilesRec
             sha256: hash.finalize().iter().map(|b| format!("{b:02x}")).collect(),
         });
     }
-    Result::Ok(FilesReceived { note: ev.note, files })
+    Ok(FilesReceived { note: ev.note, files })
 }
 
 /// The `basics` manager.
@@ -273,68 +283,68 @@ pub struct Basics {
 impl Manager for Basics {
     const NAME: &'static str = "basics";
     fn create(_: &Config) -> Result<Self, Error> {
-        Result::Ok(Basics { note: None })
+        Ok(Basics { note: None })
     }
     fn register(r: &mut Registry<Self>) {
-        r.request(Self::noop)
-            .request(Self::echo)
-            .request(Self::hello)
-            .request(Self::upload_form)
-            .request(Self::greet)
-            .request(Self::get_note)
-            .request(Self::put_note)
+        r.handle(Self::noop)
+            .handle(Self::echo)
+            .handle(Self::hello)
+            .handle(Self::upload_form)
+            .handle(Self::greet)
+            .handle(Self::get_note)
+            .handle(Self::put_note)
             .multipart_with(FILES_LIMITS, files)
-            .request(Self::panic)
-            .request(Self::whoami)
-            .request(Self::hi)
-            .request(Self::me)
-            .request(Self::ws_echo)
+            .handle(Self::panic)
+            .handle(Self::whoami)
+            .handle(Self::hi)
+            .handle(Self::me)
+            .handle(Self::ws_echo)
             // Over the built-in Store and Scheduler (`state`).
-            .request_async(Self::kv_put)
-            .request_async(Self::kv_get)
-            .request_async(Self::kv_incr)
-            .request_async(Self::remind)
-            .request_async(Self::reminder_due)
-            .request_async(Self::store_bench)
+            .handle(Self::kv_put)
+            .handle(Self::kv_get)
+            .handle(Self::kv_incr)
+            .handle(Self::remind)
+            .handle(Self::reminder_due)
+            .handle(Self::store_bench)
             .emits::<state::Reminder>();
     }
 }
 
 impl Basics {
-    fn noop(&mut self, _: Noop, _: &mut Context) -> Result<Ok, Error> {
-        Result::Ok(Ok { ok: true })
+    fn noop(&mut self, _: Noop, _: &mut Context) -> Result<Done, Error> {
+        Ok(Done { ok: true })
     }
 
     fn echo(&mut self, ev: Echo, _: &mut Context) -> Result<Json<serde_json::Value>, Error> {
-        Result::Ok(Json(ev.0))
+        Ok(Json(ev.0))
     }
 
     /// Revalidated by its client on every use (`no-cache`), with a tag
     /// from the reply's bytes: an unchanged greeting is a 304.
-    fn hello(&mut self, ev: Hello, _: &mut Context) -> Result<impl Reply + use<>, Error> {
+    fn hello(&mut self, ev: Hello, _: &mut Context) -> Result<WithHeaders<AutoEtag<Greeting>>, Error> {
         let greeting = Greeting {
             message: format!("Hello, {}!", ev.name),
         };
-        Result::Ok(greeting.with_auto_etag().with_cache_control("no-cache"))
+        Ok(greeting.with_auto_etag().with_cache_control("no-cache"))
     }
 
     fn greet(&mut self, ev: Greet, _: &mut Context) -> Result<Greeting, Error> {
         let end = if ev.excited { "!!!" } else { "!" };
-        Result::Ok(Greeting {
+        Ok(Greeting {
             message: format!("Hello, {}{end}", ev.name),
         })
     }
 
-    fn get_note(&mut self, _: GetNote, _: &mut Context) -> Result<impl Reply + use<>, Error> {
+    fn get_note(&mut self, _: GetNote, _: &mut Context) -> Result<AutoEtag<Note>, Error> {
         match &self.note {
-            Some(note) => Result::Ok(note.clone().with_auto_etag()),
+            Some(note) => Ok(note.clone().with_auto_etag()),
             None => Err(Error::not_found("no note yet; PUT /note writes one")),
         }
     }
 
     /// The preconditions of RFC 9110 §13.2.2, in its order, against the
     /// note as it is now; only then the write.
-    fn put_note(&mut self, ev: PutNote, cx: &mut Context) -> Result<impl Reply + use<>, Error> {
+    fn put_note(&mut self, ev: PutNote, cx: &mut Context) -> Result<AutoEtag<Note>, Error> {
         let current = match &self.note {
             Some(note) => Some(switchyard_manager::etag_of(
                 &serde_json::to_vec(note).map_err(|e| Error::internal(e.to_string()))?,
@@ -344,12 +354,12 @@ impl Basics {
         match &current {
             Some(tag) => cx.if_match(tag)?,
             // `If-Match` (even `*`) needs a current note to match.
-            None if cx.header("if-match").is_some() => {
+            None if ev.if_match.is_some() => {
                 return Err(Error::precondition_failed("there is no note yet (If-Match)"));
             }
             None => {}
         }
-        if let (Some(tags), Some(tag)) = (cx.header("if-none-match"), &current)
+        if let (Some(tags), Some(tag)) = (&ev.if_none_match, &current)
             && names_weakly(tags, tag)
         {
             return Err(Error::precondition_failed(
@@ -358,35 +368,29 @@ impl Basics {
         }
         let note = Note { text: ev.text };
         self.note = Some(note.clone());
-        Result::Ok(note.with_auto_etag())
+        Ok(note.with_auto_etag())
     }
 
     fn upload_form(&mut self, _: UploadForm, _: &mut Context) -> Result<UploadPage, Error> {
-        Result::Ok(UploadPage {
+        Ok(UploadPage {
             action: Files::ROUTE.map_or("/files", |(_, path)| path).to_owned(),
         })
     }
 
-    fn whoami(&mut self, ev: Whoami, cx: &mut Context) -> Result<impl Reply + use<>, Error> {
-        let visits = cx
-            .cookie("visits")
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0)
-            + 1;
+    fn whoami(&mut self, ev: Whoami, cx: &mut Context) -> Result<WithHeaders<Known>, Error> {
+        let visits = ev.visits.and_then(|v| v.parse::<u64>().ok()).unwrap_or(0) + 1;
         let cookie = switchyard_manager::cookie::Cookie::build(("visits", visits.to_string()))
             .path("/")
             .http_only(true)
             .build();
-        Result::Ok(
-            Known {
-                sub: ev.sub,
-                client: cx.client_ip().map(|ip| ip.to_string()),
-                request_id: cx.request_id().map(str::to_owned),
-                user_agent: cx.header("user-agent").map(str::to_owned),
-                visits,
-            }
-            .with_cookie(cookie),
-        )
+        Ok(Known {
+            sub: ev.sub,
+            client: ev.client.map(|ip| ip.to_string()),
+            request_id: cx.request_id().map(str::to_owned),
+            user_agent: ev.user_agent,
+            visits,
+        }
+        .with_cookie(cookie))
     }
 
     fn hi(&mut self, ev: Hi, _: &mut Context) -> Result<switchyard_manager::Response, Error> {
@@ -408,14 +412,14 @@ impl Basics {
     }
 
     fn me(&mut self, ev: Me, _: &mut Context) -> Result<Subject, Error> {
-        Result::Ok(Subject { sub: ev.sub })
+        Ok(Subject { sub: ev.sub })
     }
 
     fn ws_echo(&mut self, ev: WsEcho, _: &mut Context) -> Result<Binary, Error> {
-        Result::Ok(Binary(ev.0))
+        Ok(Binary(ev.0))
     }
 
-    fn panic(&mut self, _: Panic, _: &mut Context) -> Result<Ok, Error> {
+    fn panic(&mut self, _: Panic, _: &mut Context) -> Result<Done, Error> {
         panic!("the /panic route panics on purpose")
     }
 }
@@ -455,7 +459,7 @@ pub struct SleepJob {
 
 fn sleep_job(job: SleepJob) -> Result<Slept, Error> {
     std::thread::sleep(std::time::Duration::from_millis(job.ms));
-    Result::Ok(Slept { slept_ms: job.ms })
+    Ok(Slept { slept_ms: job.ms })
 }
 
 /// The `payload` manager. Keeps one buffer of the largest size asked for and
@@ -467,16 +471,16 @@ pub struct Payloads {
 impl Manager for Payloads {
     const NAME: &'static str = "payload";
     fn create(_: &Config) -> Result<Self, Error> {
-        Result::Ok(Payloads {
+        Ok(Payloads {
             buffer: bytes::Bytes::new(),
         })
     }
     fn register(r: &mut Registry<Self>) {
-        r.request(Self::payload)
-            .request(Self::stream)
-            .upload(upload)
-            .request(Self::echo_bytes)
-            .request_async(Self::sleep)
+        r.handle(Self::payload)
+            .handle(Self::stream)
+            .handle(upload)
+            .handle(Self::echo_bytes)
+            .handle(Self::sleep)
             .job(sleep_job);
     }
 }
@@ -518,7 +522,7 @@ fn upload(_: Upload, body: &mut BodyReader) -> Result<Uploaded, Error> {
         length += chunk.len() as u64;
     }
     let sha256 = hasher.finalize().iter().map(|b| format!("{b:02x}")).collect();
-    Result::Ok(Uploaded { length, sha256 })
+    Ok(Uploaded { length, sha256 })
 }
 
 #[derive(Serialize, Deserialize, Reply)]
@@ -531,11 +535,14 @@ pub struct Uploaded {
 #[derive(Deserialize, Serialize)]
 pub struct EchoBytes(pub bytes::Bytes);
 
+// Hand-written: any reply (what `#[event]` without `reply` says).
+impl<R> switchyard_manager::Returns<R> for EchoBytes {}
+
 impl Event for EchoBytes {
     const NAME: &'static str = "demo.EchoBytes";
     const ROUTE: Option<(&'static str, &'static str)> = Some(("POST", "/echo-bytes"));
     fn from_request(request: &Request<'_>) -> Result<Self, Error> {
-        Result::Ok(EchoBytes(bytes::Bytes::copy_from_slice(request.body)))
+        Ok(EchoBytes(bytes::Bytes::copy_from_slice(request.body)))
     }
     // Any bytes, whatever the content type says: described as raw.
     fn schema(
@@ -563,7 +570,7 @@ impl Payloads {
         if self.buffer.len() < size {
             self.buffer = bytes::Bytes::from(vec![b'x'; size]);
         }
-        Result::Ok(Binary(self.buffer.slice(..size)))
+        Ok(Binary(self.buffer.slice(..size)))
     }
 
     fn stream(&mut self, ev: Stream, _: &mut Context) -> Result<Streamed, Error> {
@@ -573,7 +580,7 @@ impl Payloads {
             )));
         }
         let length = (!ev.chunked).then_some(ev.size);
-        Result::Ok(Streamed::new(length, move |out| {
+        Ok(Streamed::new(length, move |out| {
             use std::io::Write;
             // One period of the pattern, 251 × 261 bytes (~64 KiB), written
             // from the right phase each time.
@@ -585,17 +592,17 @@ impl Payloads {
                 out.write_all(&period[phase..phase + n])?;
                 at += n as u64;
             }
-            Result::Ok(())
+            Ok(())
         }))
     }
 
     fn echo_bytes(&mut self, ev: EchoBytes, _: &mut Context) -> Result<Binary, Error> {
-        Result::Ok(Binary(ev.0))
+        Ok(Binary(ev.0))
     }
 
     async fn sleep(_: State<Self>, ev: Sleep, cx: Context) -> Result<Slept, Error> {
         // Logged here: job functions have no context.
-        cx.log(&format!("sleeping {} ms", ev.ms));
+        tracing::info!("sleeping {} ms", ev.ms);
         cx.spawn_job(&SleepJob { ms: ev.ms }).await
     }
 }
@@ -632,7 +639,7 @@ pub struct Crash {
 
 fn crash_mode(mode: &str) -> Result<(), String> {
     match mode {
-        "panic" | "abort" => Result::Ok(()),
+        "panic" | "abort" => Ok(()),
         _ => Err("must be `panic` or `abort`".into()),
     }
 }
@@ -687,10 +694,10 @@ fn burn(ms: u64) -> Burned {
 }
 
 fn burn_job(job: Burn) -> Result<Burned, Error> {
-    Result::Ok(burn(job.ms))
+    Ok(burn(job.ms))
 }
 
-fn crash_job(job: CrashJob) -> Result<Ok, Error> {
+fn crash_job(job: CrashJob) -> Result<Done, Error> {
     match job.mode.as_str() {
         "abort" => std::process::abort(),
         _ => panic!("the /crash/panic job panics on purpose"),
@@ -703,12 +710,12 @@ pub struct Compute;
 impl Manager for Compute {
     const NAME: &'static str = "compute";
     fn create(_: &Config) -> Result<Self, Error> {
-        Result::Ok(Compute)
+        Ok(Compute)
     }
     fn register(r: &mut Registry<Self>) {
-        r.request_async(Self::cpu)
-            .request(Self::cpu_inline)
-            .request_async(Self::crash)
+        r.handle(Self::cpu)
+            .handle(Self::cpu_inline)
+            .handle(Self::crash)
             .job(burn_job)
             .job(crash_job);
     }
@@ -720,10 +727,10 @@ impl Compute {
     }
 
     fn cpu_inline(&mut self, ev: CpuInline, _: &mut Context) -> Result<Burned, Error> {
-        Result::Ok(burn(ev.ms))
+        Ok(burn(ev.ms))
     }
 
-    async fn crash(_: State<Self>, ev: Crash, cx: Context) -> Result<Ok, Error> {
+    async fn crash(_: State<Self>, ev: Crash, cx: Context) -> Result<Done, Error> {
         cx.spawn_job(&CrashJob { mode: ev.mode }).await
     }
 }
@@ -782,15 +789,11 @@ pub struct Ticker {
 impl Manager for Ticker {
     const NAME: &'static str = "ticker";
     fn create(config: &Config) -> Result<Self, Error> {
-        let c: TickerConfig = if config.value.is_null() {
-            TickerConfig::default()
-        } else {
-            config.get()?
-        };
+        let c: TickerConfig = config.get_or_default()?;
         if c.interval_ms == 0 {
             return Err(Error::bad_request("ticker: interval_ms must be at least 1"));
         }
-        Result::Ok(Ticker {
+        Ok(Ticker {
             every: std::time::Duration::from_millis(c.interval_ms),
             n: 0,
             pad: "x".repeat(c.pad_bytes),

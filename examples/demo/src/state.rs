@@ -37,6 +37,9 @@ fn key_of(request: &Request<'_>) -> Result<String, Error> {
     Ok(key.to_owned())
 }
 
+// Hand-written: any reply (what `#[event]` without `reply` says).
+impl<R> switchyard_manager::Returns<R> for KvPut {}
+
 impl Event for KvPut {
     const NAME: &'static str = "demo.KvPut";
     const ROUTE: Option<(&'static str, &'static str)> = Some(("PUT", "/kv/{key}"));

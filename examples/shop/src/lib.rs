@@ -19,7 +19,7 @@ use switchyard_manager::{Config, Context, Error, Event, Manager, Registry, Reply
 
 /// `POST /orders` with `{"sku": "apple", "qty": 2, "customer_id": 42}`.
 #[derive(Debug, Serialize, Deserialize, Event)]
-#[event(name = "shop.CreateOrder", http = "POST /orders")]
+#[event(name = "shop.CreateOrder", http = "POST /orders", reply = Created)]
 pub struct CreateOrder {
     #[validate(length(min = 1, max = 32))]
     pub sku: String,
@@ -30,7 +30,7 @@ pub struct CreateOrder {
 
 /// `GET /orders/{id}`.
 #[derive(Debug, Serialize, Deserialize, Event)]
-#[event(name = "shop.GetOrder", http = "GET /orders/{id}")]
+#[event(name = "shop.GetOrder", http = "GET /orders/{id}", reply = Order)]
 pub struct GetOrder {
     pub id: u64,
 }
@@ -38,7 +38,7 @@ pub struct GetOrder {
 /// How many orders there are, for WebSocket and gRPC clients: no HTTP
 /// route, marked `public` so that clients may send it.
 #[derive(Debug, Serialize, Deserialize, Event)]
-#[event(name = "shop.CountOrders", public)]
+#[event(name = "shop.CountOrders", public, reply = OrderCount)]
 pub struct CountOrders {}
 
 #[derive(Debug, Serialize, Deserialize, Reply)]
@@ -76,8 +76,9 @@ pub struct OrderCreated {
 /// mark, so it is internal. Only the group's managers may send it; a
 /// WebSocket or gRPC client naming it gets 404, as for a type no manager
 /// declares, and it is absent from `/openapi.json` and gRPC reflection.
+/// Its `reply` makes `cx.call(&Reserve { .. })` give a `Reserved`.
 #[derive(Debug, Serialize, Deserialize, Event)]
-#[event(name = "inventory.Reserve")]
+#[event(name = "inventory.Reserve", reply = Reserved)]
 pub struct Reserve {
     pub sku: String,
     pub qty: u32,
@@ -104,16 +105,16 @@ impl Manager for Orders {
         })
     }
     fn register(r: &mut Registry<Self>) {
-        r.request_async(Self::create_order)
-            .request(Self::get_order)
-            .request(Self::count_orders);
+        r.handle(Self::create_order)
+            .handle(Self::get_order)
+            .handle(Self::count_orders);
     }
 }
 
 impl Orders {
     async fn create_order(state: State<Self>, ev: CreateOrder, cx: Context) -> Result<Created, Error> {
         // Awaiting the call lets this manager serve other requests meanwhile.
-        let reserved: Reserved = cx
+        let reserved = cx
             .call(&Reserve {
                 sku: ev.sku.clone(),
                 qty: ev.qty,
@@ -137,7 +138,7 @@ impl Orders {
             qty: order.qty,
             customer_id: order.customer_id,
         })?;
-        cx.log(&format!("order {} created", order.id));
+        switchyard_manager::tracing::info!(order = order.id, "order created");
         Ok(Created {
             order,
             stock_left: reserved.remaining,
@@ -160,7 +161,7 @@ impl Orders {
 
 /// `GET /inventory/{sku}`.
 #[derive(Debug, Serialize, Deserialize, Event)]
-#[event(name = "shop.GetStock", http = "GET /inventory/{sku}")]
+#[event(name = "shop.GetStock", http = "GET /inventory/{sku}", reply = Stock)]
 pub struct GetStock {
     pub sku: String,
 }
@@ -173,7 +174,7 @@ pub struct Stock {
 
 /// `GET /inventory-stats`.
 #[derive(Debug, Serialize, Deserialize, Event)]
-#[event(name = "shop.InventoryStats", http = "GET /inventory-stats")]
+#[event(name = "shop.InventoryStats", http = "GET /inventory-stats", reply = Stats)]
 pub struct InventoryStats {}
 
 #[derive(Debug, Serialize, Deserialize, Reply)]
@@ -200,11 +201,7 @@ pub struct Inventory {
 impl Manager for Inventory {
     const NAME: &'static str = "inventory";
     fn create(config: &Config) -> Result<Self, Error> {
-        let config: InventoryConfig = if config.value.is_null() {
-            InventoryConfig::default()
-        } else {
-            config.get()?
-        };
+        let config: InventoryConfig = config.get_or_default()?;
         Ok(Inventory {
             stock: config.stock,
             orders_seen: 0,
@@ -212,9 +209,9 @@ impl Manager for Inventory {
         })
     }
     fn register(r: &mut Registry<Self>) {
-        r.request(Self::stock)
-            .request(Self::reserve)
-            .request(Self::stats)
+        r.handle(Self::stock)
+            .handle(Self::reserve)
+            .handle(Self::stats)
             .on(Self::order_created);
     }
 }

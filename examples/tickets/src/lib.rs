@@ -233,11 +233,11 @@ impl Manager for TicketDesk {
     }
 
     fn register(r: &mut Registry<Self>) {
-        r.request_async(Self::open)
-            .request_async(Self::get)
-            .request_async(Self::list)
-            .request_async(Self::close)
-            .request_async(Self::remind)
+        r.handle(Self::open)
+            .handle(Self::get)
+            .handle(Self::list)
+            .handle(Self::close)
+            .handle(Self::remind)
             .emits::<TicketOpened>()
             .emits::<TicketReminder>();
     }
@@ -417,7 +417,7 @@ impl Manager for Staff {
     }
 
     fn register(r: &mut Registry<Self>) {
-        r.request(Self::assign);
+        r.handle(Self::assign);
     }
 }
 

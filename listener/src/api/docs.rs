@@ -134,6 +134,11 @@ fn type_section(out: &mut String, doc: &TypeDoc, route: Option<String>) {
     if doc.role == TypeRole::Upload {
         out.push_str("<p>The body is streamed to the handler as it arrives.</p>\n");
     }
+    if doc.role == TypeRole::Form {
+        out.push_str(
+            "<p>A <code>multipart/form-data</code> form: these fields come first, then its files, streamed to the handler as they arrive.</p>\n",
+        );
+    }
     fields_table(out, &schema);
     for p in &doc.params {
         let _ = writeln!(

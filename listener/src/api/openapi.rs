@@ -268,8 +268,9 @@ fn operation(
         .and_then(Value::as_array)
         .map(|r| r.iter().filter_map(Value::as_str).collect())
         .unwrap_or_default();
-    // The SDK registers a streamed body either as an upload, which it
-    // documents, or as a multipart form, which it does not.
+    // The SDK registers a streamed body either as an upload or as a
+    // multipart form (documented as such since decision 0125; a plugin
+    // built before it documents no form).
     let body = if doc.is_some_and(|d| d.role == TypeRole::Upload) {
         Body::Upload
     } else if stream_body {
@@ -335,15 +336,36 @@ fn operation(
             });
         }
         Body::Multipart => {
+            // The event's fields are the form's text fields; any other part
+            // is a file the handler reads.
+            let mut fields = serde_json::Map::new();
+            for (key, schema) in &properties {
+                if !path_params.contains(key) {
+                    fields.insert(key.clone(), schema.clone());
+                }
+            }
+            let required: Vec<&str> = required
+                .iter()
+                .copied()
+                .filter(|r| !path_params.iter().any(|p| p == *r))
+                .collect();
+            let mut form = json!({
+                "type": "object",
+                // A part's name is a quoted header parameter: no control
+                // characters, no quote.
+                "propertyNames": { "pattern": "^[^\\u0000-\\u001f\\u007f\"]*$" },
+                "additionalProperties": { "type": "string", "contentMediaType": "application/octet-stream" },
+            });
+            if !fields.is_empty() {
+                form["properties"] = fields.into();
+            }
+            if !required.is_empty() {
+                form["required"] = required.into();
+            }
             op["requestBody"] = json!({
                 "required": true,
                 "description": "An HTML form: its text fields up to the first file fill the event's fields; the parts are streamed to the handler as they arrive.",
-                // A part's name is a quoted header parameter: no control
-                // characters, no quote.
-                "content": { "multipart/form-data": { "schema": {
-                    "type": "object",
-                    "propertyNames": { "pattern": "^[^\\u0000-\\u001f\\u007f\"]*$" },
-                } } },
+                "content": { "multipart/form-data": { "schema": form } },
             });
         }
         Body::Whole => {

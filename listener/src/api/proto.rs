@@ -327,7 +327,8 @@ pub fn files(catalog: &Catalog) -> (Vec<ProtoFile>, Vec<Method>) {
                 notifications.entry(t.name.clone()).or_insert(t);
                 continue;
             }
-            if t.role == TypeRole::Upload {
+            // A streamed body (raw or a form) is HTTP's alone.
+            if matches!(t.role, TypeRole::Upload | TypeRole::Form) {
                 continue;
             }
             let (package, name) = split(&t.name);

@@ -47,7 +47,8 @@ use std::ffi::c_void;
 /// and `FromPlugin::Cancel` (a job or call no longer awaited).
 /// v10: internal events: `HandledType::public` and
 /// `Description::notifications` (decision 0108).
-pub const ABI_VERSION: u32 = 10;
+/// v11: `TypeRole::Form`, a multipart form's event described (decision 0125).
+pub const ABI_VERSION: u32 = 11;
 
 /// Symbol of `extern "C" fn() -> u32`.
 pub const ABI_SYMBOL: &[u8] = b"switchyard_plugin_abi_version\0";

@@ -32,14 +32,23 @@ use syn::{Data, DeriveInput, Fields, LitInt, LitStr, parse_macro_input, spanned:
 /// over arbitrary JSON); otherwise the event's fields come from the path
 /// parameters, the query string and the JSON body's fields.
 ///
-/// `#[event(request(method, path, client, identity, headers = ["user-agent"],
-/// cookies = ["theme"], scope = ["roles"]))]` declares what the handler
-/// reads of its request through `Context` (only that travels with the
-/// event). A field bound with `#[from(header = "x-api-key")]`,
-/// `#[from(cookie = "session")]` or `#[from(scope = "sub")]` takes its
-/// value from there and nowhere else: a client's body, query or path
-/// cannot set it. Make it an `Option` to accept its absence (otherwise 400
-/// for a header or cookie, 401 for the scope).
+/// `#[event(reply = Reserved)]` names the reply: `cx.call` of the event
+/// gives a `Reserved`, and `Registry::handle` accepts only a handler that
+/// returns one (`switchyard_manager::Returns`).
+///
+/// What the handler reads of its request besides the body, query and path
+/// parameters is a field bound with `#[from(...)]`: `#[from(header =
+/// "x-api-key")]`, `#[from(cookie = "session")]`, `#[from(scope = "sub")]`,
+/// `#[from(method)]`, `#[from(path)]`, `#[from(client)]` (an `IpAddr`) or
+/// `#[from(identity)]` (an `Identity`). The field is both the declaration
+/// (only what is declared travels with the event) and the read; it takes
+/// its value from there and nowhere else: a client's body, query or path
+/// cannot set it. Make it an `Option` to accept its absence (otherwise 400,
+/// or 401 for the scope and the identity).
+///
+/// The older `#[event(request(method, path, client, identity, headers =
+/// ["user-agent"], cookies = ["theme"], scope = ["roles"]))]` declares the
+/// same for reading through `Context`'s getters.
 #[proc_macro_derive(Event, attributes(event, validate, from))]
 pub fn derive_event(input: TokenStream) -> TokenStream {
     let input = parse_macro_input!(input as DeriveInput);
@@ -92,6 +101,9 @@ fn parse_names(meta: &syn::meta::ParseNestedMeta<'_>) -> syn::Result<Vec<String>
         .collect()
 }
 
+/// The sources of `#[from(...)]` that take no name.
+const NAMELESS: [&str; 4] = ["Method", "Path", "Client", "Identity"];
+
 /// A field bound to a source of the request with `#[from(...)]`.
 struct Bound {
     ident: syn::Ident,
@@ -111,6 +123,7 @@ fn expand_event(input: &DeriveInput) -> syn::Result<Tokens> {
     let mut public = false;
     let mut template = quote!(::core::option::Option::None);
     let mut declared = Declared::default();
+    let mut reply: Option<syn::Type> = None;
     for attr in input.attrs.iter().filter(|a| a.path().is_ident("event")) {
         attr.parse_nested_meta(|meta| {
             if meta.path.is_ident("name") {
@@ -126,6 +139,8 @@ fn expand_event(input: &DeriveInput) -> syn::Result<Tokens> {
                 let path = path.trim();
                 route_path = path.to_owned();
                 route = quote!(::core::option::Option::Some((#method, #path)));
+            } else if meta.path.is_ident("reply") {
+                reply = Some(meta.value()?.parse()?);
             } else if meta.path.is_ident("body") {
                 whole_body = true;
             } else if meta.path.is_ident("public") {
@@ -167,7 +182,7 @@ fn expand_event(input: &DeriveInput) -> syn::Result<Tokens> {
                 })?;
             } else {
                 return Err(meta.error(
-                    "expected `name`, `http`, `body`, `public`, `template` or `request(..)`",
+                    "expected `name`, `http`, `reply`, `body`, `public`, `template` or `request(..)`",
                 ));
             }
             Ok(())
@@ -180,7 +195,11 @@ fn expand_event(input: &DeriveInput) -> syn::Result<Tokens> {
         match b.kind {
             "Header" => push_unique(&mut declared.headers, b.name.clone()),
             "Cookie" => push_unique(&mut declared.cookies, b.name.clone()),
-            _ => push_unique(&mut declared.scope, b.name.clone()),
+            "Scope" => push_unique(&mut declared.scope, b.name.clone()),
+            "Method" => declared.method = true,
+            "Path" => declared.path = true,
+            "Client" => declared.client = true,
+            _ => declared.identity = true,
         }
     }
     let from_request = if bound.is_empty() {
@@ -197,7 +216,11 @@ fn expand_event(input: &DeriveInput) -> syn::Result<Tokens> {
             .map(|b| {
                 let kind = syn::Ident::new(b.kind, proc_macro2::Span::call_site());
                 let name = &b.name;
-                quote!(::switchyard_manager::Source::#kind(#name))
+                if NAMELESS.contains(&b.kind) {
+                    quote!(::switchyard_manager::Source::#kind)
+                } else {
+                    quote!(::switchyard_manager::Source::#kind(#name))
+                }
             })
             .collect();
         let keys = bound.iter().map(|b| &b.key);
@@ -246,7 +269,26 @@ fn expand_event(input: &DeriveInput) -> syn::Result<Tokens> {
         };
     };
     let (impl_generics, ty_generics, where_clause) = input.generics.split_for_impl();
+    let returns = match reply {
+        Some(reply) => quote! {
+            impl #impl_generics ::switchyard_manager::Returns<#reply> for #ident #ty_generics #where_clause {}
+            impl #impl_generics ::switchyard_manager::DeclaredReply for #ident #ty_generics #where_clause {
+                type Reply = #reply;
+            }
+        },
+        None => {
+            // No reply named: any handler, and a call's result as the
+            // caller annotates it.
+            let mut generics = input.generics.clone();
+            generics.params.push(syn::parse_quote!(__SwitchyardReply));
+            let (impl_generics, _, _) = generics.split_for_impl();
+            quote! {
+                impl #impl_generics ::switchyard_manager::Returns<__SwitchyardReply> for #ident #ty_generics #where_clause {}
+            }
+        }
+    };
     Ok(quote! {
+        #returns
         impl #impl_generics ::switchyard_manager::Event for #ident #ty_generics #where_clause {
             const NAME: &'static str = #name;
             const ROUTE: ::core::option::Option<(&'static str, &'static str)> = #route;
@@ -349,6 +391,18 @@ fn bound_fields(input: &DeriveInput, route_path: &str) -> syn::Result<Vec<Bound>
         let mut source: Option<(&'static str, String)> = None;
         for attr in field.attrs.iter().filter(|a| a.path().is_ident("from")) {
             attr.parse_nested_meta(|meta| {
+                let nameless = [
+                    ("method", "Method"),
+                    ("path", "Path"),
+                    ("client", "Client"),
+                    ("identity", "Identity"),
+                ];
+                if let Some((_, kind)) = nameless.iter().find(|(word, _)| meta.path.is_ident(word)) {
+                    if source.replace((*kind, String::new())).is_some() {
+                        return Err(meta.error("a field takes its value from one source"));
+                    }
+                    return Ok(());
+                }
                 let kind = if meta.path.is_ident("header") {
                     "Header"
                 } else if meta.path.is_ident("cookie") {
@@ -356,9 +410,9 @@ fn bound_fields(input: &DeriveInput, route_path: &str) -> syn::Result<Vec<Bound>
                 } else if meta.path.is_ident("scope") {
                     "Scope"
                 } else {
-                    return Err(
-                        meta.error("expected `header = \"..\"`, `cookie = \"..\"` or `scope = \"..\"`")
-                    );
+                    return Err(meta.error(
+                        "expected `header = \"..\"`, `cookie = \"..\"`, `scope = \"..\"`, `method`, `path`, `client` or `identity`",
+                    ));
                 };
                 let lit: LitStr = meta.value()?.parse()?;
                 let mut name = lit.value();
@@ -712,6 +766,9 @@ fn object_fields(input: &DeriveInput, serialize: bool) -> syn::Result<Option<Vec
                     } else {
                         None
                     };
+                    if !meta.input.peek(syn::Token![=]) {
+                        return Ok(());
+                    }
                     let name = meta.value()?.parse::<LitStr>()?.value();
                     if let Some(location) = location {
                         let name = if location == "header" {

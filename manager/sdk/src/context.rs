@@ -13,7 +13,7 @@ use bytes::Bytes;
 use serde::de::DeserializeOwned;
 use switchyard_proto::{EventType, Meta, codec};
 
-use crate::event::Event;
+use crate::event::{Event, Returns};
 use crate::reply::{BINCODE, Error, Format, JSON};
 use switchyard_manager_abi::messages::{FromPlugin, LogLevel};
 
@@ -223,9 +223,12 @@ impl Context {
     }
 
     /// Sends `event` to whichever manager serves it, through the router, and
-    /// awaits its reply as `R`. Fails fast (404/503) when nobody serves it,
-    /// and with 504 after [`DEFAULT_CALL_TIMEOUT`].
-    pub fn call<E: Event, R: DeserializeOwned>(
+    /// awaits its reply as `R`: the type the event names with
+    /// `#[event(reply = R)]` (inferred: `let r = cx.call(&Reserve { .. }).await?`),
+    /// or for an event that names none, whatever the caller annotates.
+    /// Fails fast (404/503) when nobody serves it, and with 504 after
+    /// [`DEFAULT_CALL_TIMEOUT`].
+    pub fn call<E: Returns<R>, R: DeserializeOwned>(
         &self,
         event: &E,
     ) -> impl Future<Output = Result<R, Error>> + use<E, R> {
@@ -233,7 +236,7 @@ impl Context {
     }
 
     /// [`call`](Self::call) with an explicit deadline.
-    pub fn call_with_timeout<E: Event, R: DeserializeOwned>(
+    pub fn call_with_timeout<E: Returns<R>, R: DeserializeOwned>(
         &self,
         event: &E,
         timeout: Duration,
@@ -276,7 +279,7 @@ impl Context {
     /// Submits `job` to this manager's worker pool (`[managers.workers]` in
     /// `switchyard.toml`: threads in this process, or worker processes) and
     /// awaits its result, computed by the function registered with
-    /// [`Registry::job`](crate::Registry::job). Use it from `request_async`
+    /// [`Registry::job`](crate::Registry::job). Use it from `async`
     /// handlers; other requests are served while the job runs.
     ///
     /// Fails with 503 when the pool's queue is full (the HTTP client gets
@@ -453,6 +456,7 @@ impl Context {
     }
 
     /// Logs at info level, tagged with the request's correlation id.
+    /// `tracing::info!` in a handler does the same (decision 0125).
     pub fn log(&self, message: &str) {
         self.log_at(LogLevel::Info, message);
     }

@@ -137,12 +137,82 @@ impl RequestInfo {
     }
 }
 
+/// The reply an event's handler returns and a [`Context::call`] of it
+/// gives: `#[event(reply = R)]` implements `Returns<R>` alone, so the call's
+/// result type is inferred and [`Registry::handle`] refuses a handler that
+/// returns anything else. An event that names no reply implements it for
+/// every type (any handler, a call's result as the caller annotates it).
+///
+/// ```compile_fail,E0277
+/// # use serde::{Deserialize, Serialize};
+/// # use switchyard_manager::{Config, Context, Error, Event, Manager, Registry, Reply};
+/// #[derive(Serialize, Deserialize, Event)]
+/// #[event(name = "shop.Reserve", reply = Reserved)]
+/// struct Reserve { sku: String }
+/// #[derive(Serialize, Deserialize, Reply)]
+/// struct Reserved { left: u32 }
+/// #[derive(Serialize, Deserialize, Reply)]
+/// struct Other { left: u32 }
+/// struct Stock;
+/// impl Stock {
+///     // Returns `Other`, but `Reserve` declares `Reserved`: does not compile.
+///     fn reserve(&mut self, _: Reserve, _: &mut Context) -> Result<Other, Error> { Ok(Other { left: 1 }) }
+/// }
+/// impl Manager for Stock {
+///     const NAME: &'static str = "stock";
+///     fn create(_: &Config) -> Result<Self, Error> { Ok(Stock) }
+///     fn register(r: &mut Registry<Self>) { r.handle(Self::reserve); }
+/// }
+/// ```
+///
+/// ```compile_fail,E0277
+/// # use serde::{Deserialize, Serialize};
+/// # use switchyard_manager::{Context, Error, Event, Reply};
+/// # #[derive(Serialize, Deserialize, Event)]
+/// # #[event(name = "shop.Reserve", reply = Reserved)]
+/// # struct Reserve { sku: String }
+/// # #[derive(Serialize, Deserialize, Reply)]
+/// # struct Reserved { left: u32 }
+/// # #[derive(Serialize, Deserialize)]
+/// # struct Other { left: u32 }
+/// async fn order(cx: Context) -> Result<(), Error> {
+///     // A call of `Reserve` gives `Reserved`, not `Other`: does not compile.
+///     let other: Other = cx.call(&Reserve { sku: "a".into() }).await?;
+///     Ok(())
+/// }
+/// ```
+///
+/// [`Context::call`]: crate::Context::call
+/// [`Registry::handle`]: crate::Registry::handle
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` declares another reply than `{R}`",
+    label = "its `#[event(reply = ..)]` names the one type its handler returns and a call of it gives"
+)]
+pub trait Returns<R>: Event {}
+
+/// The one reply an event declares with `#[event(reply = R)]`, by name:
+/// what a typed client (`switchyard_client::Call`) decodes its answer as.
+/// Implemented by the derive alongside [`Returns`]; an event that names no
+/// reply has none.
+pub trait DeclaredReply: Returns<Self::Reply> {
+    /// The reply its handler returns.
+    type Reply;
+}
+
 /// Where a field bound with `#[from(...)]` takes its value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Source {
     Header(&'static str),
     Cookie(&'static str),
     Scope(&'static str),
+    /// The request method (`#[from(method)]`).
+    Method,
+    /// The path as received (`#[from(path)]`).
+    Path,
+    /// The client's IP address (`#[from(client)]`).
+    Client,
+    /// The authenticated caller with every claim (`#[from(identity)]`).
+    Identity,
 }
 
 impl Source {
@@ -154,6 +224,10 @@ impl Source {
                 401,
                 format!("authentication required: the request's scope has no `{name}`"),
             ),
+            Source::Identity => Error::new(401, "authentication required"),
+            Source::Method | Source::Path | Source::Client => {
+                Error::bad_request(format!("the request has no {} (not HTTP)", self.describe()))
+            }
         }
     }
 
@@ -162,6 +236,10 @@ impl Source {
             Source::Header(name) => format!("header `{name}`"),
             Source::Cookie(name) => format!("cookie `{name}`"),
             Source::Scope(name) => format!("scope `{name}`"),
+            Source::Method => "method".to_owned(),
+            Source::Path => "path".to_owned(),
+            Source::Client => "client address".to_owned(),
+            Source::Identity => "identity".to_owned(),
         }
     }
 }
@@ -272,6 +350,13 @@ impl<'a> Request<'a> {
             Source::Header(name) => header(self.meta, name).map(|v| serde_json::Value::String(v.to_owned())),
             Source::Cookie(name) => cookie(self.meta, name).map(|v| serde_json::Value::String(v.to_owned())),
             Source::Scope(name) => scope(self.meta, name),
+            Source::Method => method(self.meta).map(|v| serde_json::Value::String(v.to_owned())),
+            Source::Path => path(self.meta).map(|v| serde_json::Value::String(v.to_owned())),
+            Source::Client => client_ip(self.meta).map(|ip| serde_json::Value::String(ip.to_string())),
+            Source::Identity => self
+                .meta
+                .get(META_IDENTITY)
+                .and_then(|v| serde_json::from_str(v).ok()),
         }
     }
 

@@ -44,6 +44,7 @@ unsafe extern "C" fn create<M: Manager>(
         // SAFETY: the host's log function takes a readable buffer for the call.
         unsafe { (host.log)(level.code(), correlation, message.as_ptr(), message.len()) }
     });
+    crate::trace::install(log.clone());
     let wake: Option<crate::runtime::WakeHost> = host.wake.map(|wake| {
         // SAFETY: the host's wake function may be called from any thread.
         Arc::new(move || unsafe { wake() }) as crate::runtime::WakeHost

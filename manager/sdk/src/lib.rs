@@ -58,6 +58,7 @@ mod reply;
 mod runtime;
 pub mod schema;
 mod stream;
+mod trace;
 mod web;
 
 /// The plugin ABI (`switchyard-manager-abi`), re-exported for
@@ -67,10 +68,12 @@ pub use switchyard_manager_abi as abi;
 pub use context::{Context, DEFAULT_CALL_TIMEOUT};
 /// The `cookie` crate, for [`Response::with_cookie`] and [`Reply::with_cookie`].
 pub use cookie;
-pub use event::{Event, FORM, Identity, Invalid, Request, RequestInfo, Source, bound, validate};
+pub use event::{
+    DeclaredReply, Event, FORM, Identity, Invalid, Request, RequestInfo, Returns, Source, bound, validate,
+};
 pub use middleware::{Flow, Incoming, Middleware, Replacement, RequestHead};
 pub use multipart::{Multipart, MultipartLimits, Part};
-pub use registry::{Config, Manager, Registry, State, TICK_PERIOD};
+pub use registry::{Config, Handler, Manager, Registry, State, TICK_PERIOD, marker};
 pub use reply::{
     AutoEtag, BINCODE, Binary, Created, Error, FieldError, Format, JSON, Json, NoContent, Redirect, Reply,
     Response, WithHeaders,
@@ -85,4 +88,7 @@ pub use stream::{BodyReader, BodyWriter, MAX_STREAMS, STREAM_IDLE_TIMEOUT, Strea
 pub use switchyard_manager_abi::messages::LogLevel;
 pub use switchyard_manager_macros::{Event, Reply};
 pub use switchyard_proto::EventType;
+/// The `tracing` the SDK forwards to the host's log (decision 0125), for
+/// plugins that do not depend on it themselves.
+pub use tracing;
 pub use web::{HTML, WEB_CONFIG_KEY, builtin_page, etag_of};

@@ -40,7 +40,7 @@ use crate::reply::{Error, Reply, Response};
 /// impl Manager for Greeter {
 ///     const NAME: &'static str = "greeter";
 ///     fn create(_: &Config) -> Result<Self, Error> { Ok(Greeter::default()) }
-///     fn register(r: &mut Registry<Self>) { r.request(Self::greet); }
+///     fn register(r: &mut Registry<Self>) { r.handle(Self::greet); }
 /// }
 ///
 /// impl Greeter {
@@ -87,6 +87,28 @@ impl Config {
         serde_json::from_value(self.value.clone())
             .map_err(|e| Error::internal(format!("config of manager `{}` does not fit: {e}", self.name)))
     }
+
+    /// The config table as `T`, or `T::default()` when the manager has no
+    /// `config` table in `switchyard.toml`. A table that is there but does
+    /// not fit `T` is still an error: a typo must not pass for a default.
+    ///
+    /// ```
+    /// # use switchyard_manager::Config;
+    /// #[derive(serde::Deserialize, Default, Debug, PartialEq)]
+    /// #[serde(default)]
+    /// struct Settings { greeting: String, limit: u32 }
+    ///
+    /// let none = Config { name: "m".into(), instance: 0, value: serde_json::Value::Null, validation: false };
+    /// assert_eq!(none.get_or_default::<Settings>().unwrap(), Settings::default());
+    /// let some = Config { value: serde_json::json!({ "limit": 3 }), ..none };
+    /// assert_eq!(some.get_or_default::<Settings>().unwrap().limit, 3);
+    /// ```
+    pub fn get_or_default<T: serde::de::DeserializeOwned + Default>(&self) -> Result<T, Error> {
+        if self.value.is_null() {
+            return Ok(T::default());
+        }
+        self.get()
+    }
 }
 
 /// Shared access to the manager's state from async handlers. Borrow it for
@@ -100,8 +122,110 @@ impl<M> Clone for State<M> {
 }
 
 impl<M> State<M> {
+    /// Runs `f` with the manager's state. Other requests' handlers cannot
+    /// run meanwhile, and `f` cannot await: the borrow ends before the
+    /// handler's next `.await`.
     pub fn with<T>(&self, f: impl FnOnce(&mut M) -> T) -> T {
         f(&mut self.0.borrow_mut())
+    }
+}
+
+/// Something [`Registry::handle`] registers: a request handler, sync or
+/// async, or an upload or multipart-form handler. `T` tells the shapes
+/// apart (a [`marker`]) and is inferred; nothing implements this by hand.
+///
+/// | shape | runs |
+/// |---|---|
+/// | `fn(&mut self, E, &mut Context) -> Result<R, Error>` | at once, with the state to itself |
+/// | `fn(State<Self>, E, Context) -> Result<R, Error>` | at once |
+/// | `async fn(State<Self>, E, Context) -> Result<R, Error>` | as a task: it may await calls, jobs, timers; other requests are served meanwhile |
+/// | `fn(E, &mut BodyReader) -> Result<R, Error>` | on a thread of its own, the body streamed ([`upload`](Registry::upload)) |
+/// | `fn(E, &mut Multipart) -> Result<R, Error>` | on a thread of its own, the form streamed ([`multipart`](Registry::multipart)) |
+///
+/// The second and third take the same arguments: making a handler `async`
+/// to await a call changes nothing else, neither its parameters nor its
+/// registration (decision 0125).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a handler `Registry::handle` knows",
+    label = "expected `fn(&mut M, E, &mut Context)`, `[async] fn(State<M>, E, Context)`, `fn(E, &mut BodyReader)` or `fn(E, &mut Multipart)` returning `Result<R, Error>`",
+    note = "a closure needs its parameters' types written out"
+)]
+pub trait Handler<M, T>: 'static {
+    /// The event the handler answers.
+    type Event: Event;
+    /// What it returns: the event's `#[event(reply = ..)]` if it names one.
+    type Reply;
+    #[doc(hidden)]
+    fn add_to(self, registry: &mut Registry<M>);
+}
+
+/// The shapes of [`Handler`]s; inferred, never named.
+pub mod marker {
+    /// `fn(&mut M, E, &mut Context)`.
+    pub struct Exclusive;
+    /// `fn(State<M>, E, Context) -> Result<..>`.
+    pub struct Ready;
+    /// `async fn(State<M>, E, Context)`.
+    pub struct Awaits;
+    /// `fn(E, &mut BodyReader)`.
+    pub struct Upload;
+    /// `fn(E, &mut Multipart)`.
+    pub struct Form;
+}
+
+impl<M: Manager, E: Event, R: Reply + 'static, F> Handler<M, (marker::Exclusive, E, R)> for F
+where
+    F: Fn(&mut M, E, &mut Context) -> Result<R, Error> + 'static,
+{
+    type Event = E;
+    type Reply = R;
+    fn add_to(self, registry: &mut Registry<M>) {
+        registry.add_exclusive(self);
+    }
+}
+
+impl<M: Manager, E: Event, R: Reply + 'static, F> Handler<M, (marker::Ready, E, R)> for F
+where
+    F: Fn(State<M>, E, Context) -> Result<R, Error> + 'static,
+{
+    type Event = E;
+    type Reply = R;
+    fn add_to(self, registry: &mut Registry<M>) {
+        registry.add_async(move |state, event, cx| std::future::ready(self(state, event, cx)));
+    }
+}
+
+impl<M: Manager, E: Event, R: Reply + 'static, F, Fut> Handler<M, (marker::Awaits, E, R, Fut)> for F
+where
+    F: Fn(State<M>, E, Context) -> Fut + 'static,
+    Fut: Future<Output = Result<R, Error>> + 'static,
+{
+    type Event = E;
+    type Reply = R;
+    fn add_to(self, registry: &mut Registry<M>) {
+        registry.add_async(self);
+    }
+}
+
+impl<M: Manager, E: Event + Send, R: Reply + 'static, F> Handler<M, (marker::Upload, E, R)> for F
+where
+    F: Fn(E, &mut crate::stream::BodyReader) -> Result<R, Error> + Send + Sync + 'static,
+{
+    type Event = E;
+    type Reply = R;
+    fn add_to(self, registry: &mut Registry<M>) {
+        registry.add_upload(self);
+    }
+}
+
+impl<M: Manager, E: Event + Send, R: Reply + 'static, F> Handler<M, (marker::Form, E, R)> for F
+where
+    F: Fn(E, &mut crate::Multipart) -> Result<R, Error> + Send + Sync + 'static,
+{
+    type Event = E;
+    type Reply = R;
+    fn add_to(self, registry: &mut Registry<M>) {
+        registry.add_multipart(crate::MultipartLimits::default(), self);
     }
 }
 
@@ -265,8 +389,8 @@ impl<M: Manager> Registry<M> {
         handles
     }
 
-    /// Wraps every request handler of this manager (`request`,
-    /// `request_async`; not uploads) in `middleware`, inside the ones
+    /// Wraps every request handler of this manager (those
+    /// [`handle`](Self::handle) registers, not uploads or forms) in `middleware`, inside the ones
     /// registered before it. See [`Middleware`](crate::Middleware).
     ///
     /// ```
@@ -342,12 +466,95 @@ impl<M: Manager> Registry<M> {
         event_type
     }
 
+    /// The handler of the event it takes, sync or async, or of an upload
+    /// or a multipart form: every shape [`Handler`] lists. When the event
+    /// names its reply (`#[event(reply = R)]`), the handler must return
+    /// that `R`, or this does not compile.
+    ///
+    /// ```
+    /// # use serde::{Deserialize, Serialize};
+    /// # use switchyard_manager::{Config, Context, Error, Event, Manager, Registry, Reply, State};
+    /// #[derive(Serialize, Deserialize, Event)]
+    /// #[event(name = "shop.Reserve", reply = Reserved)]
+    /// struct Reserve { sku: String }
+    ///
+    /// #[derive(Serialize, Deserialize, Event)]
+    /// #[event(name = "shop.Order", http = "POST /orders", reply = Ordered)]
+    /// struct Order {
+    ///     sku: String,
+    ///     /// Declared and read in one place: no string to keep in sync.
+    ///     #[from(header = "user-agent")]
+    ///     agent: Option<String>,
+    /// }
+    ///
+    /// #[derive(Serialize, Deserialize, Reply)]
+    /// struct Reserved { left: u32 }
+    /// #[derive(Serialize, Deserialize, Reply)]
+    /// struct Ordered { order: u64, left: u32 }
+    ///
+    /// #[derive(Default)]
+    /// struct Shop { orders: u64, stock: u32 }
+    ///
+    /// impl Manager for Shop {
+    ///     const NAME: &'static str = "shop";
+    ///     fn create(_: &Config) -> Result<Self, Error> { Ok(Shop { orders: 0, stock: 10 }) }
+    ///     fn register(r: &mut Registry<Self>) {
+    ///         r.handle(Self::reserve).handle(Self::order);
+    ///     }
+    /// }
+    ///
+    /// impl Shop {
+    ///     fn reserve(&mut self, _: Reserve, _: &mut Context) -> Result<Reserved, Error> {
+    ///         self.stock = self.stock.checked_sub(1).ok_or_else(|| Error::new(409, "sold out"))?;
+    ///         Ok(Reserved { left: self.stock })
+    ///     }
+    ///
+    ///     async fn order(state: State<Self>, ev: Order, cx: Context) -> Result<Ordered, Error> {
+    ///         tracing::info!(agent = ?ev.agent, "ordering {}", ev.sku);
+    ///         let reserved = cx.call(&Reserve { sku: ev.sku }).await?; // a `Reserved`
+    ///         let order = state.with(|shop| { shop.orders += 1; shop.orders });
+    ///         Ok(Ordered { order, left: reserved.left })
+    ///     }
+    /// }
+    /// ```
+    pub fn handle<T, H>(&mut self, handler: H) -> &mut Self
+    where
+        H: Handler<M, T>,
+        H::Event: crate::event::Returns<H::Reply>,
+    {
+        handler.add_to(self);
+        self
+    }
+
     /// A synchronous request handler for `E`: it has the manager's state
     /// to itself for the duration of the call.
+    #[deprecated(note = "use `handle`, which takes sync and async handlers alike (decision 0125)")]
     pub fn request<E: Event, R: Reply + 'static>(
         &mut self,
         handler: fn(&mut M, E, &mut Context) -> Result<R, Error>,
     ) -> &mut Self {
+        self.add_exclusive(handler);
+        self
+    }
+
+    /// An asynchronous request handler for `E`: it may await calls to other
+    /// managers; other requests are served meanwhile.
+    #[deprecated(note = "use `handle`, which takes sync and async handlers alike (decision 0125)")]
+    pub fn request_async<E, R, F, Fut>(&mut self, handler: F) -> &mut Self
+    where
+        E: Event,
+        R: Reply + 'static,
+        F: Fn(State<M>, E, Context) -> Fut + 'static,
+        Fut: Future<Output = Result<R, Error>> + 'static,
+    {
+        self.add_async(handler);
+        self
+    }
+
+    fn add_exclusive<E: Event, R: Reply + 'static>(
+        &mut self,
+        handler: impl Fn(&mut M, E, &mut Context) -> Result<R, Error> + 'static,
+    ) {
         let event_type = self.declare::<E>();
         self.document::<E, R>(TypeRole::Request);
         self.uploads.remove(&event_type);
@@ -355,15 +562,13 @@ impl<M: Manager> Registry<M> {
             event_type,
             RequestHandler::Sync(Box::new(move |manager, request, cx| {
                 let event = decode::<E>(request)?;
-                handler(manager, event, cx)?.into_response(cx.format)
+                let scope = crate::trace::scope_of(cx);
+                crate::trace::scoped(scope, || handler(manager, event, cx))?.into_response(cx.format)
             })),
         );
-        self
     }
 
-    /// An asynchronous request handler for `E`: it may await calls to other
-    /// managers; other requests are served meanwhile.
-    pub fn request_async<E, R, F, Fut>(&mut self, handler: F) -> &mut Self
+    fn add_async<E, R, F, Fut>(&mut self, handler: F)
     where
         E: Event,
         R: Reply + 'static,
@@ -378,11 +583,13 @@ impl<M: Manager> Registry<M> {
             RequestHandler::Async(Box::new(move |state, request, cx| {
                 let event = decode::<E>(request)?;
                 let format = cx.format;
-                let fut = handler(state, event, cx);
-                Ok(Box::pin(async move { fut.await?.into_response(format) }))
+                let scope = crate::trace::scope_of(&cx);
+                let fut = crate::trace::scoped(scope.clone(), || handler(state, event, cx));
+                Ok(Box::pin(crate::trace::in_scope(scope, async move {
+                    fut.await?.into_response(format)
+                })))
             })),
         );
-        self
     }
 
     /// An upload handler for `E`: the request body is not buffered but read
@@ -412,24 +619,34 @@ impl<M: Manager> Registry<M> {
     /// # impl Manager for Files {
     /// #     const NAME: &'static str = "files";
     /// #     fn create(_: &Config) -> Result<Self, Error> { Ok(Files) }
-    /// fn register(r: &mut Registry<Self>) { r.upload(put); }
+    /// fn register(r: &mut Registry<Self>) { r.handle(put); }
     /// # }
     /// ```
+    #[deprecated(note = "use `handle`, which takes upload handlers too (decision 0125)")]
     pub fn upload<E: Event + Send, R: Reply + 'static>(
         &mut self,
         handler: fn(E, &mut crate::stream::BodyReader) -> Result<R, Error>,
     ) -> &mut Self {
+        self.add_upload(handler);
+        self
+    }
+
+    fn add_upload<E: Event + Send, R: Reply + 'static>(
+        &mut self,
+        handler: impl Fn(E, &mut crate::stream::BodyReader) -> Result<R, Error> + Send + Sync + 'static,
+    ) {
         let event_type = self.declare_with::<E>(true);
         self.document::<E, R>(TypeRole::Upload);
         self.requests.remove(&event_type);
+        let handler = Arc::new(handler);
         self.uploads.insert(
             event_type,
             Box::new(move |request, mut body, format| {
                 let event = decode::<E>(request)?;
+                let handler = handler.clone();
                 Ok(Box::new(move || handler(event, &mut body)?.into_response(format)))
             }),
         );
-        self
     }
 
     /// A handler for `multipart/form-data` bodies of `E` (HTML forms with
@@ -464,24 +681,39 @@ impl<M: Manager> Registry<M> {
     /// # impl Manager for Files {
     /// #     const NAME: &'static str = "files";
     /// #     fn create(_: &Config) -> Result<Self, Error> { Ok(Files) }
-    /// fn register(r: &mut Registry<Self>) { r.multipart(post); }
+    /// fn register(r: &mut Registry<Self>) { r.handle(post); }
     /// # }
     /// ```
+    #[deprecated(note = "use `handle`, which takes multipart handlers too (decision 0125)")]
     pub fn multipart<E: Event + Send, R: Reply + 'static>(
         &mut self,
         handler: fn(E, &mut crate::Multipart) -> Result<R, Error>,
     ) -> &mut Self {
-        self.multipart_with(crate::MultipartLimits::default(), handler)
+        self.add_multipart(crate::MultipartLimits::default(), handler);
+        self
     }
 
-    /// [`multipart`](Self::multipart) with other limits.
-    pub fn multipart_with<E: Event + Send, R: Reply + 'static>(
+    /// A multipart handler (what [`handle`](Self::handle) makes of a
+    /// `fn(E, &mut Multipart)`) with other limits than the default.
+    pub fn multipart_with<E: crate::event::Returns<R> + Send, R: Reply + 'static>(
         &mut self,
         limits: crate::MultipartLimits,
         handler: fn(E, &mut crate::Multipart) -> Result<R, Error>,
     ) -> &mut Self {
+        self.add_multipart(limits, handler);
+        self
+    }
+
+    fn add_multipart<E: Event + Send, R: Reply + 'static>(
+        &mut self,
+        limits: crate::MultipartLimits,
+        handler: impl Fn(E, &mut crate::Multipart) -> Result<R, Error> + Send + Sync + 'static,
+    ) {
         let event_type = self.declare_with::<E>(true);
+        // Its fields are the form's leading text fields (decision 0125).
+        self.document::<E, R>(TypeRole::Form);
         self.requests.remove(&event_type);
+        let handler = Arc::new(handler);
         self.uploads.insert(
             event_type,
             Box::new(move |request, body, format| {
@@ -490,6 +722,7 @@ impl<M: Manager> Registry<M> {
                 let mut meta = request.meta.clone();
                 let content_type = meta.get("content-type").map(str::to_owned);
                 let caller = request.caller();
+                let handler = handler.clone();
                 Ok(Box::new(move || {
                     let mut form = crate::multipart::Multipart::new(body, content_type.as_deref(), limits)?;
                     let fields = form.leading_fields()?;
@@ -502,7 +735,6 @@ impl<M: Manager> Registry<M> {
                 }))
             }),
         );
-        self
     }
 
     /// A job function for job type `J`: what the manager's worker pool runs
@@ -585,7 +817,8 @@ impl<M: Manager> Registry<M> {
             event_type,
             Box::new(move |manager, request, cx| {
                 let event = decode::<E>(request)?;
-                handler(manager, event, cx)
+                let scope = crate::trace::scope_of(cx);
+                crate::trace::scoped(scope, || handler(manager, event, cx))
             }),
         );
         self

@@ -967,6 +967,7 @@ mod tests {
         fn create(_: &Config) -> Result<Self, Error> {
             Ok(Waits)
         }
+        #[allow(deprecated)] // the closure form `handle` cannot infer
         fn register(r: &mut Registry<Self>) {
             r.request_async(|_, _: Later, _| async {
                 let remote = REMOTE.lock().unwrap().clone().expect("the test set it");
@@ -992,6 +993,7 @@ mod tests {
         fn create(_: &Config) -> Result<Self, Error> {
             Ok(Jobs)
         }
+        #[allow(deprecated)] // the closure form `handle` cannot infer
         fn register(r: &mut Registry<Self>) {
             r.request_async(|_, _: Later, cx| async move { cx.spawn_job::<Work, Done>(&Work {}).await })
                 .job(work);

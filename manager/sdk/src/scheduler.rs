@@ -336,7 +336,7 @@ impl JobBuilder {
 }
 
 /// The Scheduler seen from a handler: `cx.scheduler()`. Each method is one
-/// call to the `scheduler` manager (use them from `request_async`
+/// call to the `scheduler` manager (use them from `async`
 /// handlers). Errors: 422 for a bad schedule (cron expression, time zone,
 /// a zero interval), 409 for a different job under a taken id, 404 for an
 /// unknown job in `update`, 503 while the scheduler is down.

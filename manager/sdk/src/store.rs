@@ -352,7 +352,7 @@ fn ttl(ttl: Option<Duration>) -> Option<u64> {
 }
 
 /// The Store seen from a handler: `cx.store()`. Each method is one call to
-/// the `store` manager (so use them from `request_async` handlers); values
+/// the `store` manager (so use them from `async` handlers); values
 /// are any serde type, stored as JSON. Errors: 413 for a key or value over
 /// the Store's limits, 409 for an increment of a value that is not an
 /// integer, 503 while the store is down, 404 when the group has no store.

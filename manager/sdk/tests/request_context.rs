@@ -65,11 +65,11 @@ impl Manager for App {
         Ok(App)
     }
     fn register(r: &mut Registry<Self>) {
-        r.request(Self::keyed)
-            .request(Self::strict)
-            .request(Self::whoami)
-            .request(Self::go)
-            .request(Self::make);
+        r.handle(Self::keyed)
+            .handle(Self::strict)
+            .handle(Self::whoami)
+            .handle(Self::go)
+            .handle(Self::make);
     }
 }
 
@@ -366,11 +366,11 @@ impl Manager for Guarded {
     fn register(r: &mut Registry<Self>) {
         r.middleware(Sessions)
             .middleware(Routing::default())
-            .request(Self::account)
-            .request(Self::old)
-            .request(Self::legacy)
-            .request(Self::modern)
-            .request(Self::boom);
+            .handle(Self::account)
+            .handle(Self::old)
+            .handle(Self::legacy)
+            .handle(Self::modern)
+            .handle(Self::boom);
     }
 }
 

@@ -174,7 +174,7 @@ type Stub = Box<dyn FnMut(&[u8]) -> (u16, Bytes)>;
 /// # impl Manager for Greeter {
 /// #     const NAME: &'static str = "greeter";
 /// #     fn create(_: &Config) -> Result<Self, Error> { Ok(Greeter) }
-/// #     fn register(r: &mut Registry<Self>) { r.request(Self::greet); }
+/// #     fn register(r: &mut Registry<Self>) { r.handle(Self::greet); }
 /// # }
 /// # impl Greeter {
 /// #     fn greet(&mut self, ev: Hello, _: &mut Context) -> Result<Greeting, Error> {
@@ -368,7 +368,7 @@ impl<M: Manager> TestManager<M> {
     /// # impl Manager for M {
     /// #     const NAME: &'static str = "m";
     /// #     fn create(_: &Config) -> Result<Self, Error> { Ok(M) }
-    /// #     fn register(r: &mut Registry<Self>) { r.request(Self::key); }
+    /// #     fn register(r: &mut Registry<Self>) { r.handle(Self::key); }
     /// # }
     /// # impl M { fn key(&mut self, ev: Key, _: &mut Context) -> Result<Json<Option<String>>, Error> { Ok(Json(ev.key)) } }
     /// use switchyard_manager::testing::TestManager;
@@ -525,6 +525,12 @@ impl<M: Manager> TestRequest<'_, M> {
     pub fn json(mut self, body: &[u8]) -> Self {
         self.body = Bytes::copy_from_slice(body);
         self.with("content-type".into(), JSON)
+    }
+
+    /// A body of any type: a multipart form, an upload's bytes.
+    pub fn body(mut self, content_type: &str, body: &[u8]) -> Self {
+        self.body = Bytes::copy_from_slice(body);
+        self.with("content-type".into(), content_type)
     }
 
     /// A bincode body, as a binary WebSocket or gRPC client may send.
