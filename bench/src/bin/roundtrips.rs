@@ -64,7 +64,8 @@ enum Transport {
 /// One connection of either transport, with the same call.
 enum Client {
     Ws(switchyard_client::Client),
-    Grpc(switchyard_client::GrpcClient),
+    // Boxed: the client (with its credential) is far larger than the others.
+    Grpc(Box<switchyard_client::GrpcClient>),
     Session(switchyard_client::GrpcSession),
 }
 
@@ -79,11 +80,11 @@ impl Client {
                         .context("websocket connect")?,
                 )
             }
-            Transport::Grpc => Client::Grpc(
+            Transport::Grpc => Client::Grpc(Box::new(
                 switchyard_client::GrpcClient::connect(url)
                     .await
                     .context("grpc connect")?,
-            ),
+            )),
             Transport::GrpcSession => Client::Session(
                 switchyard_client::GrpcClient::connect(url)
                     .await
