@@ -526,7 +526,9 @@ async fn export_and_import_move_a_store_from_sqlite_to_a_bucket_and_back() {
     assert!(said.contains("exported 4 keys"), "{said}");
     let exported = std::fs::read_to_string(&lines).unwrap();
     assert!(
-        exported.contains(r#""key":"session:x""#) && exported.contains("expires_at_ms"),
+        // Keys move as stored, each in its caller's scope (decision 0114):
+        // an anonymous client wrote these.
+        exported.contains(r#""key":"\u0000client:\u0000session:x""#) && exported.contains("expires_at_ms"),
         "{exported}"
     );
     // The JetStream commands open no database; a data directory of the

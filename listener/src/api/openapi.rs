@@ -304,6 +304,15 @@ fn operation(
             }
         }
     }
+    // A handler that reads a precondition header answers 412 when it fails:
+    // a status the document then names, since a client sending any value
+    // the schema allows can meet it.
+    let conditional = doc.is_some_and(|d| {
+        d.params.iter().any(|b| {
+            b.location == "header"
+                && (b.name.eq_ignore_ascii_case("if-match") || b.name.eq_ignore_ascii_case("if-none-match"))
+        })
+    });
     for bound in doc.map(|d| d.params.as_slice()).unwrap_or_default() {
         parameters.push(parameter(
             &bound.location,
@@ -439,6 +448,9 @@ fn operation(
     if security.is_some() {
         errors.extend(["401", "403"]);
     }
+    if conditional {
+        errors.push("412");
+    }
     errors.push("429");
     errors.sort_unstable();
     for code in errors {
@@ -561,6 +573,10 @@ fn standard_responses() -> Value {
         (
             "415",
             "The body's `Content-Type` or `Content-Encoding` is not one the route takes.",
+        ),
+        (
+            "412",
+            "A precondition header (`If-Match`, `If-None-Match`) does not hold for the resource as it is now.",
         ),
         ("422", "The input does not validate; `errors` names each field."),
         ("429", "Over a rate limit; `Retry-After` says when to retry."),

@@ -66,13 +66,23 @@ pub(crate) fn scoped<T>(scope: Scope, f: impl FnOnce() -> T) -> T {
             CURRENT.with(|c| *c.borrow_mut() = previous);
         }
     }
+    // Held lines go to the host once our dispatcher is no longer the
+    // default: after `f` returns, and when it panics too (the panic hook's
+    // own record, with its backtrace, is one of them).
+    struct Flush(Scope);
+    impl Drop for Flush {
+        fn drop(&mut self) {
+            let pending = PENDING.with(|p| std::mem::take(&mut *p.borrow_mut()));
+            for (level, correlation, line) in pending {
+                self.0.0.log(level, correlation, &line);
+            }
+        }
+    }
+    let flush = Flush(scope);
     let restore = Restore(previous);
     let result = tracing::dispatcher::with_default(dispatch(), f);
     drop(restore);
-    let pending = PENDING.with(|p| std::mem::take(&mut *p.borrow_mut()));
-    for (level, correlation, line) in pending {
-        scope.0.log(level, correlation, &line);
-    }
+    drop(flush);
     result
 }
 
