@@ -180,6 +180,7 @@ pub(crate) async fn write(
     }
     let payload = Bytes::from(value.unwrap_or("").to_owned());
     let mut sent = false;
+    let mut tried = false;
     loop {
         let outcome = async {
             b.js.publish_with_headers(subject.clone(), headers.clone(), payload.clone())
@@ -204,11 +205,23 @@ pub(crate) async fn write(
             }
             Ok(Err(e)) => match e.kind() {
                 PublishErrorKind::WrongLastSequence => {
-                    if sent
-                        && let Ok(msg) = b.stream.get_last_raw_message_by_subject(&subject).await
+                    // After an earlier attempt of ours whose outcome we did
+                    // not hear (whatever its error: a server can store a
+                    // write and die before it answers), ours may be the
+                    // write that moved the key. It would be the key's first
+                    // message after the one we expected, however many
+                    // writes followed it: look there, not at the last.
+                    if tried
+                        && let Some(seq) = expect
+                        && let Ok(msg) = b
+                            .stream
+                            .raw_message_builder()
+                            .sequence(seq + 1)
+                            .next_by_subject(subject.clone())
+                            .send()
+                            .await
                         && header(Some(&msg.headers), WRITER) == Some(writer.as_str())
                     {
-                        // Ours is the message that moved it.
                         return Ok(Wrote::Done(msg.sequence));
                     }
                     return Ok(Wrote::Moved);
@@ -229,6 +242,7 @@ pub(crate) async fn write(
             },
             Err(_) => sent = true,
         }
+        tried = true;
         if tokio::time::Instant::now() + Duration::from_millis(50) >= deadline {
             let what = format!("the write of `{key}` was not acknowledged in time");
             return Err(if sent {
