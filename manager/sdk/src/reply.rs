@@ -155,7 +155,7 @@ impl Redirect {
 /// ```
 /// # use serde::Serialize;
 /// # use switchyard_manager::{Created, Format, Reply};
-/// #[derive(Serialize)]
+/// #[derive(Serialize, Reply)]
 /// struct Order { id: u64 }
 /// let r = Created::at("/orders/7", Order { id: 7 }).into_response(Format::Json).unwrap();
 /// assert_eq!((r.status, r.meta.get("location")), (201, Some("/orders/7")));
