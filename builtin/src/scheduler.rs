@@ -1,5 +1,7 @@
 //! The `scheduler` manager: the jobs of `switchyard_manager::scheduler`,
-//! kept in the Store's database and fired from there.
+//! kept in the Store's database and fired from there — or, when the group
+//! is clustered, in a JetStream bucket every group serves and the holder
+//! of its lease fires (`jetstream`, decision 0140).
 //!
 //! Nothing but the jobs in flight is held in memory: each tick asks the
 //! database (an index on the due time) for what is due, so a million
