@@ -41,8 +41,10 @@ struct Options {
     /// Client counts measured.
     #[arg(long, value_delimiter = ',', default_values_t = [1, 16])]
     clients: Vec<u64>,
-    /// Back ends measured: sqlite, js1 (one server), js3 (three, replicas 3).
-    #[arg(long, value_delimiter = ',', default_values_t = ["sqlite".to_owned(), "js1".to_owned(), "js3".to_owned()])]
+    /// Back ends measured: sqlite (`fsync`: each write on disk before its
+    /// answer), sqlite-group (`group` durability), js1 (one server), js3
+    /// (three, replicas 3).
+    #[arg(long, value_delimiter = ',', default_values_t = ["sqlite".to_owned(), "sqlite-group".to_owned(), "js1".to_owned(), "js3".to_owned()])]
     backends: Vec<String>,
     /// Where the databases and the servers' stores go (default: a fresh
     /// directory in /tmp).
@@ -80,7 +82,7 @@ fn main() -> anyhow::Result<()> {
         let work = dir.join(backend);
         std::fs::create_dir_all(&work)?;
         let (servers, cluster) = match backend.as_str() {
-            "sqlite" => (Vec::new(), String::new()),
+            "sqlite" | "sqlite-group" => (Vec::new(), String::new()),
             "js1" | "js3" => {
                 let n = if backend == "js1" { 1 } else { 3 };
                 let servers = Nats::cluster(&work, n)?;
@@ -92,12 +94,18 @@ fn main() -> anyhow::Result<()> {
                 );
                 (servers, cluster)
             }
-            other => bail!("unknown back end `{other}` (sqlite, js1, js3)"),
+            other => bail!("unknown back end `{other}` (sqlite, sqlite-group, js1, js3)"),
         };
         let replicas = if backend == "js3" { 3 } else { 1 };
+        let durability = if backend == "sqlite-group" {
+            "group"
+        } else {
+            "fsync"
+        };
         let config = format!(
             "[auth]\nexpose = [\"store.*\"]\n{cluster}\
-             [[managers]]\nname = \"store\"\nbuiltin = \"store\"\n[managers.config]\nreplicas = {replicas}\n"
+             [[managers]]\nname = \"store\"\nbuiltin = \"store\"\n[managers.config]\nreplicas = {replicas}\n\
+             durability = \"{durability}\"\n"
         );
         let group = Group::start(&bin, &work, &config)?;
         let url = format!("ws://{}/ws", group.addr);
