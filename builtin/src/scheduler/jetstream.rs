@@ -731,6 +731,11 @@ impl JsJobs {
         };
         let mut fires = Vec::new();
         for id in candidates {
+            // Each start is a round trip or two: the lease may run out
+            // meanwhile, and then another group may be firing.
+            if !self.holding() {
+                break;
+            }
             let token = self.next_token;
             self.next_token += 1;
             let firing = self.firing(token);
@@ -860,5 +865,72 @@ impl JsJobs {
             }))
         })?;
         Ok(*retry.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use switchyard_manager::scheduler::Kind;
+    use switchyard_manager::store::JsonText;
+
+    fn record(due_ms: u64, owner: &str, firing: bool) -> Record {
+        Record {
+            spec: Spec {
+                when: When::AfterMs(1),
+                event: "e".into(),
+                kind: Kind::Notification,
+                payload: JsonText::null(),
+                missed: Missed::Once,
+                tz: None,
+                owner: owner.into(),
+                identity: None,
+            },
+            next_ms: due_ms,
+            due_ms,
+            attempts: 0,
+            fired: 0,
+            firing: firing.then(|| "g#1".into()),
+        }
+    }
+
+    fn due(index: &Index) -> Vec<(u64, &str)> {
+        index.due.iter().map(|(d, id)| (*d, id.as_str())).collect()
+    }
+
+    #[test]
+    fn the_index_keeps_the_newest_state_of_each_job_whatever_the_order_heard() {
+        let mut index = Index::default();
+        index.put("a", 5, &record(100, "", false));
+        index.put("b", 6, &record(50, "client:x", true));
+        // The watch brings an older message after this group's own write.
+        index.put("a", 3, &record(10, "", false));
+        assert_eq!(due(&index), [(50, "b"), (100, "a")]);
+        assert!(index.jobs["b"].in_flight);
+        index.put("a", 7, &record(20, "", false));
+        assert_eq!(due(&index), [(20, "a"), (50, "b")]);
+        // An older delete marker leaves a newer job; a newer one removes it.
+        index.remove("a", 6);
+        assert_eq!(index.jobs.len(), 2);
+        index.remove("a", 8);
+        assert_eq!(due(&index), [(50, "b")]);
+        // A job found gone removes its hint whatever it was.
+        index.set("b", u64::MAX, None);
+        assert!(index.jobs.is_empty() && index.due.is_empty());
+    }
+
+    #[test]
+    fn a_settled_firing_moves_a_repeating_job_on_and_ends_a_one_shot_one() {
+        let mut every = record(1000, "", true);
+        every.spec.when = When::EveryMs(100);
+        every.attempts = 1;
+        let next = every.advanced(1250, true).unwrap().unwrap();
+        assert_eq!(
+            (next.next_ms, next.due_ms, next.attempts, next.fired),
+            (1300, 1300, 0, 1)
+        );
+        assert!(next.firing.is_none());
+        assert!(record(1000, "", true).advanced(1250, true).unwrap().is_none());
+        assert_eq!(first(&every.spec, 5000).unwrap(), 5100);
     }
 }
