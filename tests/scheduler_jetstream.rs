@@ -10,7 +10,9 @@
 //!
 //! Firings are counted twice: as pushes to a subscriber of the job's
 //! notification on every group (delivery), and as the Scheduler's own
-//! `job `<id>`: firing` debug line in every group's log (sends).
+//! `job `<id>`: firing` debug line in every group's log (sends). A
+//! client's request job shows whom it fired as in the answer the
+//! Scheduler logs.
 
 mod common;
 
@@ -34,6 +36,9 @@ const LEASE_MS: u64 = 3000;
 const FIRED: &str = "test.fired";
 /// A firing later than this is missed (the job's `missed` policy applies).
 const GRACE_MS: u64 = 500;
+/// A client's API key, and its SHA-256 as the groups know it.
+const KEY: &str = "sched-client-key-5c1e";
+const KEY_SHA256: &str = "3013e8b20e94316469a5d2cf8db6693a8632d78656db21ead42952652ee78bd9";
 
 /// A group joined to `js` running the Scheduler (on JetStream, as
 /// `[cluster]` makes it), open to clients, which may send notifications
@@ -149,10 +154,16 @@ async fn stop(g: Group) {
 async fn a_due_job_fires_once_across_groups_and_on_another_group_when_its_holder_is_killed() {
     let js = JsCluster::start("js-sched");
     let name = format!("jsq-{}", std::process::id());
+    // `basics` answers `demo.Whoami` with the caller's `sub`: what a
+    // client's job fires as. The client with the key is `deployer`.
+    let extra = format!(
+        "[[managers]]\nname = \"basics\"\n\
+         [auth.api_keys]\n[[auth.api_keys.keys]]\nname = \"deployer\"\nsha256 = \"{KEY_SHA256}\"\n"
+    );
     let mut groups = vec![
-        group("js-sched-a", &js, &name, ""),
-        group("js-sched-b", &js, &name, ""),
-        group("js-sched-c", &js, &name, ""),
+        group("js-sched-a", &js, &name, &extra),
+        group("js-sched-b", &js, &name, &extra),
+        group("js-sched-c", &js, &name, &extra),
     ];
     for g in &groups {
         until_served(g).await;
@@ -203,6 +214,19 @@ async fn a_due_job_fires_once_across_groups_and_on_another_group_when_its_holder
         &job("orphan", Duration::from_millis(2 * LEASE_MS)),
     )
     .await;
+    // A client's job, scheduled through the holder with the client's
+    // key: it fires as that client wherever it fires (decision 0113).
+    let keyed = Client::builder(&ws(&groups[holder]))
+        .api_key(KEY)
+        .connect()
+        .await
+        .unwrap();
+    let who = Job::after(Duration::from_millis(2 * LEASE_MS))
+        .id("who")
+        .build("demo.Whoami", Kind::Request, &json!({}))
+        .unwrap();
+    assert!(keyed.scheduler().schedule(&who).await.unwrap().created);
+    drop(keyed);
     let dead = groups.remove(holder);
     drop(subs.remove(holder));
     drop(clients.remove(holder));
@@ -249,8 +273,18 @@ async fn a_due_job_fires_once_across_groups_and_on_another_group_when_its_holder
     assert_eq!(sent(&[&dead], "orphan"), 0, "the dead holder had not fired it");
     assert_eq!(sent(&survivors, "late-once"), 1);
     assert_eq!(sent(&survivors, "late-skip"), 0);
+    let answered = "job `who`: demo.Whoami answered 200";
+    let line = eventually("the client's job fired on a survivor", PATIENCE, || {
+        survivors.iter().find_map(|g| g.line(answered)).ok_or("not yet")
+    });
+    assert!(
+        line.contains(r#"\"sub\":\"deployer\""#) || line.contains(r#""sub":"deployer""#),
+        "{line}"
+    );
+    let fired: usize = survivors.iter().map(|g| g.count_lines(answered)).sum();
+    assert_eq!(fired, 1, "the client's job fired once");
     let scheduler = clients[0].scheduler();
-    for id in ["orphan", "late-once", "late-skip"] {
+    for id in ["orphan", "late-once", "late-skip", "who"] {
         eventually_async("the job is done", || async {
             let found = scheduler.get(id).await.unwrap();
             found.is_none().then_some(()).ok_or(found)
