@@ -1036,8 +1036,7 @@ impl Config {
                     "managers[{i}].instances: the built-in `{builtin}` runs as one instance (the one writer of its database)"
                 ));
             }
-            if builtin == switchyard_builtin::STORE
-                && m.config.get("backend").and_then(|b| b.as_str()) == Some("jetstream")
+            if m.config.get("backend").and_then(|b| b.as_str()) == Some("jetstream")
                 && !self.cluster.enabled()
             {
                 problems.push(format!(
@@ -1087,8 +1086,8 @@ impl Config {
             );
         }
         // The built-ins reach JetStream through the cluster's servers, with
-        // its credentials (decision 0135).
-        if m.builtin.as_deref() == Some(switchyard_builtin::STORE)
+        // its credentials (decisions 0135, 0140).
+        if m.builtin.is_some()
             && self.cluster.enabled()
             && let serde_json::Value::Object(map) = &mut value
         {

@@ -87,14 +87,14 @@ impl Spec {
             config.auth = Default::default();
         }
         // `[cluster]` (NATS credentials) is the router's alone, and the
-        // built-in Store's, which keeps its keys in JetStream through it
-        // (decision 0135).
-        let jetstream_store = role == Role::Manager
+        // built-ins', which keep their keys and jobs in JetStream through
+        // it (decisions 0135, 0140).
+        let jetstream_builtin = role == Role::Manager
             && config
                 .managers
                 .iter()
-                .any(|m| m.name == name && m.builtin.as_deref() == Some(switchyard_builtin::STORE));
-        if role != Role::Router && !jetstream_store {
+                .any(|m| m.name == name && m.builtin.is_some());
+        if role != Role::Router && !jetstream_builtin {
             config.cluster = Default::default();
         }
         Spec {
@@ -461,7 +461,8 @@ mod tests {
     use super::*;
 
     /// Each role's spec holds its own secrets and no other's (the built-in
-    /// Store's process: `[cluster]`'s, decision 0135).
+    /// Store's and Scheduler's processes: `[cluster]`'s, decisions 0135,
+    /// 0140).
     #[test]
     fn each_spec_holds_only_its_own_secrets() {
         let config: Config = toml::from_str(
@@ -484,6 +485,9 @@ mod tests {
             [[managers]]
             name = "kv"
             builtin = "store"
+            [[managers]]
+            name = "jobs"
+            builtin = "scheduler"
             "#,
         )
         .unwrap();
@@ -503,6 +507,9 @@ mod tests {
             // The Store reaches JetStream with the cluster's credentials.
             (Role::Manager, "kv", &["nats-password"][..]),
             (Role::Worker, "kv", &[][..]),
+            // So does the Scheduler, for its jobs.
+            (Role::Manager, "jobs", &["nats-password"][..]),
+            (Role::Worker, "jobs", &[][..]),
         ];
         let all = [
             "nats-password",

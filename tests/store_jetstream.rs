@@ -7,146 +7,17 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use common::jetstream::*;
 use common::*;
 use futures_util::StreamExt;
 use serde_json::json;
 use switchyard_client::store::{Changed, List};
 use switchyard_client::{Client, ClientError};
-
-/// One JetStream server of the cluster: its ports and store directory
-/// stay the same across a kill and a restart.
-struct Server {
-    child: Option<Child>,
-    name: String,
-    port: u16,
-    routes_port: u16,
-    store: PathBuf,
-    routes: String,
-    cluster: String,
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-impl Server {
-    fn spawn(&mut self) {
-        let mut cmd = Command::new("nats-server");
-        cmd.args(["-a", "127.0.0.1", "-p", &self.port.to_string()])
-            .args(["-n", &self.name, "-js", "-sd"])
-            .arg(&self.store);
-        // No routes: a server of its own, not a cluster of one.
-        if !self.routes.is_empty() {
-            cmd.args(["--cluster_name", &self.cluster])
-                .args(["--cluster", &format!("nats://127.0.0.1:{}", self.routes_port)])
-                .args(["--routes", &self.routes]);
-        }
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("nats-server is installed (apt-get install nats-server; .ci/run does)");
-        self.child = Some(child);
-        let deadline = Instant::now() + PATIENCE;
-        loop {
-            assert!(
-                !matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(Some(_)))),
-                "nats-server {} exited at start (port {} taken?)",
-                self.name,
-                self.port
-            );
-            if let Ok(stream) = TcpStream::connect(("127.0.0.1", self.port)) {
-                let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
-                let mut line = String::new();
-                if BufReader::new(stream).read_line(&mut line).is_ok() && line.starts_with("INFO") {
-                    assert!(
-                        line.contains("\"jetstream\":true"),
-                        "this nats-server has no JetStream (needs nats-server 2.9 or later, run with -js); it said: {line}"
-                    );
-                    return;
-                }
-            }
-            assert!(
-                Instant::now() < deadline,
-                "nats-server {} not ready within {PATIENCE:?}",
-                self.name
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.port)
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// Three servers routed to each other, each with its own store directory.
-struct JsCluster {
-    servers: Vec<Server>,
-    _dir: tempfile::TempDir,
-}
-
-impl JsCluster {
-    fn start(tag: &str) -> JsCluster {
-        let dir = scratch_dir(tag);
-        let cluster = format!("{tag}-{}", std::process::id());
-        let routes_ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
-        let routes = routes_ports
-            .iter()
-            .map(|p| format!("nats-route://127.0.0.1:{p}"))
-            .collect::<Vec<_>>()
-            .join(",");
-        let mut servers: Vec<Server> = (0..3)
-            .map(|i| Server {
-                child: None,
-                name: format!("{cluster}-{i}"),
-                port: free_port(),
-                routes_port: routes_ports[i],
-                store: dir.path().join(format!("js{i}")),
-                routes: routes.clone(),
-                cluster: cluster.clone(),
-            })
-            .collect();
-        for s in &mut servers {
-            s.spawn();
-        }
-        JsCluster { servers, _dir: dir }
-    }
-
-    fn urls(&self) -> String {
-        self.servers
-            .iter()
-            .map(|s| format!("\"{}\"", s.url()))
-            .collect::<Vec<_>>()
-            .join(", ")
-    }
-}
 
 /// A group joined to `js` running the Store (on JetStream, as `[cluster]`
 /// makes it) and `basics` (`/kv` routes), the Store open to clients.
@@ -419,26 +290,6 @@ async fn one_store_across_groups_survives_one_server_and_answers_503_without_quo
     drop((ca, cb));
     stop(a).await;
     stop(b).await;
-}
-
-/// [`eventually`] for an async check, bounded by PATIENCE.
-async fn eventually_async<T, E: std::fmt::Debug, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, E>>,
-{
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        let last = match check().await {
-            Ok(v) => return v,
-            Err(e) => e,
-        };
-        assert!(
-            Instant::now() < deadline,
-            "not within {PATIENCE:?}: {what}; last seen: {last:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// `switchyard store export|import` with `args`; its stderr on success.

@@ -1,6 +1,7 @@
 //! The built-in managers: the Store (shared key/value state) and the
 //! Scheduler (timed events), on one SQLite database in the group's data
-//! directory.
+//! directory, or, when the group is clustered, in JetStream buckets every
+//! group shares (decisions 0135, 0140).
 //!
 //! They are managers like any other, written against the SDK: the
 //! `switchyard` binary links this crate and runs each in a manager process
@@ -15,7 +16,9 @@
 //! # Layout
 //! - `db`: opening the shared database (lock, WAL, durability, schema).
 //! - `store`: the `store` manager.
-//! - `scheduler`: the `scheduler` manager and its timing.
+//! - `scheduler`: the `scheduler` manager and its timing;
+//!   `scheduler/jetstream`: its jobs in a bucket, fired by a lease's holder.
+//! - `nats`: the link to JetStream both keep when clustered.
 //! - this file: the error type, settings parsing, and [`vtable`], the
 //!   table the binary hands to the manager host.
 

@@ -69,7 +69,12 @@ pub(crate) struct Link {
     /// The last reason it went down (for the 503's message).
     why: Mutex<String>,
     wake: Notify,
+    /// Told each time the link comes up again: a follower re-follows then
+    /// (a watch may have stalled through the outage).
+    revived: Notify,
     pub(crate) timeout: Duration,
+    /// Whose bucket it is (`store`, `scheduler`), for the 503s' message.
+    role: &'static str,
 }
 
 impl Link {
@@ -77,6 +82,17 @@ impl Link {
     /// that is down at start is waited for, as the cluster bridge does),
     /// then creates or opens the bucket, and calls `ready` once with it.
     pub(crate) fn start(
+        cluster: &switchyard_cluster::Config,
+        spec: BucketSpec,
+        timeout: Duration,
+        ready: impl FnOnce(&Arc<Link>, &Bucket) + Send + 'static,
+    ) -> Result<Arc<Link>, BuiltinError> {
+        Link::start_as("store", cluster, spec, timeout, ready)
+    }
+
+    /// [`Link::start`] for the built-in `role`.
+    pub(crate) fn start_as(
+        role: &'static str,
         cluster: &switchyard_cluster::Config,
         spec: BucketSpec,
         timeout: Duration,
@@ -128,7 +144,9 @@ impl Link {
             up: AtomicBool::new(false),
             why: Mutex::new("connecting to JetStream".into()),
             wake: Notify::new(),
+            revived: Notify::new(),
             timeout,
+            role,
         });
         let keeper = link.clone();
         handle.spawn(async move {
@@ -145,7 +163,7 @@ impl Link {
             // it gets the operation's whole time; writes bound their
             // attempts themselves.
             js.set_timeout(keeper.timeout);
-            let bucket = keeper.open_bucket(&js, &spec).await;
+            let bucket = keeper.open_bucket(&js, &spec, role).await;
             let _ = keeper.bucket.set(bucket.clone());
             ready(&keeper, &bucket);
             keeper.probe_forever(bucket).await;
@@ -169,7 +187,7 @@ impl Link {
 
     /// Creates the bucket, or opens it when another group did; retried
     /// until it works, the reason kept for the 503s meanwhile.
-    async fn open_bucket(&self, js: &jetstream::Context, spec: &BucketSpec) -> Bucket {
+    async fn open_bucket(&self, js: &jetstream::Context, spec: &BucketSpec, role: &str) -> Bucket {
         let mut logged = String::new();
         loop {
             let opened = match js.get_key_value(&spec.name).await {
@@ -180,7 +198,7 @@ impl Link {
                 Err(_) => match js
                     .create_stream(jetstream::stream::Config {
                         name: format!("KV_{}", spec.name),
-                        description: Some("Switchyard store (docs/store.md)".into()),
+                        description: Some(format!("Switchyard {role} (docs/{role}.md)")),
                         subjects: vec![format!("$KV.{}.>", spec.name)],
                         max_messages_per_subject: 1,
                         num_replicas: spec.replicas,
@@ -237,13 +255,21 @@ impl Link {
                 })
                 .await;
                 match answered {
-                    Ok(Ok(_)) => self.up.store(true, Ordering::Release),
+                    Ok(Ok(_)) => {
+                        self.up.store(true, Ordering::Release);
+                        self.revived.notify_waiters();
+                    }
                     Ok(Err(e)) => self.set_why(format!("JetStream does not answer: {e}")),
                     Err(_) => self.set_why("JetStream does not answer (no quorum or no leader)".into()),
                 }
             }
             let _ = tokio::time::timeout(PROBE_EVERY, self.wake.notified()).await;
         }
+    }
+
+    /// Resolves the next time the link comes up again after being down.
+    pub(crate) async fn revived(&self) {
+        self.revived.notified().await
     }
 
     fn down(&self, why: &str) {
@@ -254,9 +280,15 @@ impl Link {
 
     fn unavailable(&self) -> Error {
         Error::unavailable(format!(
-            "the store's JetStream bucket is unavailable: {}",
+            "the {}'s JetStream bucket is unavailable: {}",
+            self.role,
             self.why()
         ))
+    }
+
+    /// Whether the bucket is open and answering, as last seen.
+    pub(crate) fn answering(&self) -> bool {
+        self.bucket.get().is_some() && self.up.load(Ordering::Acquire)
     }
 
     /// The bucket, if it is open and answering.
@@ -304,7 +336,8 @@ impl Link {
                 Err(Error::new(
                     504,
                     format!(
-                        "the store's JetStream bucket did not confirm the write ({why}): it may or may not have been applied"
+                        "the {}'s JetStream bucket did not confirm the write ({why}): it may or may not have been applied",
+                        self.role
                     ),
                 ))
             }

@@ -1,5 +1,7 @@
 //! The `scheduler` manager: the jobs of `switchyard_manager::scheduler`,
-//! kept in the Store's database and fired from there.
+//! kept in the Store's database and fired from there — or, when the group
+//! is clustered, in a JetStream bucket every group serves and the holder
+//! of its lease fires (`jetstream`, decision 0140).
 //!
 //! Nothing but the jobs in flight is held in memory: each tick asks the
 //! database (an index on the due time) for what is due, so a million
@@ -33,6 +35,7 @@ use switchyard_manager::store::JsonText;
 use switchyard_manager::{Config, Context, Error, Json, LogLevel, Manager, Registry};
 
 use crate::db::{self, Db, Durability};
+use crate::store::Backend;
 use crate::{BuiltinError, positive, settings};
 
 /// Largest job id and event name, in bytes.
@@ -85,6 +88,20 @@ pub(crate) struct SchedulerSettings {
     /// (default: anything the client may send itself, which the listener
     /// checks when the job is scheduled).
     pub(crate) client_targets: Vec<String>,
+    /// Where the jobs live: `auto` (JetStream when the group has
+    /// `[cluster]`, else SQLite), `sqlite` or `jetstream`, as the Store's.
+    pub(crate) backend: Backend,
+    /// JetStream: the bucket's replicas (1 to 5).
+    pub(crate) replicas: usize,
+    /// JetStream: the bucket's name (default `scheduler-<cluster name>`).
+    pub(crate) bucket: Option<String>,
+    /// JetStream: the longest an operation waits for the bucket.
+    pub(crate) op_timeout_ms: u64,
+    /// JetStream: how long the lease of the group that fires the jobs
+    /// lasts unrenewed; another group takes over after it (decision 0140).
+    pub(crate) lease_ms: u64,
+    /// Set by the supervisor from `[cluster]`.
+    pub(crate) cluster: Option<switchyard_cluster::Config>,
 }
 
 impl Default for SchedulerSettings {
@@ -103,6 +120,12 @@ impl Default for SchedulerSettings {
             min_every_ms: 100,
             max_jobs_per_client: 100,
             client_targets: Vec::new(),
+            backend: Backend::Auto,
+            replicas: 3,
+            bucket: None,
+            op_timeout_ms: 2000,
+            lease_ms: 5000,
+            cluster: None,
         }
     }
 }
@@ -119,6 +142,40 @@ impl SchedulerSettings {
         positive("max_payload_bytes", s.max_payload_bytes as u64)?;
         positive("min_every_ms", s.min_every_ms)?;
         positive("max_jobs_per_client", s.max_jobs_per_client)?;
+        positive("op_timeout_ms", s.op_timeout_ms)?;
+        if s.op_timeout_ms > 10_000 {
+            // A handler waits this long, and the watchdog ends a manager
+            // whose handlers take `group.handler_timeout_ms` (30 s).
+            return Err(BuiltinError::Config {
+                key: "op_timeout_ms".into(),
+                message: "must be at most 10000".into(),
+            });
+        }
+        if !(1..=5).contains(&s.replicas) {
+            return Err(BuiltinError::Config {
+                key: "replicas".into(),
+                message: "must be 1 to 5 (JetStream's limit)".into(),
+            });
+        }
+        if s.lease_ms < 1000 || s.lease_ms > 600_000 {
+            // Renewed every third of it, each renewal a round trip that
+            // may take `op_timeout_ms` while a leader is elected.
+            return Err(BuiltinError::Config {
+                key: "lease_ms".into(),
+                message: "must be 1000 to 600000".into(),
+            });
+        }
+        if let Some(bucket) = &s.bucket
+            && (bucket.is_empty()
+                || !bucket
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'))
+        {
+            return Err(BuiltinError::Config {
+                key: "bucket".into(),
+                message: format!("`{bucket}` must be letters, digits, `-` or `_`"),
+            });
+        }
         for (i, pattern) in s.client_targets.iter().enumerate() {
             switchyard_proto::control::pattern_prefix(pattern).map_err(|message| BuiltinError::Config {
                 key: format!("client_targets[{i}]"),
@@ -126,6 +183,14 @@ impl SchedulerSettings {
             })?;
         }
         Ok(s)
+    }
+
+    /// `[cluster]`, when the jobs live in JetStream.
+    pub(crate) fn jetstream(&self) -> Option<&switchyard_cluster::Config> {
+        match self.backend {
+            Backend::Sqlite => None,
+            Backend::Auto | Backend::Jetstream => self.cluster.as_ref().filter(|c| c.enabled()),
+        }
     }
 }
 
@@ -334,6 +399,103 @@ fn firing_body(id: &str, planned_ms: u64, payload: &JsonText) -> Vec<u8> {
     .into_bytes()
 }
 
+/// The latest occurrence of a repeating job at or before `now`, from
+/// its planned `next_ms` (for a collapsed backlog).
+fn latest_missed(spec: &Spec, next_ms: u64, now: u64) -> u64 {
+    match &spec.when {
+        When::EveryMs(every) => next_ms + (now - next_ms) / every * every,
+        When::Cron(expr) => cron_previous(expr, spec.tz.as_deref(), now)
+            .unwrap_or(next_ms)
+            .max(next_ms),
+        _ => next_ms,
+    }
+}
+
+/// Where a job goes once its firing planned at `next_ms` is settled: a
+/// one-shot job is done (`None`), a repeating one is planned at its first
+/// occurrence after `now` (never a burst of catch-up firings).
+fn next_after(spec: &Spec, next_ms: u64, now: u64) -> Result<Option<u64>, Error> {
+    Ok(match &spec.when {
+        When::AfterMs(_) | When::AtMs(_) => None,
+        When::EveryMs(every) => {
+            let base = next_ms.max(1);
+            let periods = now.saturating_sub(base) / every + 1;
+            Some(base + periods * every)
+        }
+        When::Cron(expr) => Some(cron_next(expr, spec.tz.as_deref(), now.max(next_ms))?),
+    })
+}
+
+/// The job `ev` asks for, checked, owned by `owner` and firing as
+/// `identity`.
+fn spec_of(
+    ev: &Schedule,
+    owner: &str,
+    identity: Option<serde_json::Value>,
+    settings: &SchedulerSettings,
+) -> Result<Spec, Error> {
+    let spec = Spec {
+        when: ev.when.clone(),
+        event: ev.event.clone(),
+        kind: ev.kind,
+        payload: ev.payload.clone(),
+        missed: ev.missed,
+        tz: ev.tz.clone(),
+        owner: owner.to_owned(),
+        identity,
+    };
+    check_spec(&spec, settings)?;
+    if let Some(id) = &ev.id
+        && (id.is_empty() || id.len() > MAX_ID_BYTES)
+    {
+        return Err(unprocessable(format!("`id` must have 1 to {MAX_ID_BYTES} bytes")));
+    }
+    Ok(spec)
+}
+
+/// `spec` changed as `ev` asks, checked, and whether its plan changes
+/// (`when` or `tz` given). A client names the target (`event`) whenever
+/// it sets `kind`: the listener checks the target it names against its
+/// rules.
+fn updated(
+    spec: &Spec,
+    ev: Update,
+    owner: &str,
+    identity: Option<serde_json::Value>,
+    settings: &SchedulerSettings,
+) -> Result<(Spec, bool), Error> {
+    if !owner.is_empty() && ev.kind.is_some() && ev.event.is_none() {
+        return Err(unprocessable(
+            "a client's update that sets `kind` names `event` too",
+        ));
+    }
+    let mut spec = spec.clone();
+    let replan = ev.when.is_some() || ev.tz.is_some();
+    if let Some(when) = ev.when {
+        spec.when = when;
+    }
+    if let Some(event) = ev.event {
+        spec.event = event;
+    }
+    if let Some(kind) = ev.kind {
+        spec.kind = kind;
+    }
+    if let Some(payload) = ev.payload {
+        spec.payload = payload;
+    }
+    if let Some(missed) = ev.missed {
+        spec.missed = missed;
+    }
+    if ev.tz.is_some() {
+        spec.tz = ev.tz;
+    }
+    if !owner.is_empty() {
+        spec.identity = identity;
+    }
+    check_spec(&spec, settings)?;
+    Ok((spec, replan))
+}
+
 struct Row {
     id: String,
     spec: Spec,
@@ -530,21 +692,8 @@ impl<C: Clock> Engine<C> {
         owner: &str,
         identity: Option<serde_json::Value>,
     ) -> Result<Scheduled, Error> {
-        let spec = Spec {
-            when: ev.when,
-            event: ev.event,
-            kind: ev.kind,
-            payload: ev.payload,
-            missed: ev.missed,
-            tz: ev.tz,
-            owner: owner.to_owned(),
-            identity,
-        };
-        check_spec(&spec, &self.settings)?;
+        let spec = spec_of(&ev, owner, identity, &self.settings)?;
         let id = match ev.id {
-            Some(id) if id.is_empty() || id.len() > MAX_ID_BYTES => {
-                return Err(unprocessable(format!("`id` must have 1 to {MAX_ID_BYTES} bytes")));
-            }
             Some(id) => {
                 if let Some(existing) = self.read(&id)? {
                     if existing.spec.owner != spec.owner {
@@ -649,45 +798,18 @@ impl<C: Clock> Engine<C> {
         let Some(row) = self.read_owned(&ev.id, owner)? else {
             return Err(Error::not_found(format!("no job `{}`", ev.id)));
         };
-        if !owner.is_empty() && ev.kind.is_some() && ev.event.is_none() {
-            return Err(unprocessable(
-                "a client's update that sets `kind` names `event` too",
-            ));
-        }
-        let mut spec = row.spec.clone();
-        let replan = ev.when.is_some() || ev.tz.is_some();
-        if let Some(when) = ev.when {
-            spec.when = when;
-        }
-        if let Some(event) = ev.event {
-            spec.event = event;
-        }
-        if let Some(kind) = ev.kind {
-            spec.kind = kind;
-        }
-        if let Some(payload) = ev.payload {
-            spec.payload = payload;
-        }
-        if let Some(missed) = ev.missed {
-            spec.missed = missed;
-        }
-        if ev.tz.is_some() {
-            spec.tz = ev.tz;
-        }
-        if !owner.is_empty() {
-            spec.identity = identity;
-        }
-        check_spec(&spec, &self.settings)?;
+        let id = ev.id.clone();
+        let (spec, replan) = updated(&row.spec, ev, owner, identity, &self.settings)?;
         let next_ms = if replan {
             let next_ms = self.first(&spec)?;
-            self.write(&ev.id, &spec, next_ms)?;
+            self.write(&id, &spec, next_ms)?;
             next_ms
         } else {
-            self.rewrite(&ev.id, &spec)?;
+            self.rewrite(&id, &spec)?;
             row.next_ms
         };
         Ok(Scheduled {
-            id: ev.id,
+            id,
             next_ms,
             created: false,
         })
@@ -832,18 +954,6 @@ impl<C: Clock> Engine<C> {
         Ok(fires)
     }
 
-    /// The latest occurrence of a repeating job at or before `now`, from
-    /// its planned `next_ms` (for a collapsed backlog).
-    fn latest_missed(spec: &Spec, next_ms: u64, now: u64) -> u64 {
-        match &spec.when {
-            When::EveryMs(every) => next_ms + (now - next_ms) / every * every,
-            When::Cron(expr) => cron_previous(expr, spec.tz.as_deref(), now)
-                .unwrap_or(next_ms)
-                .max(next_ms),
-            _ => next_ms,
-        }
-    }
-
     /// Starts one due job's firing, or applies its `missed` policy.
     fn start(&mut self, row: Row, now: u64) -> Result<Option<Fire>, Error> {
         let mut planned = row.next_ms;
@@ -853,7 +963,7 @@ impl<C: Clock> Engine<C> {
                     self.advance(&row, now, false)?;
                     return Ok(None);
                 }
-                Missed::Once => planned = Self::latest_missed(&row.spec, row.next_ms, now),
+                Missed::Once => planned = latest_missed(&row.spec, row.next_ms, now),
             }
         }
         // Sent, not yet answered: not due again before the answer is
@@ -884,15 +994,7 @@ impl<C: Clock> Engine<C> {
     /// repeating one is planned at its first occurrence after `now`
     /// (never a burst of catch-up firings).
     fn advance(&mut self, row: &Row, now: u64, delivered: bool) -> Result<(), Error> {
-        let next = match &row.spec.when {
-            When::AfterMs(_) | When::AtMs(_) => None,
-            When::EveryMs(every) => {
-                let base = row.next_ms.max(1);
-                let periods = now.saturating_sub(base) / every + 1;
-                Some(base + periods * every)
-            }
-            When::Cron(expr) => Some(cron_next(expr, row.spec.tz.as_deref(), now.max(row.next_ms))?),
-        };
+        let next = next_after(&row.spec, row.next_ms, now)?;
         let fired = u64::from(delivered);
         let result = match next {
             None => self
@@ -1003,11 +1105,50 @@ fn identity(cx: &Context) -> Option<serde_json::Value> {
     cx.identity().and_then(|i| serde_json::to_value(i).ok())
 }
 
+/// Where the jobs live.
+enum Home {
+    /// This group's SQLite file: this group fires them.
+    Local(Engine<SystemClock>),
+    /// The cluster's JetStream bucket: the group holding its lease fires
+    /// them (decision 0140).
+    Shared(jetstream::JsJobs),
+}
+
+impl Home {
+    fn delivered(&mut self, id: &str, token: u64) -> Result<(), Error> {
+        match self {
+            Home::Local(e) => e.delivered(id, token),
+            Home::Shared(j) => j.delivered(id, token),
+        }
+    }
+
+    fn failed_firing(&mut self, id: &str, token: u64, status: u16) -> Result<bool, Error> {
+        match self {
+            Home::Local(e) => e.failed_firing(id, token, status),
+            Home::Shared(j) => j.failed_firing(id, token, status),
+        }
+    }
+
+    fn in_flight(&self) -> usize {
+        match self {
+            Home::Local(e) => e.in_flight(),
+            Home::Shared(j) => j.in_flight(),
+        }
+    }
+
+    fn due(&mut self, room: usize) -> Result<Vec<Fire>, Error> {
+        match self {
+            Home::Local(e) => e.due(room),
+            Home::Shared(j) => j.due(room),
+        }
+    }
+}
+
 /// The `scheduler` manager.
 pub struct Scheduler {
     settings: SchedulerSettings,
     /// `None` only in the validation child, which serves nothing.
-    engine: Option<Engine<SystemClock>>,
+    jobs: Option<Home>,
     pending: Vec<Pending>,
     /// Notifications emitted at the last tick: settled at the next one,
     /// once the host has sent them on.
@@ -1015,6 +1156,9 @@ pub struct Scheduler {
     /// `group` durability: the syncer's flag, and the database's change
     /// count when the last tick raised it.
     dirty: Option<(std::sync::Arc<std::sync::atomic::AtomicBool>, u64)>,
+    /// On JetStream: the last failure a tick logged, so that an outage is
+    /// logged once, not every tick.
+    last_failure: Option<String>,
 }
 
 impl Manager for Scheduler {
@@ -1023,8 +1167,18 @@ impl Manager for Scheduler {
     fn create(config: &Config) -> Result<Self, Error> {
         let settings = SchedulerSettings::parse(&config.value)?;
         let mut dirty = None;
-        let engine = if config.validation {
+        let jobs = if config.validation {
             None
+        } else if settings.backend == Backend::Jetstream && settings.jetstream().is_none() {
+            // Checked here, not in `parse`: the validation child is not
+            // given `[cluster]` (the supervisor's check names this case).
+            return Err(BuiltinError::Config {
+                key: "backend".into(),
+                message: "`jetstream` needs `[cluster]` (the NATS servers to reach JetStream through)".into(),
+            }
+            .into());
+        } else if let Some(cluster) = settings.jetstream() {
+            Some(Home::Shared(jetstream::JsJobs::start(cluster, settings.clone())?))
         } else {
             let dir = settings.data_dir.clone().ok_or_else(|| BuiltinError::Config {
                 key: crate::DATA_DIR_KEY.into(),
@@ -1040,14 +1194,19 @@ impl Manager for Scheduler {
                 );
                 dirty = Some((flag, db.conn.total_changes()));
             }
-            Some(Engine::new(db, SystemClock(Instant::now()), settings.clone())?)
+            Some(Home::Local(Engine::new(
+                db,
+                SystemClock(Instant::now()),
+                settings.clone(),
+            )?))
         };
         Ok(Scheduler {
             settings,
-            engine,
+            jobs,
             pending: Vec::new(),
             emitted: Vec::new(),
             dirty,
+            last_failure: None,
         })
     }
 
@@ -1062,49 +1221,95 @@ impl Manager for Scheduler {
 }
 
 impl Scheduler {
-    fn engine(&mut self) -> Result<&mut Engine<SystemClock>, Error> {
-        self.engine
+    fn jobs(&mut self) -> Result<&mut Home, Error> {
+        self.jobs
             .as_mut()
             .ok_or_else(|| Error::unavailable("the scheduler is not open"))
     }
 
     fn schedule(&mut self, ev: Schedule, cx: &mut Context) -> Result<Json<Scheduled>, Error> {
-        self.engine()?
-            .schedule_for(ev, &owner(cx), identity(cx))
-            .map(Json)
+        let (owner, identity) = (owner(cx), identity(cx));
+        match self.jobs()? {
+            Home::Local(e) => e.schedule_for(ev, &owner, identity),
+            Home::Shared(j) => j.schedule_for(ev, &owner, identity),
+        }
+        .map(Json)
     }
 
     fn update(&mut self, ev: Update, cx: &mut Context) -> Result<Json<Scheduled>, Error> {
-        self.engine()?.update_for(ev, &owner(cx), identity(cx)).map(Json)
+        let (owner, identity) = (owner(cx), identity(cx));
+        match self.jobs()? {
+            Home::Local(e) => e.update_for(ev, &owner, identity),
+            Home::Shared(j) => j.update_for(ev, &owner, identity),
+        }
+        .map(Json)
     }
 
     fn cancel(&mut self, ev: Cancel, cx: &mut Context) -> Result<Json<Cancelled>, Error> {
-        let cancelled = self.engine()?.cancel_as(&ev.id, &owner(cx))?;
+        let owner = owner(cx);
+        let cancelled = match self.jobs()? {
+            Home::Local(e) => e.cancel_as(&ev.id, &owner)?,
+            Home::Shared(j) => j.cancel_as(&ev.id, &owner)?,
+        };
         Ok(Json(Cancelled { cancelled }))
     }
 
     fn get(&mut self, ev: GetJob, cx: &mut Context) -> Result<Json<Found>, Error> {
-        let job = self.engine()?.get_as(&ev.id, &owner(cx))?;
+        let owner = owner(cx);
+        let job = match self.jobs()? {
+            Home::Local(e) => e.get_as(&ev.id, &owner)?,
+            Home::Shared(j) => j.get_as(&ev.id, &owner)?,
+        };
         Ok(Json(Found { job }))
     }
 
     fn list(&mut self, ev: ListJobs, cx: &mut Context) -> Result<Json<Jobs>, Error> {
-        self.engine()?.list_as(&ev, &owner(cx)).map(Json)
+        let owner = owner(cx);
+        match self.jobs()? {
+            Home::Local(e) => e.list_as(&ev, &owner),
+            Home::Shared(j) => j.list_as(&ev, &owner),
+        }
+        .map(Json)
+    }
+
+    /// A failure of a tick's step. The SQLite engine's end the tick (the
+    /// host logs them); JetStream's are an outage, logged once when it
+    /// starts: what was not recorded is done at a later tick, once the
+    /// bucket answers again.
+    fn tolerate<T: Default>(&mut self, cx: &Context, r: Result<T, Error>) -> Result<T, Error> {
+        match r {
+            Ok(v) => Ok(v),
+            Err(e) if matches!(self.jobs, Some(Home::Shared(_))) => {
+                let text = e.to_string();
+                if self.last_failure.as_deref() != Some(text.as_str()) {
+                    cx.log_at(LogLevel::Warn, &format!("scheduler: {text}"));
+                    self.last_failure = Some(text);
+                }
+                Ok(T::default())
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Every tick: settle what was answered, then start what is due.
     fn tick(&mut self, cx: &mut Context) -> Result<(), Error> {
-        let Some(engine) = self.engine.as_mut() else {
+        let Some(jobs) = self.jobs.as_mut() else {
             return Ok(());
         };
-        if let Some(step) = engine.follow_clock()? {
-            cx.log_at(
-                LogLevel::Warn,
-                &format!("the wall clock stepped by {step} ms: delay jobs keep their distance, calendar jobs follow it"),
-            );
+        match jobs {
+            Home::Local(engine) => {
+                if let Some(step) = engine.follow_clock()? {
+                    cx.log_at(
+                        LogLevel::Warn,
+                        &format!("the wall clock stepped by {step} ms: delay jobs keep their distance, calendar jobs follow it"),
+                    );
+                }
+            }
+            Home::Shared(js) => js.keep_lease(cx),
         }
         for (id, token) in std::mem::take(&mut self.emitted) {
-            engine.delivered(&id, token)?;
+            let r = self.jobs()?.delivered(&id, token);
+            self.tolerate(cx, r)?;
         }
         // The answers arrived between ticks; their slots wait to be read.
         let mut waker_cx = std::task::Context::from_waker(Waker::noop());
@@ -1136,10 +1341,12 @@ impl Scheduler {
                             ),
                         );
                     }
-                    engine.delivered(&p.id, p.token)?;
+                    let r = self.jobs()?.delivered(&p.id, p.token);
+                    self.tolerate(cx, r)?;
                 }
                 Poll::Ready((status, body)) => {
-                    let retry = engine.failed_firing(&p.id, p.token, status)?;
+                    let r = self.jobs()?.failed_firing(&p.id, p.token, status);
+                    let retry = self.tolerate(cx, r)?;
                     cx.log_at(
                         if retry { LogLevel::Info } else { LogLevel::Error },
                         &format!(
@@ -1154,12 +1361,25 @@ impl Scheduler {
             }
         }
         self.pending = still;
-        let room = self.settings.max_in_flight.saturating_sub(engine.in_flight());
-        let timeout = Duration::from_millis(self.settings.call_timeout_ms);
-        let fires = engine.due(room)?;
+        let (max_in_flight, timeout) = (
+            self.settings.max_in_flight,
+            Duration::from_millis(self.settings.call_timeout_ms),
+        );
+        let jobs = self.jobs()?;
+        let room = max_in_flight.saturating_sub(jobs.in_flight());
+        let r = jobs.due(room);
+        let fires = self.tolerate(cx, r)?;
+        if fires.is_empty() {
+            // Served again (or never failed): the next outage is logged.
+            if let Some(Home::Shared(js)) = &self.jobs
+                && js.answering()
+            {
+                self.last_failure = None;
+            }
+        }
         // Every change since the last tick (handlers' and this tick's) is
         // in the next group commit, at most a tick late.
-        if let Some((flag, seen)) = &mut self.dirty {
+        if let (Some((flag, seen)), Some(Home::Local(engine))) = (&mut self.dirty, &self.jobs) {
             let total = engine.db.conn.total_changes();
             if total != *seen {
                 *seen = total;
@@ -1167,6 +1387,13 @@ impl Scheduler {
             }
         }
         for fire in fires {
+            cx.log_at(
+                LogLevel::Debug,
+                &format!(
+                    "job `{}`: firing {} planned at {} ms",
+                    fire.id, fire.event, fire.planned_ms
+                ),
+            );
             match fire.kind {
                 Kind::Notification => {
                     cx.notify_json_for(&fire.event, fire.body, fire.client.as_deref());
@@ -1187,6 +1414,8 @@ impl Scheduler {
         Ok(())
     }
 }
+
+mod jetstream;
 
 #[cfg(test)]
 mod tests;

@@ -871,7 +871,7 @@ fn purge_expired(live: &mut Live, now: u64, batch: u32) -> Result<Vec<(String, u
         .collect())
 }
 
-mod jetstream;
+pub(crate) mod jetstream;
 pub mod transfer;
 
 #[cfg(test)]

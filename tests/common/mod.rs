@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub mod h2_stream;
+pub mod jetstream;
 pub mod postgres;
 pub mod quic;
 pub mod raw_codec;

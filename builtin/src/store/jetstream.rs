@@ -301,7 +301,7 @@ pub(crate) async fn scan(
 }
 
 /// Calls `each` with every key that has a value (not a delete marker).
-async fn each_key(
+pub(crate) async fn each_key(
     b: &Bucket,
     headers_only: bool,
     mut each: impl FnMut(String, u64, Option<&HeaderMap>, &[u8]),
