@@ -13,6 +13,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+pub mod grpc;
 pub mod h2_stream;
 pub mod postgres;
 pub mod quic;
