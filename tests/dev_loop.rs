@@ -76,7 +76,7 @@ impl Manager for Answering {{
         Ok(Answering)
     }}
     fn register(r: &mut Registry<Self>) {{
-        r.request(Self::answer);
+        r.handle(Self::answer);
     }}
 }}
 
