@@ -1326,7 +1326,7 @@ impl Config {
 
     /// Reads `path` and resolves its relative plugin paths; checks nothing
     /// serde does not.
-    fn read(path: &Path) -> Result<Config, ConfigError> {
+    pub(crate) fn read(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.display().to_string(),
             source,

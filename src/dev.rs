@@ -75,6 +75,44 @@ pub(crate) fn arm(config: &Config, config_path: Option<&Path>) {
     *ARMED.lock().unwrap_or_else(|p| p.into_inner()) = Some(watched);
 }
 
+/// Builds the plugin crates of the configuration at `config_path` before
+/// it is checked (which loads their libraries), cargo's progress on the
+/// terminal: `switchyard dev` in a crate just made by `switchyard new`
+/// serves it with no build of its own. A crate that does not build is
+/// said so; the check that follows then reports its missing library, or
+/// the group serves the build it had.
+pub(crate) fn build_first(config_path: Option<&Path>) {
+    let Some(path) = config_path else {
+        return;
+    };
+    let Ok(config) = Config::read(path) else {
+        return;
+    };
+    let mut built: Vec<PathBuf> = Vec::new();
+    for plugin in config.managers.iter().filter_map(|m| m.plugin.as_deref()) {
+        let Ok(w) = crate_of(plugin, Some(path)) else {
+            continue;
+        };
+        if built.contains(&w.dir) {
+            continue;
+        }
+        eprintln!("switchyard dev: building `{}` ({})", w.package, w.profile);
+        let status = cargo()
+            .args(["build", "-p", &w.package, "--profile", &w.profile])
+            .current_dir(&w.dir)
+            .status();
+        match status {
+            Ok(s) if s.success() => {}
+            Ok(_) => eprintln!(
+                "switchyard dev: building `{}` failed (its errors above)",
+                w.package
+            ),
+            Err(err) => eprintln!("switchyard dev: cannot run cargo: {err}"),
+        }
+        built.push(w.dir);
+    }
+}
+
 /// Starts the watcher, if `switchyard dev` armed one, once the group in
 /// `runtime_dir` serves.
 pub(crate) fn start(runtime_dir: &Path) {
@@ -118,15 +156,17 @@ fn crate_of(plugin: &Path, config_path: Option<&Path>) -> Result<Watched, String
     if let Some(root) = target_dir.parent() {
         candidates.push(root.to_owned());
     }
-    let want_target =
-        std::fs::canonicalize(target_dir).map_err(|e| format!("{}: {e}", target_dir.display()))?;
+    // Not built yet (a fresh crate): its target directory may not exist.
+    let want_target = std::fs::canonicalize(target_dir)
+        .or_else(|_| std::path::absolute(target_dir))
+        .map_err(|e| format!("{}: {e}", target_dir.display()))?;
     let mut last = String::from("no cargo workspace next to the configuration or the target directory");
     for dir in candidates {
         match metadata(&dir) {
             Ok(meta) => {
                 let in_target = meta["target_directory"]
                     .as_str()
-                    .and_then(|t| std::fs::canonicalize(t).ok())
+                    .and_then(|t| std::fs::canonicalize(t).or_else(|_| std::path::absolute(t)).ok())
                     .is_some_and(|t| t == want_target);
                 let package = meta["packages"].as_array().into_iter().flatten().find(|p| {
                     p["targets"].as_array().into_iter().flatten().any(|t| {

@@ -338,6 +338,24 @@ fn load_config(path: Option<&std::path::Path>) -> Result<config::Config, ExitCod
     })
 }
 
+/// The configuration `up` and `dev` serve, or the exit code of why not
+/// (64 for an invalid one); the descriptor limit raised for the group.
+fn load_or_exit(source: &supervisor::Source) -> Result<config::Config, ExitCode> {
+    let config = source.load().map_err(|err| {
+        eprintln!("switchyard: {err}");
+        match err {
+            supervisor::SourceError::Config(_) => ExitCode::from(EXIT_CONFIG),
+            supervisor::SourceError::DataDir(_) => ExitCode::FAILURE,
+        }
+    })?;
+    // The default soft limit (often 1024) is far below what a listener's
+    // connections need; the children inherit this one.
+    if let Err(err) = switchyard_proto::accept::raise_nofile_limit() {
+        eprintln!("switchyard: cannot raise the descriptor limit: {err}");
+    }
+    Ok(config)
+}
+
 /// Adopts the handover socket an upgrading supervisor left at `fd`.
 fn inherited_handover(fd: i32) -> Result<std::os::fd::OwnedFd, ExitCode> {
     inherit::adopt(fd).map_err(|err| {
@@ -376,23 +394,10 @@ fn main() -> ExitCode {
                 admin_bind,
                 admin_bound: None,
             };
-            let config = match source.load() {
-                Ok(c) => c,
-                Err(err @ supervisor::SourceError::Config(_)) => {
-                    eprintln!("switchyard: {err}");
-                    return ExitCode::from(EXIT_CONFIG);
-                }
-                Err(err) => {
-                    eprintln!("switchyard: {err}");
-                    return ExitCode::FAILURE;
-                }
-            };
-            // The default soft limit (often 1024) is far below what a
-            // listener's connections need; the children inherit this one.
-            if let Err(err) = switchyard_proto::accept::raise_nofile_limit() {
-                eprintln!("switchyard: cannot raise the descriptor limit: {err}");
+            match load_or_exit(&source) {
+                Ok(config) => supervisor::main(config, source, runtime_dir, handover),
+                Err(code) => code,
             }
-            supervisor::main(config, source, runtime_dir, handover)
         }
         Command::Dev {
             config,
@@ -411,22 +416,17 @@ fn main() -> ExitCode {
                 admin_bind: None,
                 admin_bound: None,
             };
-            let loaded = match source.load() {
-                Ok(c) => c,
-                Err(err @ supervisor::SourceError::Config(_)) => {
-                    eprintln!("switchyard: {err}");
-                    return ExitCode::from(EXIT_CONFIG);
+            // The plugins are built before the configuration is checked
+            // (which loads them): a fresh `switchyard new` crate serves
+            // without a `cargo build` of its own.
+            dev::build_first(source.path.as_deref());
+            match load_or_exit(&source) {
+                Ok(loaded) => {
+                    dev::arm(&loaded, source.path.as_deref());
+                    supervisor::main(loaded, source, runtime_dir, None)
                 }
-                Err(err) => {
-                    eprintln!("switchyard: {err}");
-                    return ExitCode::FAILURE;
-                }
-            };
-            if let Err(err) = switchyard_proto::accept::raise_nofile_limit() {
-                eprintln!("switchyard: cannot raise the descriptor limit: {err}");
+                Err(code) => code,
             }
-            dev::arm(&loaded, source.path.as_deref());
-            supervisor::main(loaded, source, runtime_dir, None)
         }
         Command::Status { json, runtime_dir } => status::main(json, runtime_dir),
         Command::Reload { runtime_dir } => status::reload(runtime_dir),

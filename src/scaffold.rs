@@ -1,4 +1,9 @@
 //! `switchyard new NAME`: a plugin crate that builds and serves.
+//!
+//! Its layout is the one examples/tickets grows from (tests/scaffold.rs
+//! checks the two agree): `Cargo.toml`, `switchyard.toml`, `README.md`,
+//! `src/lib.rs` with the handler style of docs/writing-managers.md, and
+//! `templates/` for its HTML pages.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -86,8 +91,8 @@ pub(crate) fn main(target: &Path, sdk: Sdk) -> ExitCode {
         Ok(()) => {
             println!("Created plugin crate `{name}` in {}", target.display());
             println!();
-            println!("  cd {} && cargo test && cargo build --release", target.display());
-            println!("  switchyard up -c {}/switchyard.toml", target.display());
+            println!("  cd {} && cargo test", target.display());
+            println!("  switchyard dev        # builds it, serves it, rebuilds and reloads it on each save");
             println!("  curl http://127.0.0.1:8080/{name}/hello/world");
             println!();
             println!("(`switchyard` on PATH: `cargo install --path <switchyard checkout>`.)");
@@ -104,6 +109,7 @@ pub(crate) fn main(target: &Path, sdk: Sdk) -> ExitCode {
 fn write(dir: &Path, name: &str, sdk: &str) -> std::io::Result<()> {
     let lib = name.replace('-', "_");
     std::fs::create_dir_all(dir.join("src"))?;
+    std::fs::create_dir_all(dir.join("templates"))?;
     std::fs::write(
         dir.join("Cargo.toml"),
         format!(
@@ -132,13 +138,17 @@ serde_json = "1"
     std::fs::write(
         dir.join("switchyard.toml"),
         format!(
-            r#"# `cargo build --release`, then `switchyard up -c switchyard.toml`.
+            r#"# `switchyard dev` builds the plugin and serves it (the debug build, rebuilt
+# on each save). In production: `cargo build --release`, this path
+# pointed at target/release/, and `switchyard up -c switchyard.toml`.
 [listener]
 bind = "127.0.0.1:8080"
 
 [[managers]]
 name = "{name}"
-plugin = "target/release/lib{lib}.so"
+plugin = "target/debug/lib{lib}.so"
+# Its HTML pages (`#[event(template = "...")]`).
+templates = "templates"
 # instances = 1
 [managers.config]
 greeting = "Hello"
@@ -155,9 +165,15 @@ use switchyard_manager::{{Config, Context, Error, Event, Manager, Registry, Repl
 
 /// `GET /{name}/hello/{{who}}`: the event the listener builds from the
 /// request. `reply` names what its handler returns (and what `cx.call` of
-/// it gives another manager).
+/// it gives another manager); a browser (`Accept: text/html`) gets the
+/// reply rendered by `templates/hello.html`.
 #[derive(Debug, Serialize, Deserialize, Event)]
-#[event(name = "{name}.Hello", http = "GET /{name}/hello/{{who}}", reply = Greeting)]
+#[event(
+    name = "{name}.Hello",
+    http = "GET /{name}/hello/{{who}}",
+    template = "hello.html",
+    reply = Greeting
+)]
 pub struct Hello {{
     #[validate(length(min = 1, max = 64))]
     pub who: String,
@@ -236,10 +252,11 @@ impl {type_name} {{
         Ok(Greeting {{ message: format!("{{}}, {{}}!", self.greeting, ev.who), count: self.count }})
     }}
 
-    /// `State<Self>` and `Context`: make it `async fn` to `.await` a
-    /// `cx.call(..)`, a database query or an HTTP request, and nothing
-    /// else changes, neither here nor in `register`.
-    fn count(state: State<Self>, _: Count, _: Context) -> Result<Counted, Error> {{
+    /// An `async fn` with `State<Self>` and `Context`: it may `.await` a
+    /// `cx.call(..)`, a database query (sqlx, tokio-postgres), an HTTP
+    /// request (reqwest) or a tokio timer, and the manager's other requests
+    /// go on meanwhile. Registered as the others are.
+    async fn count(state: State<Self>, _: Count, _: Context) -> Result<Counted, Error> {{
         Ok(Counted {{ count: state.with(|m| m.count) }})
     }}
 
@@ -271,6 +288,44 @@ mod tests {{
 }}
 "#,
             type_name = type_name(name),
+        ),
+    )?;
+    std::fs::write(
+        dir.join("templates/hello.html"),
+        r#"<!doctype html>
+<html lang="en">
+<head><meta charset="utf-8"><title>{{ message }}</title></head>
+<body>
+<h1>{{ message }}</h1>
+<p>Greeting number {{ count }}.</p>
+</body>
+</html>
+"#,
+    )?;
+    std::fs::write(
+        dir.join("README.md"),
+        format!(
+            r#"# {name}
+
+A Switchyard plugin: the `{name}` manager.
+
+```sh
+cargo test                                   # its unit tests
+switchyard dev                               # builds it, serves it on :8080, rebuilds and reloads it on each save
+curl http://127.0.0.1:8080/{name}/hello/world
+```
+
+- `src/lib.rs`: the events (`#[derive(Event)]`, each with its route and
+  reply), the replies, the manager's state and its handlers.
+- `switchyard.toml`: the group that serves it; `[managers.config]` is
+  what `create` reads.
+- `templates/`: the HTML pages of events with `template = "..."`.
+
+How to grow it (a database, calls to other managers, notifications,
+jobs): docs/writing-managers.md of the Switchyard checkout, and
+examples/tickets there, a support desk on PostgreSQL built from this
+layout.
+"#
         ),
     )?;
     Ok(())

@@ -7,12 +7,12 @@
 //! target dir and builds into the workspace's target dir, with the
 //! workspace's `Cargo.lock` and profile, so that its dependencies (the
 //! SDK and what it uses) are the ones already compiled: only the small
-//! crate itself is compiled, three times.
+//! crate itself is compiled, three times: by `dev` before the group
+//! starts, then after each edit.
 
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -76,7 +76,7 @@ impl Manager for Answering {{
         Ok(Answering)
     }}
     fn register(r: &mut Registry<Self>) {{
-        r.request(Self::answer);
+        r.handle(Self::answer);
     }}
 }}
 
@@ -129,25 +129,12 @@ fn an_edited_plugin_is_rebuilt_and_reloaded_and_a_broken_edit_leaves_the_old_bui
     let lib = dir.join("src/lib.rs");
     std::fs::write(&lib, source("first", "")).unwrap();
 
-    // The first build, before the group: `dev` watches, it does not
-    // build what is there.
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let cargo_profile = if profile == "debug" {
-        "dev"
-    } else {
-        profile.as_str()
-    };
-    let status = Command::new(&cargo)
-        .args(["build", "--quiet", "--offline", "--profile", cargo_profile])
-        .current_dir(dir)
-        .env("CARGO_TARGET_DIR", &target)
-        .status()
-        .unwrap();
-    assert!(status.success(), "the fixture crate does not build");
+    // Not built: `dev` builds it before the group starts, as in a crate
+    // just made by `switchyard new`.
     let plugin = target
         .join(&profile)
         .join(format!("lib{}.so", PACKAGE.replace('-', "_")));
-    assert!(plugin.exists(), "{}", plugin.display());
+    let _ = std::fs::remove_file(&plugin);
     let config = dir.join("switchyard.toml");
     std::fs::write(
         &config,
@@ -163,7 +150,10 @@ fn an_edited_plugin_is_rebuilt_and_reloaded_and_a_broken_edit_leaves_the_old_bui
         .config_file(&config)
         .env("CARGO_TARGET_DIR", &target.display().to_string())
         .env("CARGO_NET_OFFLINE", "true")
+        .ready_within(BUILD_PATIENCE)
         .start();
+    assert!(g.has_line(&format!("switchyard dev: building `{PACKAGE}`")));
+    assert!(plugin.exists(), "{}", plugin.display());
     g.wait_line("switchyard dev: watching");
     assert_eq!(said(&g).unwrap(), "first");
     let supervisor = g.supervisor_pid();

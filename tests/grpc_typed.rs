@@ -7,17 +7,12 @@
 mod common;
 
 use std::process::Command;
-use std::time::Duration;
 
 use bytes::Bytes;
-use common::raw_codec::Raw;
+use common::grpc::{Wire, channel, field, fields, message, next_message, server_stream, unary};
 use common::{Group, plugin};
-use futures_util::StreamExt;
 use serde_json::Value;
 use switchyard_listener::api::proto::field_numbers;
-use tonic::transport::Channel;
-
-const PATIENCE: Duration = Duration::from_secs(20);
 
 fn config() -> &'static str {
     "[[managers]]\nname = \"basics\"\n\n[[managers]]\nname = \"ticker\"\n\
@@ -79,81 +74,17 @@ fn a_python_client_calls_a_typed_rpc_knowing_only_the_address() {
     assert_eq!(payload["length"], 1000, "{result}");
 }
 
-/// A protobuf value as a client that knows only the wire format reads it.
-#[derive(Debug, PartialEq)]
-enum Wire {
-    Varint(u64),
-    Bytes(Vec<u8>),
-}
-
-fn varint(buf: &mut &[u8]) -> u64 {
-    let mut value = 0u64;
-    for shift in (0..64).step_by(7) {
-        let byte = buf[0];
-        *buf = &buf[1..];
-        value |= u64::from(byte & 0x7f) << shift;
-        if byte & 0x80 == 0 {
-            break;
-        }
-    }
-    value
-}
-
-/// The fields of an encoded message, by number (varints and
-/// length-delimited values; this test's messages have no other kind).
-fn fields(mut buf: &[u8]) -> Vec<(u32, Wire)> {
-    let mut out = Vec::new();
-    while !buf.is_empty() {
-        let key = varint(&mut buf);
-        let (number, kind) = ((key >> 3) as u32, key & 7);
-        match kind {
-            0 => out.push((number, Wire::Varint(varint(&mut buf)))),
-            2 => {
-                let len = varint(&mut buf) as usize;
-                out.push((number, Wire::Bytes(buf[..len].to_vec())));
-                buf = &buf[len..];
-            }
-            other => panic!("wire type {other} in this test's messages"),
-        }
-    }
-    out
-}
-
-async fn channel(group: &Group) -> Channel {
-    Channel::from_shared(format!("http://{}", group.addr))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_notification_type_streams_as_typed_messages() {
     let group = Group::builder("grpc-typed-stream").config(config()).start();
-    let mut grpc = tonic::client::Grpc::new(channel(&group).await);
-    grpc.ready().await.unwrap();
+    let channel = channel(group.addr).await;
     // `demo.v1.Filter{filter_json = 1}`: only ticks whose n > 2.
-    let filter = br#"{"n": {"gt": 2}}"#;
-    let mut request = vec![0x0a, filter.len() as u8];
-    request.extend_from_slice(filter);
-    let path = http::uri::PathAndQuery::from_static("/demo.v1.Notifications/tick");
-    let mut stream = tokio::time::timeout(
-        PATIENCE,
-        grpc.server_streaming(tonic::Request::new(Bytes::from(request)), path, Raw),
-    )
-    .await
-    .expect("in time")
-    .unwrap()
-    .into_inner();
+    let filter = message(&[(1, common::grpc::text(r#"{"n": {"gt": 2}}"#))]);
+    let mut stream = server_stream(&channel, "/demo.v1.Notifications/tick", filter).await;
     let numbers = field_numbers(["n", "at_ms", "pad"]);
     for _ in 0..3 {
-        let message = tokio::time::timeout(PATIENCE, stream.next())
-            .await
-            .expect("a tick in time")
-            .expect("the stream goes on")
-            .unwrap();
-        let fields = fields(&message);
-        let n = fields.iter().find(|(k, _)| *k == numbers["n"]).map(|(_, v)| v);
+        let fields = fields(&next_message(&mut stream).await);
+        let n = field(&fields, numbers["n"]);
         assert!(matches!(n, Some(Wire::Varint(n)) if *n > 2), "{fields:?}");
         assert!(
             fields
@@ -211,14 +142,10 @@ async fn a_client_of_the_old_build_keeps_working_when_fields_are_added() {
     // A client of build one: an empty `Version`, a `Which` read by the
     // numbers of build one's .proto.
     let group = Group::builder("grpc-typed-drift").config_file(&two).start();
-    let mut grpc = tonic::client::Grpc::new(channel(&group).await);
-    grpc.ready().await.unwrap();
-    let path = http::uri::PathAndQuery::from_static("/versioned.v1.Versioned/Version");
-    let reply = tokio::time::timeout(PATIENCE, grpc.unary(tonic::Request::new(Bytes::new()), path, Raw))
+    let channel = channel(group.addr).await;
+    let reply = unary(&channel, "/versioned.v1.Versioned/Version", Bytes::new())
         .await
-        .expect("in time")
-        .unwrap()
-        .into_inner();
+        .unwrap();
     let old_numbers = field_numbers(["build", "label"]);
     let fields = fields(&reply);
     let text = |number: u32| {
@@ -239,38 +166,18 @@ async fn a_client_of_the_old_build_keeps_working_when_fields_are_added() {
     assert_eq!(text(added).as_deref(), Some("only in build two"));
 }
 
-fn put_varint(out: &mut Vec<u8>, mut value: u64) {
-    while value >= 0x80 {
-        out.push((value as u8) | 0x80);
-        value >>= 7;
-    }
-    out.push(value as u8);
-}
-
 /// A route that answers bytes streamed from a producer (`demo.Stream`)
 /// is a typed rpc that succeeds: its reply is a `google.api.HttpBody`
 /// (content type 1, data 2) with every byte, up to the message limit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_route_that_answers_bytes_replies_an_http_body() {
     let group = Group::start("grpc-typed-bytes");
-    let mut grpc = tonic::client::Grpc::new(channel(&group).await);
-    grpc.ready().await.unwrap();
+    let channel = channel(group.addr).await;
     let size: u64 = 300_000;
-    let mut request = Vec::new();
-    put_varint(
-        &mut request,
-        u64::from(field_numbers(["chunked", "size"])["size"]) << 3,
-    );
-    put_varint(&mut request, size);
-    let path = http::uri::PathAndQuery::from_static("/demo.v1.PayloadService/Stream");
-    let reply = tokio::time::timeout(
-        PATIENCE,
-        grpc.unary(tonic::Request::new(Bytes::from(request)), path, Raw),
-    )
-    .await
-    .expect("in time")
-    .unwrap()
-    .into_inner();
+    let request = message(&[(field_numbers(["chunked", "size"])["size"], Wire::Varint(size))]);
+    let reply = unary(&channel, "/demo.v1.PayloadService/Stream", request)
+        .await
+        .unwrap();
     let fields = fields(&reply);
     assert_eq!(
         fields.iter().find(|(k, _)| *k == 1).map(|(_, v)| v),
@@ -364,30 +271,12 @@ async fn created_and_no_content_are_described_with_their_schema_and_status() {
 
     // The typed rpc answers a message whose integer is a varint, not a
     // `google.protobuf.Value`'s double.
-    let mut grpc = tonic::client::Grpc::new(channel(&group).await);
-    grpc.ready().await.unwrap();
+    let channel = channel(group.addr).await;
     let number = field_numbers(["number"])["number"];
-    let mut request = Vec::new();
-    let mut put = |mut v: u64| loop {
-        let byte = (v & 0x7f) as u8;
-        v >>= 7;
-        if v == 0 {
-            request.push(byte);
-            break;
-        }
-        request.push(byte | 0x80);
-    };
-    put(u64::from(number) << 3);
-    put(7);
-    let path = http::uri::PathAndQuery::from_static("/versioned.v1.Versioned/Release");
-    let reply = tokio::time::timeout(
-        PATIENCE,
-        grpc.unary(tonic::Request::new(Bytes::from(request)), path, Raw),
-    )
-    .await
-    .expect("in time")
-    .unwrap()
-    .into_inner();
+    let request = message(&[(number, Wire::Varint(7))]);
+    let reply = unary(&channel, "/versioned.v1.Versioned/Release", request)
+        .await
+        .unwrap();
     let numbers = field_numbers(["build", "number"]);
     let fields = fields(&reply);
     assert!(
@@ -395,5 +284,41 @@ async fn created_and_no_content_are_described_with_their_schema_and_status() {
             .iter()
             .any(|(k, v)| *k == numbers["number"] && matches!(v, Wire::Varint(7))),
         "{fields:?}"
+    );
+}
+
+/// `NoContent` with cookies and a header added (what a handler once built
+/// with the deprecated `Response::no_content()`) is described as 204 with
+/// no body in `/openapi.json`, and as `google.protobuf.Empty` in the typed
+/// gRPC service; a handler that returns a bare `Response` could only be
+/// described as 200 with any body.
+#[test]
+fn no_content_with_headers_is_described_as_204_and_an_empty_message() {
+    let dir = common::scratch_dir("grpc-typed-no-content");
+    let path = dir.path().join("switchyard.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[[managers]]\nname = \"ctx\"\nplugin = \"{}\"\n",
+            plugin("switchyard-fixture-middleware").display()
+        ),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args(["openapi", "-c"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let responses = &doc["paths"]["/ctx/set"]["get"]["responses"];
+    assert!(responses.get("200").is_none(), "{responses}");
+    assert!(responses["204"].is_object(), "{responses}");
+    assert!(responses["204"].get("content").is_none(), "{responses}");
+
+    let proto = proto_of(&path);
+    assert!(
+        proto.contains("rpc Set(Set) returns (google.protobuf.Empty);"),
+        "{proto}"
     );
 }

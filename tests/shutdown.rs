@@ -31,6 +31,15 @@ fn sigterm_drains_in_flight_requests_and_leaves_nothing_behind() {
     );
     // The port is closed.
     assert!(std::net::TcpStream::connect(addr).is_err());
+    // A planned stop is no failure: neither a manager's leaving nor the
+    // router's is logged as a warning (each says it left as planned).
+    let warned: Vec<String> = g
+        .lines_with("manager disconnected")
+        .into_iter()
+        .chain(g.lines_with("router connection lost"))
+        .collect();
+    assert!(warned.is_empty(), "{warned:#?}");
+    assert!(g.has_line("manager left after draining"));
 }
 
 #[test]

@@ -3,20 +3,19 @@
 //! 422 validation, the HTML pages and form, a call to the `staff` manager,
 //! `ticket.opened` pushed to a WebSocket client, the webhook posted with
 //! reqwest to a local server, a JWT-only route, the Scheduler's reminder,
-//! and the typed gRPC service with integer ids.
+//! and the typed gRPC services (`tickets.v1.Tickets`, `ticket.v1.Notifications`)
+//! called by a client that knows only the wire format, with integer ids.
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::path::Path;
 use std::process::Command;
 use std::sync::mpsc;
 
-use bytes::Bytes;
+use common::grpc::{self, Wire};
 use common::postgres::Postgres;
-use common::raw_codec::Raw;
 use common::*;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
@@ -134,40 +133,6 @@ async fn next_push(ws: &mut Ws, event: &str) -> Value {
     }
 }
 
-fn varint(buf: &mut &[u8]) -> u64 {
-    let mut value = 0u64;
-    for shift in (0..64).step_by(7) {
-        let byte = buf[0];
-        *buf = &buf[1..];
-        value |= u64::from(byte & 0x7f) << shift;
-        if byte & 0x80 == 0 {
-            break;
-        }
-    }
-    value
-}
-
-/// The varint and length-delimited fields of a message, by number.
-fn fields(mut buf: &[u8]) -> BTreeMap<u32, Result<u64, Vec<u8>>> {
-    let mut out = BTreeMap::new();
-    while !buf.is_empty() {
-        let key = varint(&mut buf);
-        let number = u32::try_from(key >> 3).unwrap();
-        match key & 7 {
-            0 => {
-                out.insert(number, Ok(varint(&mut buf)));
-            }
-            2 => {
-                let len = usize::try_from(varint(&mut buf)).unwrap();
-                out.insert(number, Err(buf[..len].to_vec()));
-                buf = &buf[len..];
-            }
-            other => panic!("wire type {other}: not an integer or a string"),
-        }
-    }
-    out
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_tickets_application_end_to_end() {
     let Some(pg) = Postgres::start() else {
@@ -219,8 +184,9 @@ async fn the_tickets_application_end_to_end() {
         &[],
     );
     assert_eq!(r.status, 201, "{}", r.text());
-    let first = r.json()["ticket"].clone();
+    let first = r.json();
     let id = first["id"].as_i64().expect("an integer id");
+    assert_eq!(r.header("location"), Some(format!("/tickets/{id}").as_str()));
     assert_eq!(first["assignee"], "ada");
     assert_eq!(first["status"], "open");
     assert_eq!(
@@ -317,38 +283,11 @@ async fn the_tickets_application_end_to_end() {
         "t"
     );
 
-    // Typed gRPC: `tickets.v1.Tickets/Get`, the id an integer both ways.
-    let channel = tonic::transport::Channel::from_shared(format!("http://{}", g.addr))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut grpc = tonic::client::Grpc::new(channel);
-    grpc.ready().await.unwrap();
-    let mut request = Vec::new();
-    let id_field = field_numbers(["id"])["id"];
-    for byte in [u64::from(id_field) << 3, u64::try_from(second).unwrap()] {
-        let mut v = byte;
-        loop {
-            let low = u8::try_from(v & 0x7f).unwrap();
-            v >>= 7;
-            if v == 0 {
-                request.push(low);
-                break;
-            }
-            request.push(low | 0x80);
-        }
-    }
-    let path = http::uri::PathAndQuery::from_static("/tickets.v1.Tickets/Get");
-    let reply = tokio::time::timeout(
-        PATIENCE,
-        grpc.unary(tonic::Request::new(Bytes::from(request)), path, Raw),
-    )
-    .await
-    .expect("in time")
-    .unwrap()
-    .into_inner();
-    let numbers = field_numbers([
+    // Typed gRPC, as a client generated from `switchyard proto` calls it:
+    // every id a varint both ways (a `google.protobuf.Value` would carry
+    // it as a double inside a nested message).
+    let channel = grpc::channel(g.addr).await;
+    let ticket_fields = field_numbers([
         "assignee",
         "body",
         "closed_by",
@@ -358,16 +297,127 @@ async fn the_tickets_application_end_to_end() {
         "status",
         "title",
     ]);
-    let got = fields(&reply);
+    let id_field = field_numbers(["id"])["id"];
+    let reply = grpc::unary(
+        &channel,
+        "/tickets.v1.Tickets/Get",
+        grpc::message(&[(id_field, Wire::Varint(u64::try_from(second).unwrap()))]),
+    )
+    .await
+    .unwrap();
+    let got = grpc::fields(&reply);
     assert_eq!(
-        got.get(&numbers["id"]),
-        Some(&Ok(u64::try_from(second).unwrap())),
+        grpc::field(&got, ticket_fields["id"]),
+        Some(&Wire::Varint(u64::try_from(second).unwrap())),
         "{got:?}"
     );
     assert_eq!(
-        got.get(&numbers["title"]),
-        Some(&Err(b"Coffee machine".to_vec())),
+        grpc::field(&got, ticket_fields["title"])
+            .and_then(Wire::text)
+            .as_deref(),
+        Some("Coffee machine"),
         "{got:?}"
+    );
+
+    // `ticket.opened` as a typed stream, then a ticket opened over gRPC:
+    // `Created<Ticket>` answers a `Ticket` message, and the stream gets
+    // the notification with the same integer id.
+    let mut opened =
+        grpc::server_stream(&channel, "/ticket.v1.Notifications/opened", grpc::message(&[])).await;
+    let open = field_numbers(["body", "email", "title"]);
+    let reply = grpc::unary(
+        &channel,
+        "/tickets.v1.Tickets/Open",
+        grpc::message(&[
+            (open["title"], grpc::text("Badge reader")),
+            (open["email"], grpc::text("linus@example.org")),
+        ]),
+    )
+    .await
+    .unwrap();
+    let made = grpc::fields(&reply);
+    let Some(Wire::Varint(third)) = grpc::field(&made, ticket_fields["id"]).cloned() else {
+        panic!("no integer id in the Open reply: {made:?}");
+    };
+    assert_eq!(
+        grpc::field(&made, ticket_fields["status"])
+            .and_then(Wire::text)
+            .as_deref(),
+        Some("open"),
+        "{made:?}"
+    );
+    assert_eq!(
+        pg.psql(
+            "tickets",
+            &format!("SELECT title FROM tickets WHERE id = {third}")
+        ),
+        "Badge reader"
+    );
+    let notified = field_numbers(["assignee", "id", "title"]);
+    loop {
+        let message = grpc::fields(&grpc::next_message(&mut opened).await);
+        if grpc::field(&message, notified["id"]) == Some(&Wire::Varint(third)) {
+            assert_eq!(
+                grpc::field(&message, notified["title"])
+                    .and_then(Wire::text)
+                    .as_deref(),
+                Some("Badge reader")
+            );
+            break;
+        }
+    }
+    // A 422 over gRPC: INVALID_ARGUMENT, nothing stored.
+    let refused = grpc::unary(
+        &channel,
+        "/tickets.v1.Tickets/Open",
+        grpc::message(&[
+            (open["title"], grpc::text("Badge reader")),
+            (open["email"], grpc::text("nobody")),
+        ]),
+    )
+    .await
+    .expect_err("an invalid email");
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+
+    // The list: a repeated `Ticket` message, each id a varint.
+    let reply = grpc::unary(&channel, "/tickets.v1.Tickets/List", grpc::message(&[]))
+        .await
+        .unwrap();
+    let tickets_field = field_numbers(["tickets"])["tickets"];
+    let listed: Vec<u64> = grpc::fields(&reply)
+        .into_iter()
+        .filter(|(k, _)| *k == tickets_field)
+        .map(|(_, v)| match v {
+            Wire::Bytes(item) => match grpc::field(&grpc::fields(&item), ticket_fields["id"]) {
+                Some(Wire::Varint(id)) => *id,
+                other => panic!("a listed ticket's id is {other:?}"),
+            },
+            other => panic!("a listed ticket is {other:?}"),
+        })
+        .collect();
+    // The open ones, newest first (the first was closed above).
+    assert_eq!(listed, [third, u64::try_from(second).unwrap()]);
+
+    // Closing over gRPC takes the same token, as metadata.
+    let close_field = field_numbers(["id"])["id"];
+    let close = |auth: Option<&str>| {
+        let mut request = tonic::Request::new(grpc::message(&[(close_field, Wire::Varint(third))]));
+        if let Some(auth) = auth {
+            request
+                .metadata_mut()
+                .insert("authorization", auth.parse().unwrap());
+        }
+        grpc::unary_with(&channel, "/tickets.v1.Tickets/Close", request)
+    };
+    let anonymous = close(None).await.expect_err("no token");
+    assert_eq!(anonymous.code(), tonic::Code::Unauthenticated, "{anonymous:?}");
+    let closed = grpc::fields(&close(Some(&staff)).await.unwrap());
+    assert_eq!(
+        grpc::field(&closed, ticket_fields["closed_by"])
+            .and_then(Wire::text)
+            .as_deref(),
+        Some("ada"),
+        "{closed:?}"
     );
     drop(g);
     drop(pg);

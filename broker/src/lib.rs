@@ -518,7 +518,14 @@ async fn router(
     let mut st = shared.lock();
     if matches!(st.router, Some((g, _)) if g == generation) {
         st.router = None;
-        tracing::warn!("router connection lost; failing requests in flight");
+        // With no listener connected (the group stopping: listeners stop
+        // first) nothing can be in flight, and the router's leaving is no
+        // failure.
+        if st.pipes.is_empty() {
+            tracing::info!("router connection closed; no listener connected");
+        } else {
+            tracing::warn!("router connection lost; failing requests in flight");
+        }
         if let Some(lost) = control(&Control::RouterLost) {
             for pipe in st.pipes.values() {
                 let _ = pipe.sink.send(lost.clone());

@@ -39,7 +39,7 @@ use switchyard_proto::grpc::{
 use tokio::sync::{mpsc, oneshot};
 use tonic::transport::Channel;
 
-use crate::{Call, ClientError, Credential, DEFAULT_TIMEOUT, Push};
+use crate::{Call, ClientError, ConnectOptions, DEFAULT_TIMEOUT, Push};
 
 /// A gRPC client of `switchyard.v1.Events`. Cheap to clone (one HTTP/2
 /// connection).
@@ -66,37 +66,10 @@ fn authorized<T>(credential: &Option<Metadata>, message: T) -> tonic::Request<T>
     request
 }
 
-/// How a [`GrpcClient`] connects: [`GrpcClient::builder`].
-#[derive(Clone, Debug)]
-pub struct GrpcClientBuilder {
-    url: String,
-    timeout: Duration,
-    credential: Option<Credential>,
-}
+/// How a [`GrpcClient`] connects.
+pub type GrpcClientBuilder = ConnectOptions<GrpcClient>;
 
-impl GrpcClientBuilder {
-    /// The deadline of every call (default [`DEFAULT_TIMEOUT`]).
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
-        self
-    }
-
-    /// Presents `credential` on every call.
-    pub fn credential(mut self, credential: Credential) -> Self {
-        self.credential = Some(credential);
-        self
-    }
-
-    /// Presents a bearer token.
-    pub fn bearer(self, token: impl Into<String>) -> Self {
-        self.credential(Credential::Bearer(token.into()))
-    }
-
-    /// Presents an API key in `x-api-key`.
-    pub fn api_key(self, key: impl Into<String>) -> Self {
-        self.credential(Credential::api_key(key))
-    }
-
+impl ConnectOptions<GrpcClient> {
     /// Connects; fails if the first attempt does. The credential is
     /// checked per call (a refused one: [`ClientError::Status`] 401).
     pub async fn connect(self) -> Result<GrpcClient, ClientError> {
@@ -140,11 +113,7 @@ impl GrpcClient {
     /// A client with a credential or another deadline:
     /// `GrpcClient::builder(url).api_key(key).connect().await`.
     pub fn builder(url: &str) -> GrpcClientBuilder {
-        GrpcClientBuilder {
-            url: url.to_owned(),
-            timeout: DEFAULT_TIMEOUT,
-            credential: None,
-        }
+        ConnectOptions::new(url)
     }
 
     /// Sends `event` as a request of its type and decodes the reply as its

@@ -156,22 +156,37 @@ impl std::fmt::Debug for Credential {
     }
 }
 
-/// How a [`Client`] connects: [`Client::builder`].
-#[derive(Clone, Debug)]
-pub struct ClientBuilder {
+/// How a client connects, the same for both: the address, the deadline
+/// of every call, the credential. `C` is the client it makes:
+/// [`Client::builder`] ([`ClientBuilder`]) or [`GrpcClient::builder`]
+/// ([`GrpcClientBuilder`]), each with its own `connect`.
+pub struct ConnectOptions<C> {
     url: String,
     timeout: Duration,
     credential: Option<Credential>,
+    client: std::marker::PhantomData<fn() -> C>,
 }
 
-impl ClientBuilder {
+/// How a [`Client`] connects.
+pub type ClientBuilder = ConnectOptions<Client>;
+
+impl<C> ConnectOptions<C> {
+    fn new(url: &str) -> Self {
+        ConnectOptions {
+            url: url.to_owned(),
+            timeout: DEFAULT_TIMEOUT,
+            credential: None,
+            client: std::marker::PhantomData,
+        }
+    }
+
     /// The deadline of every call (default [`DEFAULT_TIMEOUT`]).
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
     }
 
-    /// Presents `credential`.
+    /// Presents `credential`: on the WebSocket upgrade, on every gRPC call.
     pub fn credential(mut self, credential: Credential) -> Self {
         self.credential = Some(credential);
         self
@@ -186,7 +201,31 @@ impl ClientBuilder {
     pub fn api_key(self, key: impl Into<String>) -> Self {
         self.credential(Credential::api_key(key))
     }
+}
 
+impl<C> Clone for ConnectOptions<C> {
+    fn clone(&self) -> Self {
+        ConnectOptions {
+            url: self.url.clone(),
+            timeout: self.timeout,
+            credential: self.credential.clone(),
+            client: std::marker::PhantomData,
+        }
+    }
+}
+
+/// The credential is printed as [`Credential`]'s `Debug` does: never the secret.
+impl<C> std::fmt::Debug for ConnectOptions<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnectOptions")
+            .field("url", &self.url)
+            .field("timeout", &self.timeout)
+            .field("credential", &self.credential)
+            .finish()
+    }
+}
+
+impl ConnectOptions<Client> {
     /// Connects; fails if the first attempt does (a refused credential:
     /// [`ClientError::Status`] with 401 or 403). Reconnects present the
     /// same credential.
@@ -268,11 +307,7 @@ impl Client {
     /// A client with a credential or another deadline:
     /// `Client::builder(url).bearer(token).connect().await`.
     pub fn builder(url: &str) -> ClientBuilder {
-        ClientBuilder {
-            url: url.to_owned(),
-            timeout: DEFAULT_TIMEOUT,
-            credential: None,
-        }
+        ConnectOptions::new(url)
     }
 
     fn next_id(&self, prefix: &str) -> String {

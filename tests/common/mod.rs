@@ -13,6 +13,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+pub mod grpc;
 pub mod h2_stream;
 pub mod jetstream;
 pub mod postgres;
@@ -119,6 +120,8 @@ pub struct GroupBuilder {
     user: Option<u32>,
     /// The command that runs the group: `up`, or `dev`.
     command: &'static str,
+    /// How long it may take to serve (default [`PATIENCE`]).
+    ready_within: Duration,
 }
 
 impl GroupBuilder {
@@ -127,6 +130,13 @@ impl GroupBuilder {
     /// root may read any process. The scratch directory becomes its.
     pub fn user(mut self, uid: u32) -> Self {
         self.user = Some(uid);
+        self
+    }
+
+    /// Waits up to `patience` for the group to serve (`switchyard dev`
+    /// builds its plugins first).
+    pub fn ready_within(mut self, patience: Duration) -> Self {
+        self.ready_within = patience;
         self
     }
 
@@ -264,7 +274,8 @@ impl GroupBuilder {
             line_events,
             scratch,
         };
-        let deadline = Instant::now() + PATIENCE;
+        let patience = self.ready_within;
+        let deadline = Instant::now() + patience;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match group.line_events.recv_timeout(left) {
@@ -290,7 +301,7 @@ impl GroupBuilder {
                     let out = group.lines.lock().unwrap().join("\n");
                     return Err(format!("{status}\n{out}"));
                 }
-                Err(mpsc::RecvTimeoutError::Timeout) => panic!("not ready within {PATIENCE:?}"),
+                Err(mpsc::RecvTimeoutError::Timeout) => panic!("not ready within {patience:?}"),
             }
         }
     }
@@ -308,6 +319,7 @@ impl Group {
             args: Vec::new(),
             user: None,
             command: "up",
+            ready_within: PATIENCE,
         }
     }
 

@@ -142,7 +142,21 @@ impl Postgres {
                 }
                 panic!("postgres exited ({status}):\n{log}");
             }
-            std::os::unix::net::UnixStream::connect(&socket).map(drop)
+            // The socket is there before the server accepts sessions
+            // ("the database system is starting up"): ask it, as
+            // `pg_isready` does, rather than only connect.
+            std::os::unix::net::UnixStream::connect(&socket).map_err(|e| e.to_string())?;
+            let ready = Command::new(bin.join("pg_isready"))
+                .arg("-h")
+                .arg(pg.dir.path())
+                .args(["-p", &PORT.to_string(), "-U", "postgres", "-q"])
+                .status()
+                .map_err(|e| format!("run pg_isready: {e}"))?;
+            if ready.success() {
+                Ok(())
+            } else {
+                Err(format!("pg_isready: {ready}"))
+            }
         });
         // Let its log drain without blocking it.
         if let Some(mut err) = pg.child.as_mut().and_then(|c| c.stderr.take()) {

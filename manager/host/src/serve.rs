@@ -352,7 +352,15 @@ impl Host {
             }
             tokio::select! {
                 how = shutdown.as_mut(), if drain_until.is_none() => match how {
-                    Shutdown::Now => return Ok(Served::Stopped),
+                    Shutdown::Now => {
+                        // A planned stop: said before the link closes, so
+                        // the router logs this instance's leaving as such
+                        // (and warns only if requests it held fail).
+                        if let Ok(env) = Envelope::control(&Control::Draining) {
+                            let _ = sink.send(env);
+                        }
+                        return Ok(Served::Stopped);
+                    }
                     Shutdown::Drain(grace) => {
                         tracing::info!(in_flight = self.requests.len(), "draining: the router sends nothing new");
                         drain_until = Some(tokio::time::Instant::now() + grace);

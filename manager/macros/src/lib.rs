@@ -553,8 +553,11 @@ fn expand_reply(input: &DeriveInput) -> syn::Result<Tokens> {
         })?;
     }
     let (impl_generics, ty_generics, where_clause) = input.generics.split_for_impl();
-    let schema = reply_schema(input, status)?;
+    let own_schema = json_schema_impl(input)?;
+    let schema = reply_schema(input, status, own_schema.is_some())?;
     Ok(quote! {
+        #own_schema
+
         impl #impl_generics ::switchyard_manager::Reply for #ident #ty_generics #where_clause {
             #schema
 
@@ -837,10 +840,49 @@ fn event_schema(input: &DeriveInput, whole_body: bool) -> syn::Result<Tokens> {
     })
 }
 
+/// A `#[derive(Reply)]` struct with named fields and no generics is its
+/// own `JsonSchema` too, so that a reply nested in another (`Vec<Ticket>`,
+/// `Created<Ticket>`'s body inside a list) is described by its fields and
+/// not as any value: the typed gRPC service then carries its integers as
+/// integers. Other shapes (and generic structs, whose parameters would
+/// need bounds of their own) derive `JsonSchema` themselves if they nest.
+fn json_schema_impl(input: &DeriveInput) -> syn::Result<Option<Tokens>> {
+    if !input.generics.params.is_empty() {
+        return Ok(None);
+    }
+    let Some(statements) = object_fields(input, true)? else {
+        return Ok(None);
+    };
+    let ident = &input.ident;
+    let name = ident.to_string();
+    let doc = doc_of(&input.attrs);
+    Ok(Some(quote! {
+        impl ::switchyard_manager::schemars::JsonSchema for #ident {
+            fn schema_name() -> ::std::borrow::Cow<'static, str> {
+                ::std::borrow::Cow::Borrowed(#name)
+            }
+
+            fn schema_id() -> ::std::borrow::Cow<'static, str> {
+                ::std::borrow::Cow::Borrowed(::core::concat!(::core::module_path!(), "::", #name))
+            }
+
+            fn json_schema(generator: &mut ::switchyard_manager::schema::SchemaGenerator) -> ::switchyard_manager::schema::Schema {
+                let mut object = ::switchyard_manager::schema::Object::new(#doc);
+                #(#statements)*
+                object.into_schema()
+            }
+        }
+    }))
+}
+
 /// `Reply::describe` for the derive.
-fn reply_schema(input: &DeriveInput, status: u16) -> syn::Result<Tokens> {
+fn reply_schema(input: &DeriveInput, status: u16, own_schema: bool) -> syn::Result<Tokens> {
     let doc = doc_of(&input.attrs);
     let body = match object_fields(input, true)? {
+        // Inline, not a `$ref` to itself: the reply's top-level schema.
+        Some(_) if own_schema => quote! {
+            <Self as ::switchyard_manager::schemars::JsonSchema>::json_schema(generator)
+        },
         Some(statements) => quote! {
             let mut object = ::switchyard_manager::schema::Object::new(#doc);
             #(#statements)*

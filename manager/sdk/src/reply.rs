@@ -76,7 +76,7 @@ impl Response {
     ///
     /// ```
     /// use switchyard_manager::{Response, cookie::Cookie};
-    /// let r = Response::no_content()
+    /// let r = Response::empty(204)
     ///     .with_cookie(Cookie::build(("theme", "dark")).path("/").http_only(true).build());
     /// assert_eq!(r.meta.get("set-cookie"), Some("theme=dark; HttpOnly; Path=/"));
     /// ```
@@ -98,9 +98,21 @@ impl Response {
         Ok(Response::empty(kind.status()).with_header("location", location))
     }
 
-    /// 204 No Content. The API description cannot see the status of a
-    /// handler that returns [`Response`]: return [`NoContent`] (or `()`)
-    /// to have its route documented as 204.
+    /// 204 No Content. Deprecated: a handler returning [`Response`] is
+    /// described as "200, any body" (its status is known only when it
+    /// runs), so this 204 was documented as 200 in `/openapi.json` and the
+    /// typed gRPC service. Return [`NoContent`] instead, described as 204
+    /// with no body (an empty message over gRPC); `NoContent.with_cookie(..)`
+    /// and `.with_header(..)` keep that description. `Response::empty(204)`
+    /// remains for a handler that must build a `Response`.
+    ///
+    /// ```compile_fail
+    /// #![deny(deprecated)]
+    /// let _ = switchyard_manager::Response::no_content();
+    /// ```
+    #[deprecated(
+        note = "return `NoContent` (described as 204 with no body); `Response::empty(204)` if you must build a `Response`"
+    )]
     pub fn no_content() -> Response {
         Response::empty(204)
     }
@@ -349,7 +361,7 @@ impl Reply for NoContent {
     }
 
     fn into_response(self, _: Format) -> Result<Response, Error> {
-        Ok(Response::no_content())
+        Ok(Response::empty(204))
     }
 }
 

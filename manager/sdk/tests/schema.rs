@@ -127,3 +127,29 @@ fn a_field_type_without_a_schema_is_any_value() {
         "integer"
     );
 }
+
+/// A page of orders: a reply whose field is a list of another reply.
+#[derive(Serialize, Reply)]
+pub struct Orders {
+    pub orders: Vec<Placed>,
+    pub first: Option<Placed>,
+}
+
+#[test]
+fn a_reply_nested_in_another_is_described_by_its_fields() {
+    // `Placed` derives only `Reply`: it is its own `JsonSchema` too, so
+    // the list's items carry their integer id (the typed gRPC service
+    // then a varint) instead of any value.
+    let reply = Orders::describe(&mut schema::generator()).expect("described");
+    let s: Value = serde_json::from_str(&reply.schema).unwrap();
+    let items = &s["properties"]["orders"]["items"];
+    let reference = items["$ref"].as_str().unwrap_or_else(|| panic!("{s}"));
+    let name = reference.rsplit('/').next().unwrap();
+    let placed = &s["$defs"][name];
+    assert_eq!(placed["properties"]["id"]["type"], "integer", "{s}");
+    assert_eq!(placed["properties"]["id"]["description"], "Its number.", "{s}");
+    assert_eq!(placed["required"], json!(["id"]), "{s}");
+    // The top level stays inline, not a `$ref` to itself.
+    assert_eq!(s["type"], "object", "{s}");
+    assert!(s["properties"]["first"].is_object(), "{s}");
+}
