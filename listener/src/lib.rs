@@ -685,14 +685,20 @@ fn connection_limit(configured: usize) -> usize {
 fn refuse(stream: TcpStream) {
     static REFUSED: OnceLock<Vec<u8>> = OnceLock::new();
     let answer = REFUSED.get_or_init(|| {
-        let (_, body) = switchyard_proto::problem::problem(503, "too many connections; retry later");
+        let refusal = switchyard_proto::Refusal::unavailable(
+            switchyard_proto::Hop::Listener,
+            "too many connections; retry later",
+        );
+        let (meta, body) = refusal.parts();
         let mut answer = format!(
-            "HTTP/1.1 503 Service Unavailable\r\ncontent-type: {}\r\ncontent-length: {}\r\n\
-             retry-after: 1\r\nconnection: close\r\n\r\n",
-            switchyard_proto::problem::PROBLEM_JSON,
+            "HTTP/1.1 503 Service Unavailable\r\ncontent-length: {}\r\n",
             body.len()
-        )
-        .into_bytes();
+        );
+        for (name, value) in meta.iter() {
+            answer.push_str(&format!("{name}: {value}\r\n"));
+        }
+        answer.push_str("connection: close\r\n\r\n");
+        let mut answer = answer.into_bytes();
         answer.extend_from_slice(&body);
         answer
     });

@@ -25,7 +25,7 @@ use switchyard_proto::event::{META_TIMING, META_TRACEPARENT};
 use switchyard_proto::link;
 use switchyard_proto::supervision::{Extra, GAUGES};
 use switchyard_proto::transport::{FrameReader, FrameSink};
-use switchyard_proto::{Deadline, Envelope, EventType, Kind, Origin, Payload, problem};
+use switchyard_proto::{Deadline, Envelope, EventType, Hop, Kind, Origin, Payload, Refusal};
 use switchyard_worker::{Done, Job, Kind as WorkerKind, Pool};
 use tokio::net::UnixStream;
 use tokio::net::unix::OwnedReadHalf;
@@ -413,7 +413,9 @@ impl Host {
                         Ok(raw) => stream = Some(raw),
                         Err(err) => {
                             tracing::warn!(%err, "cannot take a request body stream");
-                            let _ = sink.send(Envelope::error_to(&env, 503, "request body unavailable"));
+                            let _ = sink.send(
+                                Refusal::new(Hop::ManagerHost, 503, "request body unavailable").answer(&env),
+                            );
                             continue;
                         }
                     }
@@ -424,7 +426,9 @@ impl Host {
                     Err(err) => {
                         tracing::warn!(%err, "cannot map a shared-memory body");
                         if env.kind == Kind::Request {
-                            let _ = sink.send(Envelope::error_to(&env, 503, "request body unavailable"));
+                            let _ = sink.send(
+                                Refusal::new(Hop::ManagerHost, 503, "request body unavailable").answer(&env),
+                            );
                         }
                         continue;
                     }
@@ -555,7 +559,7 @@ impl Host {
             {
                 let mut env = Envelope::request(event_type, correlation, Bytes::new());
                 env.origin = origin;
-                let mut answer = Envelope::error_to(&env, 500, "internal error");
+                let mut answer = Refusal::new(Hop::ManagerHost, 500, "internal error").answer(&env);
                 if let Some(tags) = request_ids().remove(local) {
                     tags.stamp(&mut answer.meta);
                 }
@@ -605,10 +609,8 @@ impl Host {
                         }
                         Err(err) => {
                             tracing::error!(%err, "cannot place a response body in shared memory");
-                            let mut reply =
-                                Envelope::error_to(&env, 503, "response body unavailable; retry later");
-                            reply.meta.push("retry-after", "1");
-                            reply
+                            Refusal::unavailable(Hop::ManagerHost, "response body unavailable; retry later")
+                                .answer(&env)
                         }
                     }
                 }
@@ -732,7 +734,8 @@ impl Host {
         if self.calls.is_empty() {
             return Ok(());
         }
-        let (meta, body) = problem::problem(503, "the router went down during the call");
+        let (meta, body) =
+            Refusal::unavailable(Hop::ManagerHost, "the router went down during the call").parts();
         let inputs: Vec<ToPlugin> = self
             .calls
             .drain()
