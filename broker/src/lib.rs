@@ -43,7 +43,7 @@ use bytes::Bytes;
 use switchyard_proto::accept::Acceptor;
 use switchyard_proto::control::{Control, GroupRole, META_EVENT, META_JOB, META_TO, RouteTable};
 use switchyard_proto::link;
-use switchyard_proto::supervision::{RosterWatch, member_of};
+use switchyard_proto::supervision::{RosterWatch, Stop, member_of};
 use switchyard_proto::transport::{FrameReader, FrameSink, PeerPolicy, Refused};
 use switchyard_proto::{Envelope, Hop, Kind, Meta, Origin, Payload, Refusal, ShmBody};
 use tokio::net::{UnixListener, UnixStream};
@@ -115,7 +115,7 @@ pub async fn run(
     listener: UnixListener,
     config: Config,
     ready: oneshot::Sender<()>,
-    shutdown: impl Future<Output = ()>,
+    shutdown: impl Future<Output = Stop>,
 ) -> Result<(), Error> {
     let shared = Shared {
         state: Arc::default(),

@@ -23,7 +23,7 @@ use switchyard_proto::backoff::Backoff;
 use switchyard_proto::control::Control;
 use switchyard_proto::event::{META_TIMING, META_TRACEPARENT};
 use switchyard_proto::link;
-use switchyard_proto::supervision::{Extra, GAUGES};
+use switchyard_proto::supervision::{Extra, GAUGES, Stop};
 use switchyard_proto::transport::{FrameReader, FrameSink};
 use switchyard_proto::{Deadline, Envelope, EventType, Hop, Kind, Origin, Payload, Refusal};
 use switchyard_worker::{Done, Job, Kind as WorkerKind, Pool};
@@ -96,17 +96,6 @@ impl Workers {
     }
 }
 
-/// How the host is told to end.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Shutdown {
-    /// Stop at once (the group stops: the router fails what is in flight).
-    Now,
-    /// The instance is being replaced (`switchyard reload`): the router is
-    /// told to send it nothing new, and the host stops once every request
-    /// it holds is answered, or when the grace period is over.
-    Drain(Duration),
-}
-
 /// How [`Host::serve`] ended.
 enum Served {
     /// The router connection closed: reconnect.
@@ -124,7 +113,7 @@ pub async fn run(
     description: Description,
     config: Config,
     ready: oneshot::Sender<()>,
-    shutdown: impl Future<Output = Shutdown>,
+    shutdown: impl Future<Output = Stop>,
 ) -> Result<(), LoadError> {
     let mut ready = Some(ready);
     tokio::pin!(shutdown);
@@ -329,7 +318,7 @@ impl Host {
         config: &Config,
         link: Link<'_>,
         results: &mut mpsc::UnboundedReceiver<Done>,
-        mut shutdown: std::pin::Pin<&mut impl Future<Output = Shutdown>>,
+        mut shutdown: std::pin::Pin<&mut impl Future<Output = Stop>>,
     ) -> Result<Served, LoadError> {
         let Link { mut reader, sink } = link;
         // Set once told to drain: when the grace ends.
@@ -352,8 +341,8 @@ impl Host {
             }
             tokio::select! {
                 how = shutdown.as_mut(), if drain_until.is_none() => match how {
-                    Shutdown::Now => return Ok(Served::Stopped),
-                    Shutdown::Drain(grace) => {
+                    Stop::Now => return Ok(Served::Stopped),
+                    Stop::Drain(grace) => {
                         tracing::info!(in_flight = self.requests.len(), "draining: the router sends nothing new");
                         drain_until = Some(tokio::time::Instant::now() + grace);
                         let told = Envelope::control(&Control::Draining)
