@@ -698,3 +698,36 @@ async fn read_session(
     }
     drop(guard);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_groups_answer_names_its_hop_in_the_status_and_a_handlers_does_not() {
+        let (_, body) =
+            switchyard_proto::Refusal::unavailable(Hop::Router, "manager `x` is not running").parts();
+        let status = event_status(503, &body);
+        assert_eq!(status.code(), tonic::Code::Unavailable);
+        let header = status
+            .metadata()
+            .get(refusal::HOP_HEADER)
+            .and_then(|v| v.to_str().ok());
+        assert_eq!(header, Some("router"));
+        let info = status
+            .get_error_details()
+            .error_info()
+            .cloned()
+            .expect("an ErrorInfo");
+        assert_eq!(info.metadata.get("hop").map(String::as_str), Some("router"));
+
+        let own = event_status(503, br#"{"status":503,"detail":"busy"}"#);
+        assert!(own.metadata().get(refusal::HOP_HEADER).is_none());
+        let info = own
+            .get_error_details()
+            .error_info()
+            .cloned()
+            .expect("an ErrorInfo");
+        assert!(!info.metadata.contains_key("hop"));
+    }
+}

@@ -614,3 +614,59 @@ impl From<CallError> for Error {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_groups_refusal_forwarded_by_question_mark_keeps_its_hop_not_its_detail() {
+        let (meta, body) = Refusal::unavailable(Hop::Router, "manager `inventory` is not running").parts();
+        let err = CallError::from_answer(503, &meta, &body);
+        assert!(
+            matches!(&err, CallError::Unroutable { hop: Hop::Router, status: 503, retry_after: Some(1), detail }
+                if detail.contains("inventory")),
+            "{err:?}"
+        );
+        let forwarded = Error::from(err);
+        assert_eq!((forwarded.status, forwarded.hop()), (503, Some(Hop::Router)));
+        let response = forwarded.to_response(true);
+        let text = String::from_utf8_lossy(&response.body);
+        assert!(!text.contains("inventory"), "{text}");
+        assert_eq!(
+            response.meta.get(switchyard_proto::refusal::HOP_HEADER),
+            Some("router")
+        );
+        assert_eq!(response.meta.get("retry-after"), Some("1"));
+
+        // Nobody declares it: the caller's dependency is missing, a 502.
+        let (meta, body) = Refusal::new(Hop::Router, 404, "no manager declares event type `x`").parts();
+        assert_eq!(Error::from(CallError::from_answer(404, &meta, &body)).status, 502);
+        // Too late: a 504.
+        let (meta, body) = Refusal::timed_out(Hop::Cluster, "deadline exceeded").parts();
+        let err = CallError::from_answer(504, &meta, &body);
+        assert!(
+            matches!(
+                err,
+                CallError::TimedOut {
+                    hop: Hop::Cluster,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert_eq!(Error::from(err).status, 504);
+    }
+
+    #[test]
+    fn the_callees_own_error_goes_on_as_it_was() {
+        let own = Error::conflict("only 3 of `pear` left").to_response(false);
+        let err = CallError::from_answer(409, &own.meta, &own.body);
+        assert_eq!(err, CallError::Callee(Error::conflict("only 3 of `pear` left")));
+        let forwarded = Error::from(err);
+        assert_eq!(forwarded.hop(), None);
+        let response = forwarded.to_response(false);
+        assert_eq!(response.meta.get(switchyard_proto::refusal::HOP_HEADER), None);
+        assert_eq!((response.status, response.meta.get("retry-after")), (409, None));
+    }
+}
