@@ -47,7 +47,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use switchyard_proto::supervision::{Figures, Load, MAX_LINE, Phase, RouteFigures, ToChild};
+use switchyard_proto::supervision::{Figures, Load, MAX_LINE, Phase, RouteFigures, Stop, ToChild};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::config::{Config, ManagerConfig, RestartConfig, WorkerKind};
@@ -479,18 +479,18 @@ struct Addresses {
 struct Ending {
     code: ExitCode,
     cause: String,
-    /// Stop without draining (SIGQUIT).
-    hurry: bool,
+    /// Drain (SIGTERM, a failure, an upgrade) or stop at once (SIGQUIT).
+    stop: Stop,
     /// The sockets and directory went to a new supervisor.
     upgraded: bool,
 }
 
 impl Ending {
-    fn stop((code, cause, hurry): (ExitCode, String, bool)) -> Ending {
+    fn stop((code, cause, stop): (ExitCode, String, Stop)) -> Ending {
         Ending {
             code,
             cause,
-            hurry,
+            stop,
             upgraded: false,
         }
     }
@@ -563,7 +563,7 @@ async fn up(
     if let Some(admin) = admin {
         admin.abort();
     }
-    sup.shutdown(&mut rx, &mut signals, ending.hurry).await;
+    sup.shutdown(&mut rx, &mut signals, ending.stop).await;
     control.abort();
     if ending.upgraded {
         // Its sockets now belong to the new group.
@@ -741,7 +741,8 @@ impl Supervisor {
         control: tokio::task::JoinHandle<()>,
     ) -> ExitCode {
         tracing::error!("start-up failed: {err:#}");
-        self.shutdown(rx, signals, false).await;
+        let grace = self.config.shutdown_grace();
+        self.shutdown(rx, signals, Stop::Drain(grace)).await;
         control.abort();
         drop(self);
         tracing::info!(cause = "start-up failed", "stopped");
@@ -803,11 +804,11 @@ impl Supervisor {
                 caught = signals.recv() => match caught.meaning() {
                     Meaning::Drain => {
                         tracing::info!(signal = caught.name(), "draining");
-                        return Ending::stop((ExitCode::SUCCESS, caught.name().to_owned(), false));
+                        return Ending::stop((ExitCode::SUCCESS, caught.name().to_owned(), Stop::Drain(self.config.shutdown_grace())));
                     }
                     Meaning::Quit => {
                         tracing::warn!(signal = caught.name(), "stopping at once, without draining");
-                        return Ending::stop((ExitCode::SUCCESS, caught.name().to_owned(), true));
+                        return Ending::stop((ExitCode::SUCCESS, caught.name().to_owned(), Stop::Now));
                     }
                     Meaning::Reload => {
                         tracing::info!(signal = caught.name(), "reloading the configuration");
@@ -844,7 +845,7 @@ impl Supervisor {
                                 return Ending {
                                     code: ExitCode::SUCCESS,
                                     cause: format!("upgraded (the new supervisor is pid {pid})"),
-                                    hurry: false,
+                                    stop: Stop::Drain(self.config.shutdown_grace()),
                                     upgraded: true,
                                 };
                             }
@@ -861,7 +862,7 @@ impl Supervisor {
                     ev => {
                         if let Err(err) = self.handle(ev) {
                             tracing::error!("{err:#}; stopping the group");
-                            return Ending::stop((ExitCode::FAILURE, format!("{err:#}"), false));
+                            return Ending::stop((ExitCode::FAILURE, format!("{err:#}"), Stop::Drain(self.config.shutdown_grace())));
                         }
                     }
                 }
@@ -1353,14 +1354,13 @@ impl Supervisor {
 
     /// Stops the group: listeners drain first, then managers, router, broker.
     /// A second SIGTERM or SIGINT (or a SIGQUIT) skips the waiting and kills
-    /// what is left; `hurry` starts that way.
-    async fn shutdown(
-        &mut self,
-        rx: &mut mpsc::UnboundedReceiver<Event>,
-        signals: &mut Signals,
-        mut hurry: bool,
-    ) {
-        let grace = self.config.shutdown_grace();
+    /// what is left; [`Stop::Now`] starts that way.
+    async fn shutdown(&mut self, rx: &mut mpsc::UnboundedReceiver<Event>, signals: &mut Signals, stop: Stop) {
+        let mut hurry = stop == Stop::Now;
+        let grace = match stop {
+            Stop::Drain(grace) => grace,
+            Stop::Now => self.config.shutdown_grace(),
+        };
         // Our copies of the TCP socket go first: the listener's close then
         // really stops new connections (after an upgrade, the new group
         // holds it open).
@@ -1484,17 +1484,20 @@ impl Supervisor {
 /// stops the group cuts them short ([`Interrupted`]).
 impl Supervisor {
     /// How the group stops after a reload or upgrade was cut short:
-    /// exit code, cause, and whether without draining.
-    fn interrupted(&self, why: Interrupted) -> (ExitCode, String, bool) {
+    /// exit code, cause, and how.
+    fn interrupted(&self, why: Interrupted) -> (ExitCode, String, Stop) {
         match why {
             Interrupted::Signal(caught) => {
-                let hurry = caught.meaning() == Meaning::Quit;
+                let stop = match caught.meaning() {
+                    Meaning::Quit => Stop::Now,
+                    _ => Stop::Drain(self.config.shutdown_grace()),
+                };
                 tracing::info!(signal = caught.name(), "stopping");
-                (ExitCode::SUCCESS, caught.name().to_owned(), hurry)
+                (ExitCode::SUCCESS, caught.name().to_owned(), stop)
             }
             Interrupted::Failure(err) => {
                 tracing::error!("{err}; stopping the group");
-                (ExitCode::FAILURE, err, false)
+                (ExitCode::FAILURE, err, Stop::Drain(self.config.shutdown_grace()))
             }
         }
     }
