@@ -2,12 +2,14 @@
 //! sockets, run the role's library `run`, and report phases to the
 //! supervisor.
 
+use std::convert::Infallible;
 use std::future::Future;
+use std::pin::Pin;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use switchyard_proto::process::{CONTROL_FD, RuntimePaths, init_child_logging};
-use switchyard_proto::supervision::{ChildChannel, Command, Phase, wait_stop};
+use switchyard_proto::supervision::{ChildChannel, Phase, Stop, stop_requested};
 use tokio::sync::oneshot;
 
 use crate::config::{Config, TlsSettings};
@@ -160,6 +162,184 @@ pub(crate) fn main(role: Role, name: String, instance: u32) -> ExitCode {
     }
 }
 
+/// What every role's start is given, and given the same way.
+struct Setup<'a> {
+    spec: &'a Spec,
+    paths: RuntimePaths,
+    name: &'a str,
+    instance: u32,
+    control: &'a ChildChannel,
+    /// Fired by the role once it serves.
+    ready: oneshot::Sender<()>,
+    /// Resolves when the supervisor says to stop, and says how
+    /// (decision 0117): the one stop every role's `run` awaits.
+    stop: Stopping,
+}
+
+type Stopping = Pin<Box<dyn Future<Output = Stop>>>;
+
+/// A role started: its work, and what it can change while it runs.
+struct Started {
+    work: Pin<Box<dyn Future<Output = anyhow::Result<()>>>>,
+    /// The live-configuration channel (`switchyard reload`), if the role
+    /// has one.
+    live: Option<Live>,
+}
+
+impl Started {
+    fn work(work: impl Future<Output = anyhow::Result<()>> + 'static) -> Started {
+        Started {
+            work: Box::pin(work),
+            live: None,
+        }
+    }
+}
+
+impl Role {
+    /// The seam between a child process's entry and its role: each role
+    /// wires its library's `run` from the same [`Setup`].
+    fn start(self, setup: Setup<'_>) -> anyhow::Result<Started> {
+        match self {
+            Role::Broker => start_broker(setup),
+            Role::Router => start_router(setup),
+            Role::Manager => start_manager(setup),
+            Role::Worker => start_worker(setup),
+            Role::Listener => start_listener(setup),
+        }
+    }
+}
+
+fn start_broker(setup: Setup<'_>) -> anyhow::Result<Started> {
+    let listener = inherit::unix_listener()?;
+    let group = &setup.spec.config.group;
+    let cfg = switchyard_broker::Config {
+        max_frame: group.max_frame_bytes,
+        queue_capacity: group.queue_capacity,
+        roster: Some(setup.control.roster()),
+    };
+    let (ready, stop) = (setup.ready, setup.stop);
+    Ok(Started::work(async move {
+        Ok(switchyard_broker::run(listener, cfg, ready, stop).await?)
+    }))
+}
+
+fn start_router(setup: Setup<'_>) -> anyhow::Result<Started> {
+    let config = &setup.spec.config;
+    let listener = inherit::unix_listener()?;
+    let cfg = switchyard_router::Config {
+        broker_socket: setup.paths.broker_socket(),
+        declared_managers: config.managers.iter().map(|m| m.name.clone()).collect(),
+        max_frame: config.group.max_frame_bytes,
+        queue_capacity: config.group.queue_capacity,
+        max_outstanding: config.group.max_outstanding_per_instance,
+        cluster: config.cluster.clone(),
+        shm_threshold: config.group.shm_threshold_bytes,
+        roster: Some(setup.control.roster()),
+    };
+    let (declared_tx, declared) = tokio::sync::watch::channel(cfg.declared_managers.clone());
+    let (ready, stop) = (setup.ready, setup.stop);
+    Ok(Started {
+        work: Box::pin(async move {
+            Ok(switchyard_router::run_declaring(listener, cfg, ready, stop, declared).await?)
+        }),
+        live: Some(Live::Router(declared_tx)),
+    })
+}
+
+fn start_manager(setup: Setup<'_>) -> anyhow::Result<Started> {
+    let (config, name, instance) = (&setup.spec.config, setup.name, setup.instance);
+    let m = config
+        .managers
+        .iter()
+        .find(|m| m.name == name)
+        .ok_or_else(|| anyhow::anyhow!("no manager `{name}` in the configuration"))?;
+    let args = switchyard_manager_host::abi::messages::CreateArgs {
+        name: name.to_owned(),
+        instance,
+        // A built-in also gets the data directory.
+        config_json: config.manager_config_json(m)?,
+        expose_errors: config.group.expose_errors,
+        shm_threshold: config.group.shm_threshold_bytes as u64,
+        shm_budget: config.group.shm_budget_bytes,
+        validation: false,
+    };
+    let (plugin, description) = m.library()?.instantiate(m.kind(), &args)?;
+    let w = &m.workers;
+    let cfg = switchyard_manager_host::Config {
+        name: name.to_owned(),
+        instance,
+        router_socket: setup.paths.router_socket(),
+        max_frame: config.group.max_frame_bytes,
+        queue_capacity: config.group.queue_capacity,
+        shm_threshold: config.group.shm_threshold_bytes,
+        handler_timeout: Duration::from_millis(config.group.handler_timeout_ms),
+        workers: switchyard_manager_host::Workers {
+            kind: w.kind,
+            size: w.size(),
+            queue: w.queue,
+            job_timeout: Duration::from_millis(w.job_timeout_ms),
+            socket: m.workers_socket(&setup.spec.runtime_dir, instance, setup.spec.epoch),
+        },
+    };
+    // Told to drain, the instance is being replaced: it finishes what it
+    // holds. Told to stop, the group is stopping.
+    let (ready, stop) = (setup.ready, setup.stop);
+    Ok(Started::work(async move {
+        Ok(switchyard_manager_host::run(plugin, description, cfg, ready, stop).await?)
+    }))
+}
+
+fn start_worker(setup: Setup<'_>) -> anyhow::Result<Started> {
+    let (config, name, instance) = (&setup.spec.config, setup.name, setup.instance);
+    let m = config
+        .managers
+        .iter()
+        .find(|m| m.name == name)
+        .ok_or_else(|| anyhow::anyhow!("no manager `{name}` in the configuration"))?;
+    let runner = m.library()?.job_runner(m.kind())?;
+    let socket = m.workers_socket(&setup.spec.runtime_dir, instance, setup.spec.epoch);
+    let max_frame = config.group.max_frame_bytes;
+    let (ready, stop) = (setup.ready, setup.stop);
+    Ok(Started::work(async move {
+        switchyard_worker::process::serve(&socket, max_frame, runner, ready, stop).await;
+        Ok(())
+    }))
+}
+
+fn start_listener(setup: Setup<'_>) -> anyhow::Result<Started> {
+    let config = &setup.spec.config;
+    let tcp = inherit::tcp_listener()?;
+    let grpc_tcp = config
+        .listener
+        .grpc_bind
+        .is_some()
+        .then(inherit::grpc_listener)
+        .transpose()?;
+    // Each listener reads a UDP socket of its own, steered by
+    // connection id (docs/decisions/0076-quic-steered-by-connection-id.md).
+    let quic = config
+        .listener
+        .http3
+        .enabled
+        .then(inherit::quic_socket)
+        .transpose()?;
+    let mut cfg = listener_config(config, &setup.paths);
+    if let Some(http3) = &mut cfg.http3 {
+        http3.steering = Some(switchyard_listener::quic::Steering {
+            index: setup.instance,
+            count: config.listener.workers,
+        });
+    }
+    let (updates_tx, updates) = tokio::sync::mpsc::channel(1);
+    let (ready, stop) = (setup.ready, setup.stop);
+    Ok(Started {
+        work: Box::pin(async move {
+            Ok(switchyard_listener::run(tcp, grpc_tcp, quic, cfg, ready, stop, updates).await?)
+        }),
+        live: Some(Live::Listener(updates_tx)),
+    })
+}
+
 /// Runs the role until it ends; returns why it stopped.
 async fn serve(role: Role, name: String, instance: u32, spec: Spec) -> anyhow::Result<&'static str> {
     // SAFETY: the supervisor placed our end of the control socketpair at
@@ -168,226 +348,105 @@ async fn serve(role: Role, name: String, instance: u32, spec: Spec) -> anyhow::R
     control.report(Phase::Starting).await;
     let config = &spec.config;
     let paths = RuntimePaths::new(&spec.runtime_dir);
-    let max_frame = config.group.max_frame_bytes;
-    let queue_capacity = config.group.queue_capacity;
     switchyard_proto::shm::set_budget(config.group.shm_budget_bytes);
     // Every process of the group speaks the same transport on its links.
     switchyard_proto::link::set_transport(config.group.transport);
     switchyard_proto::link::set_yields(config.group.ring_yields);
     let (ready_tx, ready_rx) = oneshot::channel();
-    let mut commands = control.commands();
-    let stop = async move {
-        wait_stop(&mut commands).await;
-    };
+    let Started { work, live } = role.start(Setup {
+        spec: &spec,
+        paths: paths.clone(),
+        name: &name,
+        instance,
+        control: &control,
+        ready: ready_tx,
+        stop: Box::pin(stop_requested(control.commands())),
+    })?;
 
-    // What this role can change while it runs (`switchyard reload`).
-    let mut live = None;
-    let work: std::pin::Pin<Box<dyn Future<Output = anyhow::Result<()>>>> = match role {
-        Role::Broker => {
-            let listener = inherit::unix_listener()?;
-            let cfg = switchyard_broker::Config {
-                max_frame,
-                queue_capacity,
-                roster: Some(control.roster()),
-            };
-            Box::pin(async move { Ok(switchyard_broker::run(listener, cfg, ready_tx, stop).await?) })
-        }
-        Role::Router => {
-            let listener = inherit::unix_listener()?;
-            let cfg = switchyard_router::Config {
-                broker_socket: paths.broker_socket(),
-                declared_managers: config.managers.iter().map(|m| m.name.clone()).collect(),
-                max_frame,
-                queue_capacity,
-                max_outstanding: config.group.max_outstanding_per_instance,
-                cluster: config.cluster.clone(),
-                shm_threshold: config.group.shm_threshold_bytes,
-                roster: Some(control.roster()),
-            };
-            let (declared_tx, declared) = tokio::sync::watch::channel(cfg.declared_managers.clone());
-            live = Some(Live::Router(declared_tx));
-            Box::pin(async move {
-                Ok(switchyard_router::run_declaring(listener, cfg, ready_tx, stop, declared).await?)
-            })
-        }
-        Role::Manager => {
-            let m = config
-                .managers
-                .iter()
-                .find(|m| m.name == name)
-                .ok_or_else(|| anyhow::anyhow!("no manager `{name}` in the configuration"))?;
-            let args = switchyard_manager_host::abi::messages::CreateArgs {
-                name: name.clone(),
-                instance,
-                // A built-in also gets the data directory.
-                config_json: config.manager_config_json(m)?,
-                expose_errors: config.group.expose_errors,
-                shm_threshold: config.group.shm_threshold_bytes as u64,
-                shm_budget: config.group.shm_budget_bytes,
-                validation: false,
-            };
-            let (plugin, description) = m.library()?.instantiate(m.kind(), &args)?;
-            let w = &m.workers;
-            let cfg = switchyard_manager_host::Config {
-                name: name.clone(),
-                instance,
-                router_socket: paths.router_socket(),
-                max_frame,
-                queue_capacity,
-                shm_threshold: config.group.shm_threshold_bytes,
-                handler_timeout: Duration::from_millis(config.group.handler_timeout_ms),
-                workers: switchyard_manager_host::Workers {
-                    kind: w.kind,
-                    size: w.size(),
-                    queue: w.queue,
-                    job_timeout: Duration::from_millis(w.job_timeout_ms),
-                    socket: m.workers_socket(&spec.runtime_dir, instance, spec.epoch),
-                },
-            };
-            // Told to drain, the instance is being replaced: it finishes
-            // what it holds. Told to stop, the group is stopping.
-            let mut commands = control.commands();
-            let shutdown = async move {
-                match wait_stop(&mut commands).await {
-                    Command::Drain { grace_ms } => {
-                        switchyard_manager_host::Shutdown::Drain(Duration::from_millis(grace_ms))
-                    }
-                    _ => switchyard_manager_host::Shutdown::Now,
-                }
-            };
-            Box::pin(async move {
-                Ok(switchyard_manager_host::run(plugin, description, cfg, ready_tx, shutdown).await?)
-            })
-        }
-        Role::Worker => {
-            let m = config
-                .managers
-                .iter()
-                .find(|m| m.name == name)
-                .ok_or_else(|| anyhow::anyhow!("no manager `{name}` in the configuration"))?;
-            let runner = m.library()?.job_runner(m.kind())?;
-            let socket = m.workers_socket(&spec.runtime_dir, instance, spec.epoch);
-            Box::pin(async move {
-                switchyard_worker::process::serve(&socket, max_frame, runner, ready_tx, stop).await;
-                Ok(())
-            })
-        }
-        Role::Listener => {
-            let tcp = inherit::tcp_listener()?;
-            let grpc_tcp = config
-                .listener
-                .grpc_bind
-                .is_some()
-                .then(inherit::grpc_listener)
-                .transpose()?;
-            // Each listener reads a UDP socket of its own, steered by
-            // connection id (docs/decisions/0076-quic-steered-by-connection-id.md).
-            let quic = config
-                .listener
-                .http3
-                .enabled
-                .then(inherit::quic_socket)
-                .transpose()?;
-            let mut cfg = listener_config(config, &paths);
-            if let Some(http3) = &mut cfg.http3 {
-                http3.steering = Some(switchyard_listener::quic::Steering {
-                    index: instance,
-                    count: config.listener.workers,
-                });
-            }
-            let (updates_tx, updates) = tokio::sync::mpsc::channel(1);
-            live = Some(Live::Listener(updates_tx));
-            let mut commands = control.commands();
-            let drain = async move {
-                match wait_stop(&mut commands).await {
-                    Command::Drain { grace_ms } => Duration::from_millis(grace_ms),
-                    _ => Duration::ZERO,
-                }
-            };
-            Box::pin(async move {
-                Ok(switchyard_listener::run(tcp, grpc_tcp, quic, cfg, ready_tx, drain, updates).await?)
-            })
-        }
-    };
-
-    const MAPPING_IDLE: Duration = Duration::from_secs(10);
-    let report_ready = async {
-        if ready_rx.await.is_ok() {
-            control.report(Phase::Ready).await;
-        }
-        // Then the load, whenever it changed, at most once a second.
-        let mut last = switchyard_proto::supervision::Load::default();
-        let mut last_gauges: Vec<(String, u64)> = Vec::new();
-        let mut tick = tokio::time::interval(Duration::from_secs(1));
-        loop {
-            tick.tick().await;
-            // Housekeeping: shared-memory segments this process mapped and
-            // no longer uses go back to the kernel after a while.
-            switchyard_proto::pool::trim_mappings(MAPPING_IDLE);
-            // A listener's request figures (and its in-flight gauge).
-            let routes = if role == Role::Listener {
-                switchyard_listener::metrics::changed()
-            } else {
-                Vec::new()
-            };
-            let now = switchyard_proto::supervision::GAUGES.read();
-            if now != last {
-                control.report_load(now).await;
-                last = now;
-            }
-            let mut gauges: Vec<(String, u64)> = switchyard_proto::supervision::GAUGES
-                .read_extra()
-                .iter()
-                .map(|(g, v)| (g.name().to_owned(), *v))
-                .collect();
-            gauges.push(("shm_bytes".to_owned(), switchyard_proto::shm::in_use()));
-            gauges.retain(|g| !last_gauges.contains(g));
-            if !gauges.is_empty() || !routes.is_empty() {
-                last_gauges.retain(|(name, _)| !gauges.iter().any(|(n, _)| n == name));
-                last_gauges.extend(gauges.iter().cloned());
-                // Several lines when a listener has many routes: each stays
-                // far below the control channel's line limit.
-                let mut routes = routes.into_iter().peekable();
-                let mut first = true;
-                while first || routes.peek().is_some() {
-                    let figures = switchyard_proto::supervision::Figures {
-                        gauges: if first {
-                            std::mem::take(&mut gauges)
-                        } else {
-                            Vec::new()
-                        },
-                        routes: routes.by_ref().take(8).collect(),
-                    };
-                    control.report_figures(&figures).await;
-                    first = false;
-                }
-            }
-        }
-    };
-    let reconfigure = async {
-        let Some(live) = live else {
-            return std::future::pending().await;
-        };
-        let Some(mut specs) = control.reconfigurations() else {
-            return std::future::pending().await;
-        };
-        while let Some(text) = specs.recv().await {
-            let error = match live.apply(&text, &paths).await {
-                Ok(()) => None,
-                Err(err) => Some(format!("{err:#}")),
-            };
-            control.report_reconfigured(error).await;
-        }
-        std::future::pending().await
-    };
     let result = tokio::select! {
         result = work => result,
-        never = report_ready => match never {},
-        never = reconfigure => match never {},
+        never = report(&control, role, ready_rx) => match never {},
+        never = reconfigure(&control, live, &paths) => match never {},
     };
     control.report(Phase::Stopped).await;
     let cause = control.commands().borrow().cause();
     result.map(|()| cause)
+}
+
+/// Reports readiness once `ready` fires, then the process's load and
+/// figures whenever they change, at most once a second; never returns.
+async fn report(control: &ChildChannel, role: Role, ready_rx: oneshot::Receiver<()>) -> Infallible {
+    const MAPPING_IDLE: Duration = Duration::from_secs(10);
+    if ready_rx.await.is_ok() {
+        control.report(Phase::Ready).await;
+    }
+    // Then the load, whenever it changed, at most once a second.
+    let mut last = switchyard_proto::supervision::Load::default();
+    let mut last_gauges: Vec<(String, u64)> = Vec::new();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        // Housekeeping: shared-memory segments this process mapped and
+        // no longer uses go back to the kernel after a while.
+        switchyard_proto::pool::trim_mappings(MAPPING_IDLE);
+        // A listener's request figures (and its in-flight gauge).
+        let routes = if role == Role::Listener {
+            switchyard_listener::metrics::changed()
+        } else {
+            Vec::new()
+        };
+        let now = switchyard_proto::supervision::GAUGES.read();
+        if now != last {
+            control.report_load(now).await;
+            last = now;
+        }
+        let mut gauges: Vec<(String, u64)> = switchyard_proto::supervision::GAUGES
+            .read_extra()
+            .iter()
+            .map(|(g, v)| (g.name().to_owned(), *v))
+            .collect();
+        gauges.push(("shm_bytes".to_owned(), switchyard_proto::shm::in_use()));
+        gauges.retain(|g| !last_gauges.contains(g));
+        if !gauges.is_empty() || !routes.is_empty() {
+            last_gauges.retain(|(name, _)| !gauges.iter().any(|(n, _)| n == name));
+            last_gauges.extend(gauges.iter().cloned());
+            // Several lines when a listener has many routes: each stays
+            // far below the control channel's line limit.
+            let mut routes = routes.into_iter().peekable();
+            let mut first = true;
+            while first || routes.peek().is_some() {
+                let figures = switchyard_proto::supervision::Figures {
+                    gauges: if first {
+                        std::mem::take(&mut gauges)
+                    } else {
+                        Vec::new()
+                    },
+                    routes: routes.by_ref().take(8).collect(),
+                };
+                control.report_figures(&figures).await;
+                first = false;
+            }
+        }
+    }
+}
+
+/// Applies the specs the supervisor sends (`switchyard reload`) to a role
+/// that can change while it runs; never returns.
+async fn reconfigure(control: &ChildChannel, live: Option<Live>, paths: &RuntimePaths) -> Infallible {
+    let Some(live) = live else {
+        return std::future::pending().await;
+    };
+    let Some(mut specs) = control.reconfigurations() else {
+        return std::future::pending().await;
+    };
+    while let Some(text) = specs.recv().await {
+        let error = match live.apply(&text, paths).await {
+            Ok(()) => None,
+            Err(err) => Some(format!("{err:#}")),
+        };
+        control.report_reconfigured(error).await;
+    }
+    std::future::pending().await
 }
 
 /// The listener's settings from the group's configuration.

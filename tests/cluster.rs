@@ -296,6 +296,10 @@ fn local_traffic_survives_nats_and_the_link_comes_back() {
     let started = Instant::now();
     let r = get(a.addr, "/payload/100").unwrap();
     assert_eq!(r.status, 503, "{}", r.text());
+    // Made by the cluster link, and said so (decision 0116).
+    assert_eq!(r.header("switchyard-error"), Some("cluster"), "{}", r.text());
+    assert_eq!(r.json()["hop"], "cluster", "{}", r.text());
+    assert_eq!(r.header("retry-after"), Some("1"), "{}", r.text());
     // As above: at once (the 1 s), not after the 30 s deadline.
     assert!(
         started.elapsed() < Duration::from_secs(1),

@@ -1,6 +1,8 @@
 //! Failures are answered at once and the rest of the group keeps serving:
 //! panics, killed managers, killed router, broker and listener, and the
-//! restart-intensity limit of the core processes.
+//! restart-intensity limit of the core processes. An answer the group made
+//! itself names the hop that made it (`switchyard-error`, decision 0116); a
+//! handler's own does not.
 //!
 //! The request deadline is set far beyond the test's patience, so a request
 //! that waited for its deadline would fail the test instead of passing as 504.
@@ -8,6 +10,7 @@
 mod common;
 
 use common::*;
+use std::io::Read;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -139,4 +142,147 @@ fn too_many_restarts_of_a_core_process_stop_the_group_with_an_error() {
         Some(1),
         "the supervisor reports the failure in its exit code"
     );
+}
+
+/// The hop `r` says made it, in the header and in the problem member; both
+/// must agree.
+fn hop_of(r: &HttpResponse) -> Option<String> {
+    let header = r.header("switchyard-error").map(str::to_owned);
+    let member = serde_json::from_slice::<serde_json::Value>(&r.body)
+        .ok()
+        .and_then(|v| v["hop"].as_str().map(str::to_owned));
+    assert_eq!(header, member, "header and problem member agree: {}", r.text());
+    header
+}
+
+/// Asserts `r` is the group's `status` answer made by `hop`, with
+/// `Retry-After: 1` when `retry` is set and none otherwise.
+#[track_caller]
+fn assert_refusal(r: &HttpResponse, status: u16, hop: &str, retry: bool) {
+    assert_eq!(r.status, status, "{}", r.text());
+    assert_eq!(hop_of(r).as_deref(), Some(hop), "{}", r.text());
+    assert_eq!(r.header("retry-after"), retry.then_some("1"), "{}", r.text());
+}
+
+#[test]
+fn the_listeners_own_answers_name_the_listener() {
+    let g = Group::builder("hop-listener")
+        .config("[listener]\nmax_connections = 1\nidle_timeout_ms = 600000\n")
+        .start();
+    // No route: the listener's 404, nothing to wait for.
+    let r = get(g.addr, "/no/such/route").unwrap();
+    assert_refusal(&r, 404, "listener", false);
+    // Over the connection limit: its 503, come back in a second.
+    let _held = std::net::TcpStream::connect(g.addr).unwrap();
+    let mut over = std::net::TcpStream::connect(g.addr).unwrap();
+    over.set_read_timeout(Some(PATIENCE)).unwrap();
+    let mut got = Vec::new();
+    over.read_to_end(&mut got)
+        .expect("refused and closed, not left hanging");
+    let r = parse_response(&got).unwrap();
+    assert_refusal(&r, 503, "listener", true);
+}
+
+#[test]
+fn the_brokers_refusal_names_the_broker() {
+    // A long restart delay keeps the router down long enough to look.
+    let config = format!("{LONG_DEADLINE}[restart]\ninitial_backoff_ms = 5000\n");
+    let g = Group::builder("hop-broker").config(&config).start();
+    g.kill9("router");
+    let r = eventually("the broker refuses for the missing router", PATIENCE, || {
+        let r = get(g.addr, "/noop").map_err(|e| e.to_string())?;
+        if r.header("switchyard-error") == Some("broker") {
+            Ok(r)
+        } else {
+            Err(format!("{} {:?}", r.status, r.header("switchyard-error")))
+        }
+    });
+    assert_refusal(&r, 503, "broker", true);
+    assert!(r.text().contains("router is not available"), "{}", r.text());
+}
+
+#[test]
+fn the_routers_refusal_names_the_router() {
+    let config = format!("{LONG_DEADLINE}[restart]\ninitial_backoff_ms = 5000\n");
+    let g = Group::builder("hop-router").config(&config).start();
+    g.kill9("payload");
+    g.eventually_status("/payload/10", 503);
+    let r = get(g.addr, "/payload/10").unwrap();
+    assert_refusal(&r, 503, "router", true);
+    assert!(
+        r.text().contains("manager `payload` is not running"),
+        "{}",
+        r.text()
+    );
+}
+
+#[test]
+fn the_manager_hosts_refusal_names_the_manager_host() {
+    // A response body past the manager's shared-memory budget cannot be
+    // handed over: the manager's process answers 503 itself.
+    let config = format!("{LONG_DEADLINE}max_body_bytes = 65536\n[group]\nshm_budget_bytes = 200000\n");
+    let g = Group::builder("hop-host").config(&config).start();
+    let r = get(g.addr, "/payload/300000").unwrap();
+    assert_refusal(&r, 503, "manager-host", true);
+    assert!(r.text().contains("response body unavailable"), "{}", r.text());
+    // The manager keeps serving what fits.
+    assert_eq!(get(g.addr, "/payload/100").unwrap().status, 200);
+}
+
+fn shop(tag: &'static str, extra: &str) -> Group {
+    let p = plugin("switchyard-example-shop");
+    let config = format!(
+        "{LONG_DEADLINE}{extra}\n[[managers]]\nname = \"orders\"\nplugin = \"{p}\"\n[[managers]]\nname = \"inventory\"\nplugin = \"{p}\"\n[managers.config]\nstock = {{ apple = 10 }}\n",
+        p = p.display()
+    );
+    Group::builder(tag).config(&config).start()
+}
+
+#[test]
+fn a_handlers_own_error_carries_no_hop() {
+    let g = shop("hop-none", "");
+    // The inventory's own 409, forwarded by orders with `?`: as it was said.
+    let r = request(
+        g.addr,
+        "POST",
+        "/orders",
+        br#"{"sku":"apple","qty":50,"customer_id":1}"#,
+    )
+    .unwrap();
+    assert_eq!(r.status, 409, "{}", r.text());
+    assert_eq!(hop_of(&r), None, "{}", r.text());
+    assert!(r.text().contains("left"), "the callee's message: {}", r.text());
+    // A handler's own 404 next to the listener's.
+    let r = get(g.addr, "/orders/999").unwrap();
+    assert_eq!((r.status, hop_of(&r)), (404, None), "{}", r.text());
+    let r = get(g.addr, "/no/such/route").unwrap();
+    assert_eq!(
+        (r.status, hop_of(&r).as_deref()),
+        (404, Some("listener")),
+        "{}",
+        r.text()
+    );
+}
+
+#[test]
+fn a_failed_call_forwarded_with_question_mark_does_not_leak_topology() {
+    let g = shop("hop-forward", "[restart]\ninitial_backoff_ms = 5000\n");
+    g.kill9("inventory");
+    g.eventually_status("/inventory/apple", 503);
+    // Called directly, the router's refusal says what is wrong.
+    let direct = get(g.addr, "/inventory/apple").unwrap();
+    assert_refusal(&direct, 503, "router", true);
+    assert!(direct.text().contains("inventory"), "{}", direct.text());
+    // Through orders' `cx.call(..).await?`: fast, generic, marked, and
+    // without the callee's name.
+    let r = request(
+        g.addr,
+        "POST",
+        "/orders",
+        br#"{"sku":"apple","qty":1,"customer_id":1}"#,
+    )
+    .unwrap();
+    assert_refusal(&r, 503, "router", true);
+    assert!(!r.text().contains("inventory"), "topology leaked: {}", r.text());
+    assert!(!r.text().contains("not running"), "topology leaked: {}", r.text());
 }

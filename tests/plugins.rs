@@ -100,29 +100,6 @@ fn a_plugin_serves_typed_routes_calls_and_notifications_across_processes() {
 }
 
 #[test]
-fn a_call_to_a_manager_that_is_down_fails_fast() {
-    let plugin = plugin("switchyard-example-shop");
-    // Keep inventory down long enough to look.
-    let config = format!("{}\n[restart]\ninitial_backoff_ms = 5000\n", shop_config(&plugin));
-    let g = Group::builder("shop-down").config(&config).start();
-    g.kill9("inventory");
-    g.eventually_status("/inventory/apple", 503);
-    let r = request(
-        g.addr,
-        "POST",
-        "/orders",
-        br#"{"sku":"apple","qty":1,"customer_id":1}"#,
-    )
-    .unwrap();
-    assert_eq!(r.status, 503, "{}", r.text());
-    assert!(
-        r.text().contains("inventory"),
-        "the error names the missing manager: {}",
-        r.text()
-    );
-}
-
-#[test]
 fn the_demo_loads_from_its_cdylib_like_any_plugin() {
     let plugin = plugin("switchyard-demo");
     let config = format!(

@@ -43,9 +43,9 @@ use bytes::Bytes;
 use switchyard_proto::accept::Acceptor;
 use switchyard_proto::control::{Control, GroupRole, META_EVENT, META_JOB, META_TO, RouteTable};
 use switchyard_proto::link;
-use switchyard_proto::supervision::{RosterWatch, member_of};
+use switchyard_proto::supervision::{RosterWatch, Stop, member_of};
 use switchyard_proto::transport::{FrameReader, FrameSink, PeerPolicy, Refused};
-use switchyard_proto::{Envelope, Kind, Meta, Origin, Payload, ShmBody};
+use switchyard_proto::{Envelope, Hop, Kind, Meta, Origin, Payload, Refusal, ShmBody};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::oneshot;
 
@@ -115,7 +115,7 @@ pub async fn run(
     listener: UnixListener,
     config: Config,
     ready: oneshot::Sender<()>,
-    shutdown: impl Future<Output = ()>,
+    shutdown: impl Future<Output = Stop>,
 ) -> Result<(), Error> {
     let shared = Shared {
         state: Arc::default(),
@@ -273,6 +273,8 @@ async fn pipe(
                     if let Some(Refused { envelope, full }) = refused
                         && envelope.kind == Kind::Request
                     {
+                        // Either passes: the queue drains, the router is
+                        // restarted by the supervisor.
                         let detail = if full {
                             "router queue is full"
                         } else {
@@ -284,7 +286,7 @@ async fn pipe(
                             detail,
                             "request refused"
                         );
-                        let _ = sink.send(Envelope::error_to(&envelope, 503, detail));
+                        let _ = sink.send(Refusal::unavailable(Hop::Broker, detail).answer(&envelope));
                     }
                 }
                 // A listener's answer to a client's job (decision 0113):
@@ -441,9 +443,8 @@ fn job_to_listener(st: &mut State, env: Envelope) {
     if env.kind == Kind::Request
         && let Some((_, router)) = &st.router
     {
-        let mut err = Envelope::error_to(&env, 503, "no listener can take the job now");
-        err.meta.push("retry-after", "1");
-        let _ = router.send(err);
+        let _ =
+            router.send(Refusal::unavailable(Hop::Broker, "no listener can take the job now").answer(&env));
     } else {
         tracing::warn!("a client's notification job dropped: no listener can take it");
     }

@@ -20,7 +20,7 @@ use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use switchyard_proto::control::{LinkState, RouteEntry, TypeNeeds};
 use switchyard_proto::event::Payload;
-use switchyard_proto::{Deadline, Envelope, EventType, Kind, Origin};
+use switchyard_proto::{Deadline, Envelope, EventType, Hop, Kind, Origin, Refusal};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
@@ -401,7 +401,7 @@ async fn incoming_call(core: &Arc<Core>, msg: Message) {
             return reply_to(
                 core.clone(),
                 reply,
-                Envelope::error_to(&stub, 503, &err.to_string()),
+                Refusal::new(Hop::Cluster, 503, err.to_string()).answer(&stub),
             )
             .await;
         }
@@ -431,7 +431,7 @@ async fn reply_to(core: Arc<Core>, subject: Subject, env: Envelope) {
     let (status, meta, body) = match body_of(&core, env.payload) {
         Ok(body) => (env.status, env.meta, body),
         Err((status, detail)) => {
-            let (meta, body) = switchyard_proto::problem::problem(status, &format!("the response {detail}"));
+            let (meta, body) = Refusal::new(Hop::Cluster, status, format!("the response {detail}")).parts();
             (status, meta, body)
         }
     };
@@ -480,11 +480,11 @@ const HEADROOM: usize = 4096;
 async fn call(core: Arc<Core>, env: Envelope) {
     let stub = stub(env.event_type, env.origin, env.correlation);
     let answer = |status: u16, detail: &str| {
-        let mut e = Envelope::error_to(&stub, status, detail);
+        let mut refusal = Refusal::new(Hop::Cluster, status, detail.to_owned());
         if status == 503 {
-            e.meta.push("retry-after", "1");
+            refusal = refusal.retry_after(1);
         }
-        e
+        refusal.answer(&stub)
     };
     let request_id = env.meta.request_id().map(str::to_owned);
     if core.client.connection_state() != State::Connected {
@@ -538,13 +538,18 @@ fn response_from(core: &Core, stub: &Envelope, msg: Message) -> Envelope {
     let decoded = match wire::decode(msg.headers.as_ref()) {
         Ok(d) => d,
         Err(why) => {
-            return Envelope::error_to(stub, 502, &format!("malformed response from the cluster: {why}"));
+            return Refusal::new(
+                Hop::Cluster,
+                502,
+                format!("malformed response from the cluster: {why}"),
+            )
+            .answer(stub);
         }
     };
     let mut env = Envelope::response_to(stub, decoded.status.unwrap_or(200), decoded.meta, Bytes::new());
     match core.payload(msg.payload) {
         Ok(payload) => env.payload = payload,
-        Err(err) => return Envelope::error_to(stub, 503, &err.to_string()),
+        Err(err) => return Refusal::new(Hop::Cluster, 503, err.to_string()).answer(stub),
     }
     env
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::StatusCode;
 use switchyard_proto::control::META_EVENT;
-use switchyard_proto::{Deadline, Envelope, EventType, Payload, StreamHandle, problem};
+use switchyard_proto::{Deadline, Envelope, EventType, Hop, Payload, Refusal, StreamHandle, problem};
 
 use switchyard_proto::control::RequestNeeds;
 
@@ -263,8 +263,12 @@ async fn read_whole(handle: StreamHandle, limit: usize, timeout: Duration) -> Re
         .unwrap_or_else(|_| Err("the streamed response did not end in time".to_owned()))
 }
 
+/// The listener's own answer (decision 0116).
 fn problem_bytes(status: u16, detail: &str) -> (u16, Bytes) {
-    (status, problem::problem(status, detail).1)
+    (
+        status,
+        Refusal::new(Hop::Listener, status, detail.to_owned()).parts().1,
+    )
 }
 
 /// Why a client's notification was not emitted: an event status.

@@ -33,6 +33,7 @@ use switchyard_proto::grpc::{
     Ack, CallReply, CallRequest, ClientMessage, NotifyRequest, Push, ServerMessage, SubscribeRequest,
     client_message, code_for_status, server_message,
 };
+use switchyard_proto::{Hop, refusal};
 use tokio::sync::{Semaphore, mpsc, watch};
 use tonic::body::Body;
 use tonic::codegen::Service;
@@ -307,11 +308,28 @@ pub(crate) fn event_status(status: u16, body: &[u8]) -> Status {
     if problem.is_some() {
         metadata.insert("problem".to_owned(), String::from_utf8_lossy(body).into_owned());
     }
+    // An answer the group made itself names its hop, as the HTTP one does
+    // (decision 0116): in the details and as response metadata.
+    let hop = problem
+        .as_ref()
+        .and_then(|p| p.get(refusal::HOP_MEMBER))
+        .and_then(Value::as_str)
+        .and_then(Hop::parse);
+    if let Some(hop) = hop {
+        metadata.insert(refusal::HOP_MEMBER.to_owned(), hop.name().to_owned());
+    }
     let reason = switchyard_proto::problem::reason(status)
         .to_ascii_uppercase()
         .replace(' ', "_");
     details.set_error_info(reason, "switchyard", metadata);
-    Status::with_error_details(code_for_status(status), message, details)
+    let mut grpc = Status::with_error_details(code_for_status(status), message, details);
+    if let Some(hop) = hop {
+        grpc.metadata_mut().insert(
+            refusal::HOP_HEADER,
+            tonic::metadata::MetadataValue::from_static(hop.name()),
+        );
+    }
+    grpc
 }
 
 /// Checks a subscribe request; the filter as JSON text.
@@ -679,4 +697,37 @@ async fn read_session(
         }
     }
     drop(guard);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_groups_answer_names_its_hop_in_the_status_and_a_handlers_does_not() {
+        let (_, body) =
+            switchyard_proto::Refusal::unavailable(Hop::Router, "manager `x` is not running").parts();
+        let status = event_status(503, &body);
+        assert_eq!(status.code(), tonic::Code::Unavailable);
+        let header = status
+            .metadata()
+            .get(refusal::HOP_HEADER)
+            .and_then(|v| v.to_str().ok());
+        assert_eq!(header, Some("router"));
+        let info = status
+            .get_error_details()
+            .error_info()
+            .cloned()
+            .expect("an ErrorInfo");
+        assert_eq!(info.metadata.get("hop").map(String::as_str), Some("router"));
+
+        let own = event_status(503, br#"{"status":503,"detail":"busy"}"#);
+        assert!(own.metadata().get(refusal::HOP_HEADER).is_none());
+        let info = own
+            .get_error_details()
+            .error_info()
+            .cloned()
+            .expect("an ErrorInfo");
+        assert!(!info.metadata.contains_key("hop"));
+    }
 }

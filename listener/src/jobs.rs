@@ -18,7 +18,7 @@ use bytes::Bytes;
 use http::HeaderMap;
 use serde_json::Value;
 use switchyard_proto::control::{META_EVENT, META_JOB};
-use switchyard_proto::{Envelope, Kind, Meta, Payload, problem};
+use switchyard_proto::{Envelope, Hop, Kind, Meta, Payload, Refusal, problem};
 use tokio::sync::{Semaphore, mpsc, watch};
 
 use crate::context::{Client, Front};
@@ -140,13 +140,15 @@ async fn fire(state: &State, env: Envelope) {
         Err(r) => (
             r.status,
             Some(problem::PROBLEM_JSON.to_owned()),
-            problem::problem(r.status, &r.detail).1,
+            Refusal::new(Hop::Listener, r.status, r.detail).parts().1,
         ),
         Ok(identity) => {
             let body = match env.payload.clone().into_bytes() {
                 Ok(body) => body,
                 Err(_) => {
-                    let body = problem::problem(503, "the job's body is unavailable").1;
+                    let body = Refusal::new(Hop::Listener, 503, "the job's body is unavailable")
+                        .parts()
+                        .1;
                     return answer(state, &env, 503, Some(problem::PROBLEM_JSON), body);
                 }
             };
@@ -185,7 +187,11 @@ fn answer(state: &State, job: &Envelope, status: u16, content_type: Option<&str>
     let mut response = Envelope::response_to(job, status, meta, Bytes::new());
     response.payload = match Payload::for_body(body, state.config.shm_threshold) {
         Ok(payload) => payload,
-        Err(_) => Payload::Inline(problem::problem(503, "shared-memory budget exhausted").1),
+        Err(_) => Payload::Inline(
+            Refusal::new(Hop::Listener, 503, "shared-memory budget exhausted")
+                .parts()
+                .1,
+        ),
     };
     state.pool.answer(response);
 }

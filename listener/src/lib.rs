@@ -135,6 +135,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use std::task::Poll;
 use switchyard_proto::accept::Acceptor;
+use switchyard_proto::supervision::Stop;
 use tokio::net::{TcpListener, TcpStream};
 
 use tokio::sync::{mpsc, oneshot};
@@ -423,8 +424,8 @@ fn limits(config: &Config) -> conn::Limits {
 
 /// Serves HTTP on `tcp` (and gRPC alone on `grpc_tcp`, when given, and
 /// HTTP/3 on `quic`, when given and `config.http3` is set) until
-/// `drain` resolves with a grace period; then stops accepting and gives
-/// in-flight requests that long to finish. `ready` fires
+/// `stop` resolves; then stops accepting and gives in-flight requests the
+/// stop's grace to finish ([`Stop::Now`]: none). `ready` fires
 /// once every return pipe is registered and the route table is known.
 /// Each [`Update`] received on `updates` reconfigures the listener live.
 pub async fn run(
@@ -433,7 +434,7 @@ pub async fn run(
     quic: Option<std::net::UdpSocket>,
     config: Config,
     ready: oneshot::Sender<()>,
-    drain: impl Future<Output = Duration>,
+    stop: impl Future<Output = Stop>,
     mut updates: mpsc::Receiver<Update>,
 ) -> Result<(), Error> {
     config.validate()?;
@@ -485,12 +486,12 @@ pub async fn run(
 
     let mut main_port = Acceptor::new(tcp);
     let mut grpc_port = grpc_tcp.map(Acceptor::new);
-    tokio::pin!(drain);
+    tokio::pin!(stop);
     let grace = loop {
         // A connection on the main port (HTTP, WebSocket and gRPC by content
         // type), or on the gRPC-only port when there is one.
         let (stream, grpc_only) = tokio::select! {
-            grace = &mut drain => break grace,
+            stop = &mut stop => break stop.grace(),
             Some(update) = updates.recv() => {
                 let applied = reconfigure(&current, update.config).map(|next| {
                     connections.set_limits(limits(&next.state.config));
@@ -685,14 +686,20 @@ fn connection_limit(configured: usize) -> usize {
 fn refuse(stream: TcpStream) {
     static REFUSED: OnceLock<Vec<u8>> = OnceLock::new();
     let answer = REFUSED.get_or_init(|| {
-        let (_, body) = switchyard_proto::problem::problem(503, "too many connections; retry later");
+        let refusal = switchyard_proto::Refusal::unavailable(
+            switchyard_proto::Hop::Listener,
+            "too many connections; retry later",
+        );
+        let (meta, body) = refusal.parts();
         let mut answer = format!(
-            "HTTP/1.1 503 Service Unavailable\r\ncontent-type: {}\r\ncontent-length: {}\r\n\
-             retry-after: 1\r\nconnection: close\r\n\r\n",
-            switchyard_proto::problem::PROBLEM_JSON,
+            "HTTP/1.1 503 Service Unavailable\r\ncontent-length: {}\r\n",
             body.len()
-        )
-        .into_bytes();
+        );
+        for (name, value) in meta.iter() {
+            answer.push_str(&format!("{name}: {value}\r\n"));
+        }
+        answer.push_str("connection: close\r\n\r\n");
+        let mut answer = answer.into_bytes();
         answer.extend_from_slice(&body);
         answer
     });

@@ -23,7 +23,7 @@ use switchyard_proto::control::{Control, Filter, META_EVENT, META_JOB, META_TO, 
 use switchyard_proto::grpc::{Push, ServerMessage, server_message};
 use switchyard_proto::link;
 use switchyard_proto::transport::{FrameReader, FrameSink};
-use switchyard_proto::{Envelope, Kind, Origin};
+use switchyard_proto::{Envelope, Hop, Kind, Origin, Refusal};
 use tokio::net::UnixStream;
 use tokio::net::unix::OwnedReadHalf;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -138,11 +138,12 @@ impl Slot {
     }
 
     /// Answers every waiting request with 503.
-    fn fail_all(&self, detail: &str) {
+    fn fail_all(&self, detail: &'static str) {
         let pending = std::mem::take(&mut *lock(&self.pending));
+        let refusal = Refusal::new(Hop::Listener, 503, detail);
         for (correlation, tx) in pending {
             let stub = Envelope::request(Default::default(), correlation, Default::default());
-            let _ = tx.send(Envelope::error_to(&stub, 503, detail));
+            let _ = tx.send(refusal.answer(&stub));
         }
     }
 }
@@ -303,9 +304,10 @@ impl Pool {
             self.jobs.try_send(env)
         {
             if env.kind == Kind::Request {
-                let mut err = Envelope::error_to(&env, 503, "the listener is admitting too many jobs");
-                err.meta.push("retry-after", "1");
-                self.answer(err);
+                self.answer(
+                    Refusal::unavailable(Hop::Listener, "the listener is admitting too many jobs")
+                        .answer(&env),
+                );
             } else {
                 tracing::warn!("a client's notification job dropped: too many jobs to admit");
             }

@@ -5,7 +5,7 @@
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Response, StatusCode, header};
 use http_body_util::{Either, Full};
-use switchyard_proto::{Envelope, Meta, Payload, StreamHandle, problem};
+use switchyard_proto::{Envelope, Hop, Meta, Payload, Refusal, StreamHandle, problem, refusal};
 
 use crate::body::{Body, PipeBody, RangeAsk, parse_range};
 
@@ -179,14 +179,22 @@ pub(crate) fn retry_later(mut reply: Reply) -> Reply {
     reply
 }
 
-/// A problem+json error produced by the listener itself.
+/// A problem+json error produced by the listener itself: marked as the
+/// listener's (`switchyard-error: listener`, decision 0116), so a client
+/// tells it from a handler's own.
 pub(crate) fn error(status: StatusCode, detail: &str) -> Reply {
-    let (_, body) = problem::problem(status.as_u16(), detail);
+    let refusal = Refusal::new(Hop::Listener, status.as_u16(), detail.to_owned());
+    let (_, body) = refusal.parts();
     let mut reply = Response::new(Either::Left(Full::new(body)));
     *reply.status_mut() = status;
-    reply.headers_mut().insert(
+    let headers = reply.headers_mut();
+    headers.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static(problem::PROBLEM_JSON),
+    );
+    headers.insert(
+        HeaderName::from_static(refusal::HOP_HEADER),
+        HeaderValue::from_static(Hop::Listener.name()),
     );
     reply
 }

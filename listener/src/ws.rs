@@ -34,7 +34,7 @@ use http_body_util::Full;
 use hyper_util::rt::TokioIo;
 use serde_json::Value;
 use switchyard_proto::control::{WsBinaryReply, WsBinaryRequest};
-use switchyard_proto::problem;
+use switchyard_proto::{Hop, Refusal};
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::error::CapacityError;
@@ -344,7 +344,7 @@ where
 }
 
 fn problem_json(status: u16, detail: &str) -> Value {
-    let (_, body) = problem::problem(status, detail);
+    let (_, body) = Refusal::new(Hop::Listener, status, detail.to_owned()).parts();
     serde_json::from_slice(&body).unwrap_or(Value::Null)
 }
 

@@ -311,14 +311,6 @@ impl Envelope {
         }
     }
 
-    /// A synthesized error response (`application/problem+json`) to `request`:
-    /// what a hop answers when it cannot deliver, so no client ever waits for
-    /// a timeout.
-    pub fn error_to(request: &Envelope, status: u16, detail: &str) -> Envelope {
-        let (meta, body) = crate::problem::problem(status, detail);
-        Envelope::response_to(request, status, meta, body)
-    }
-
     /// A control frame carrying `message`.
     pub fn control(message: &crate::control::Control) -> crate::Result<Envelope> {
         Ok(Envelope {

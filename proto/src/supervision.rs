@@ -399,6 +399,45 @@ async fn read_commands(
     });
 }
 
+/// How a role is told to stop: what every role's `run` awaits (the
+/// listener, broker, router, manager host and worker alike).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// Take nothing new; finish what is in flight within the grace, then
+    /// stop (SIGTERM, a manager replaced by a reload, an upgrade).
+    Drain(std::time::Duration),
+    /// Stop at once (SIGQUIT, the group stopping after the listeners
+    /// drained, the supervisor gone).
+    Now,
+}
+
+impl Stop {
+    /// How long what is in flight may take: zero for [`Stop::Now`].
+    pub fn grace(self) -> std::time::Duration {
+        match self {
+            Stop::Drain(grace) => grace,
+            Stop::Now => std::time::Duration::ZERO,
+        }
+    }
+}
+
+impl Command {
+    /// The stop this command asks for; `None` while the child runs on.
+    pub fn stop(self) -> Option<Stop> {
+        match self {
+            Command::Run => None,
+            Command::Drain { grace_ms } => Some(Stop::Drain(std::time::Duration::from_millis(grace_ms))),
+            Command::Stop | Command::SupervisorGone => Some(Stop::Now),
+        }
+    }
+}
+
+/// Resolves with the [`Stop`] once the supervisor says to stop (or is
+/// gone): the future every role's `run` is given.
+pub async fn stop_requested(mut commands: watch::Receiver<Command>) -> Stop {
+    wait_stop(&mut commands).await.stop().unwrap_or(Stop::Now)
+}
+
 /// Waits until the command is no longer [`Command::Run`] and returns it.
 pub async fn wait_stop(commands: &mut watch::Receiver<Command>) -> Command {
     match commands.wait_for(|c| *c != Command::Run).await {

@@ -44,7 +44,7 @@ use switchyard_proto::accept::Acceptor;
 use switchyard_proto::backoff::Backoff;
 use switchyard_proto::control::{Control, GroupRole, META_JOB, META_MANAGER, strip_listener_context};
 use switchyard_proto::link;
-use switchyard_proto::supervision::{RosterWatch, member_of};
+use switchyard_proto::supervision::{RosterWatch, Stop, member_of};
 use switchyard_proto::transport::{FrameReader, FrameSink, PeerPolicy};
 use switchyard_proto::{Envelope, Kind, Origin};
 use tokio::net::unix::OwnedReadHalf;
@@ -105,7 +105,7 @@ pub async fn run(
     listener: UnixListener,
     config: Config,
     ready: oneshot::Sender<()>,
-    shutdown: impl Future<Output = ()>,
+    shutdown: impl Future<Output = Stop>,
 ) -> Result<(), Error> {
     let (_keep, declared) = watch::channel(config.declared_managers.clone());
     run_declaring(listener, config, ready, shutdown, declared).await
@@ -119,7 +119,7 @@ pub async fn run_declaring(
     listener: UnixListener,
     config: Config,
     ready: oneshot::Sender<()>,
-    shutdown: impl Future<Output = ()>,
+    shutdown: impl Future<Output = Stop>,
     mut declared: watch::Receiver<Vec<String>>,
 ) -> Result<(), Error> {
     let shared = Shared {

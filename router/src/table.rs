@@ -8,7 +8,7 @@ use switchyard_proto::control::{
     ManagerHealth, RequestNeeds, RouteEntry, RouteTable, TypeNeeds,
 };
 use switchyard_proto::transport::FrameSink;
-use switchyard_proto::{Deadline, Envelope, EventType, Origin};
+use switchyard_proto::{Deadline, Envelope, EventType, Hop, Origin, Refusal};
 
 /// The responder of a client's job sent to the listeners (decision
 /// 0113): their answers come from the broker, never from a manager
@@ -224,11 +224,14 @@ impl Table {
                 .collect();
             for key in jobs {
                 self.in_flight.remove(&key);
-                self.deliver(Envelope::error_to(
-                    &stub_request(key.0, key.1),
-                    503,
-                    "the broker went away while a listener admitted the job",
-                ));
+                self.deliver(
+                    Refusal::new(
+                        Hop::Router,
+                        503,
+                        "the broker went away while a listener admitted the job",
+                    )
+                    .answer(&stub_request(key.0, key.1)),
+                );
             }
         }
         self.broker = broker;
@@ -411,11 +414,15 @@ impl Table {
         if !self.declared.contains(&inst.name) && !self.instances.values().any(|i| i.name == inst.name) {
             self.forget(&inst.name);
         }
-        let detail = format!("manager `{}` went down while handling the request", inst.name);
+        let refusal = Refusal::new(
+            Hop::Router,
+            503,
+            format!("manager `{}` went down while handling the request", inst.name),
+        );
         for key in &lost {
             if self.in_flight.remove(key).is_some() {
                 let stub = stub_request(key.0, key.1);
-                self.deliver(Envelope::error_to(&stub, 503, &detail));
+                self.deliver(refusal.answer(&stub));
             }
         }
         self.publish();
@@ -472,7 +479,7 @@ impl Table {
                 %detail,
                 "request refused: its name is not its type's"
             );
-            return self.deliver(Envelope::error_to(&env, status, &detail));
+            return self.deliver(Refusal::new(Hop::Router, status, detail).answer(&env));
         }
         if self.goes_remote(&env) {
             return self.route_remote(env);
@@ -481,12 +488,12 @@ impl Table {
         let Some(id) = self.pick(env.event_type) else {
             let (status, detail) = self.unroutable(&env);
             tracing::debug!(request_id = env.meta.request_id(), trace_id = env.meta.trace_id(), status, %detail, "request not routed");
-            let mut err = Envelope::error_to(&env, status, &detail);
+            let mut refusal = Refusal::new(Hop::Router, status, detail);
             if status == 503 {
                 // Its manager is restarting (or crash-looping): come back.
-                err.meta.push("retry-after", "1");
+                refusal = refusal.retry_after(1);
             }
-            return self.deliver(err);
+            return self.deliver(refusal.answer(&env));
         };
         let inst = self.instances.get_mut(&id).expect("picked instances exist");
         tracing::debug!(
@@ -497,9 +504,9 @@ impl Table {
         );
         if inst.outstanding >= self.max_outstanding {
             tracing::debug!(request_id = env.meta.request_id(), trace_id = env.meta.trace_id(), manager = %inst.name, "manager at capacity");
-            let mut err = Envelope::error_to(&env, 503, &format!("manager `{}` is at capacity", inst.name));
-            err.meta.push("retry-after", "1");
-            return self.deliver(err);
+            let refusal =
+                Refusal::unavailable(Hop::Router, format!("manager `{}` is at capacity", inst.name));
+            return self.deliver(refusal.answer(&env));
         }
         let deadline = env.deadline;
         match inst.sink.send(env) {
@@ -519,15 +526,15 @@ impl Table {
                     manager = %inst.name,
                     "manager not keeping up; request refused"
                 );
-                let mut err = Envelope::error_to(
-                    &refused.envelope,
+                let mut refusal = Refusal::new(
+                    Hop::Router,
                     503,
-                    &format!("manager `{}` is not keeping up", inst.name),
+                    format!("manager `{}` is not keeping up", inst.name),
                 );
                 if refused.full {
-                    err.meta.push("retry-after", "1");
+                    refusal = refusal.retry_after(1);
                 }
-                self.deliver(err);
+                self.deliver(refusal.answer(&refused.envelope));
             }
         }
     }
@@ -542,9 +549,10 @@ impl Table {
     pub(crate) fn route_job(&mut self, env: Envelope) {
         let Some(broker) = &self.broker else {
             if env.kind == switchyard_proto::Kind::Request {
-                let mut err = Envelope::error_to(&env, 503, "no listener is connected to admit the job");
-                err.meta.push("retry-after", "1");
-                self.deliver(err);
+                self.deliver(
+                    Refusal::unavailable(Hop::Router, "no listener is connected to admit the job")
+                        .answer(&env),
+                );
             } else {
                 tracing::warn!("a client's notification job dropped: no listener is connected");
             }
@@ -564,9 +572,10 @@ impl Table {
             }
             Ok(()) => {}
             Err(refused) if request => {
-                let mut err = Envelope::error_to(&refused.envelope, 503, "the broker is not keeping up");
-                err.meta.push("retry-after", "1");
-                self.deliver(err);
+                self.deliver(
+                    Refusal::unavailable(Hop::Router, "the broker is not keeping up")
+                        .answer(&refused.envelope),
+                );
             }
             Err(refused) => tracing::warn!(%refused, "a client's notification job dropped"),
         }
@@ -617,13 +626,11 @@ impl Table {
         let key = (env.origin, env.correlation);
         let deadline = env.deadline;
         if !cluster.bridge.connected() {
-            let mut err = Envelope::error_to(
-                &env,
-                503,
+            let refusal = Refusal::unavailable(
+                Hop::Cluster,
                 "the cluster link is down; no other group can be reached",
             );
-            err.meta.push("retry-after", "1");
-            return self.deliver(err);
+            return self.deliver(refusal.answer(&env));
         }
         tracing::debug!(
             request_id = env.meta.request_id(),
@@ -641,9 +648,10 @@ impl Table {
             }
             Err(frame) => {
                 if let ToCluster::Request(env) = frame {
-                    let mut err = Envelope::error_to(&env, 503, "the cluster bridge is not keeping up");
-                    err.meta.push("retry-after", "1");
-                    self.deliver(err);
+                    self.deliver(
+                        Refusal::unavailable(Hop::Cluster, "the cluster bridge is not keeping up")
+                            .answer(&env),
+                    );
                 }
             }
         }
@@ -980,11 +988,9 @@ impl Table {
         for key in expired {
             if let Some(flight) = self.in_flight.remove(&key) {
                 self.cancel_at(flight.instance, key.0, key.1);
-                self.deliver(Envelope::error_to(
-                    &stub_request(key.0, key.1),
-                    504,
-                    "deadline exceeded",
-                ));
+                self.deliver(
+                    Refusal::timed_out(Hop::Router, "deadline exceeded").answer(&stub_request(key.0, key.1)),
+                );
             }
         }
     }

@@ -47,7 +47,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use switchyard_proto::supervision::{Figures, Load, MAX_LINE, Phase, RouteFigures, ToChild};
+use switchyard_proto::supervision::{Figures, Load, MAX_LINE, Phase, RouteFigures, Stop, ToChild};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::config::{Config, ManagerConfig, RestartConfig, WorkerKind};
@@ -214,14 +214,32 @@ pub(crate) struct PoolInfo {
     pub(crate) queue: usize,
 }
 
+/// A child as the supervisor sees it: the [`Phase`] it last reported
+/// (starting, ready, stopped), plus what only the supervisor knows (a
+/// restart delay, a stop it asked for).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
     Starting,
-    Running,
+    Ready,
     /// Waiting out its restart delay.
     Backoff,
+    /// Told to drain or stop, not gone yet.
     Stopping,
     Stopped,
+}
+
+impl State {
+    /// The word `switchyard status` and `/metrics` show (a ready child is
+    /// "running" there, as scripts expect).
+    fn name(self) -> &'static str {
+        match self {
+            State::Starting => "starting",
+            State::Ready => "running",
+            State::Backoff => "backoff",
+            State::Stopping => "stopping",
+            State::Stopped => "stopped",
+        }
+    }
 }
 
 struct Child {
@@ -436,6 +454,48 @@ async fn check_cluster(config: &Config) -> anyhow::Result<()> {
     }
 }
 
+/// The group's ports and directory, made before any child starts
+/// (the first phase of `up`).
+struct Bound {
+    /// Removed when dropped: on every way out of `up` (decision 0117).
+    dir: RuntimeDir,
+    tcp: std::net::TcpListener,
+    grpc_tcp: Option<std::net::TcpListener>,
+    quic: Vec<std::net::UdpSocket>,
+    admin: Option<std::net::TcpListener>,
+    broker: std::os::unix::net::UnixListener,
+    router: std::os::unix::net::UnixListener,
+    control: std::os::unix::net::UnixListener,
+}
+
+/// The addresses the group announces once it is ready.
+struct Addresses {
+    http: std::net::SocketAddr,
+    grpc: Option<std::net::SocketAddr>,
+    quic: Option<std::net::SocketAddr>,
+}
+
+/// How the serving phase ended.
+struct Ending {
+    code: ExitCode,
+    cause: String,
+    /// Drain (SIGTERM, a failure, an upgrade) or stop at once (SIGQUIT).
+    stop: Stop,
+    /// The sockets and directory went to a new supervisor.
+    upgraded: bool,
+}
+
+impl Ending {
+    fn stop((code, cause, stop): (ExitCode, String, Stop)) -> Ending {
+        Ending {
+            code,
+            cause,
+            stop,
+            upgraded: false,
+        }
+    }
+}
+
 async fn up(
     config: Config,
     source: Source,
@@ -446,141 +506,29 @@ async fn up(
     let mut signals = Signals::install()?;
     check_cluster(&config).await?;
     let mut handover = handover.map(upgrade::Receiving::start).transpose()?;
-    let mut dir = RuntimeDir::prepare(runtime_dir)?;
-    if let Some(handover) = &handover
-        && handover.runtime_dir_created()
-    {
-        // The old group made it; this one removes it when it stops.
-        dir.adopt();
-    }
-    let paths = dir.paths();
-    // The managers bind their worker sockets; the group removes them.
-    for m in config
-        .managers
-        .iter()
-        .filter(|m| m.workers.kind == WorkerKind::Process)
-    {
-        for instance in 0..m.instances {
-            dir.own(m.workers_socket(dir.path(), instance, 0));
-        }
-    }
-    let (tcp, grpc_tcp) = match tcp_sockets(&config, handover.as_mut()) {
-        Ok(sockets) => sockets,
-        Err(err) => {
-            dir.remove();
-            return Err(err);
-        }
-    };
-    let addr = tcp.local_addr()?;
-    let grpc_addr = grpc_tcp.as_ref().map(|t| t.local_addr()).transpose()?;
-    let quic = match quic_sockets(&config, addr, handover.as_mut()) {
-        Ok(sockets) => sockets,
-        Err(err) => {
-            dir.remove();
-            return Err(err);
-        }
-    };
-    let quic_addr = quic.first().map(|q| q.local_addr()).transpose()?;
-    let admin = match sup_admin_bind(&config) {
-        Ok(admin) => admin,
-        Err(err) => {
-            dir.remove();
-            return Err(err);
-        }
-    };
-    let broker_sock = runtime_dir::bind_unix(&paths.broker_socket())?;
-    let router_sock = runtime_dir::bind_unix(&paths.router_socket())?;
-    let control_sock = runtime_dir::bind_unix(&paths.control_socket())?;
-
-    let (events, mut rx) = mpsc::unbounded_channel();
-    let mut children = vec![
-        Child::new(Role::Broker, "broker", Some(OwnedFd::from(broker_sock))),
-        Child::new(Role::Router, "router", Some(OwnedFd::from(router_sock))),
-    ];
-    for m in &config.managers {
-        children.extend(Child::manager(m, 0));
-    }
-    // Worker processes start once their manager listens for them.
-    for m in &config.managers {
-        children.extend(Child::workers(m, 0));
-    }
-    // Every listener process accepts on the same supervisor-owned socket:
-    // the kernel hands each connection to one of them.
-    let sockets = upgrade::Sockets {
-        tcp: OwnedFd::from(tcp),
-        grpc: grpc_tcp.map(OwnedFd::from),
-        quic: quic.into_iter().map(OwnedFd::from).collect(),
-    };
-    for instance in 0..config.listener.workers {
-        let mut child = Child::new(Role::Listener, "listener", Some(sockets.tcp.try_clone()?));
-        child.instance = instance;
-        child.grpc_socket = sockets.grpc.as_ref().map(|s| s.try_clone()).transpose()?;
-        // QUIC has no shared accept queue: each listener reads a socket
-        // of its own, and the kernel steers every packet to the socket of
-        // the process that issued its connection id (`quic_port`).
-        child.quic_socket = sockets
-            .quic
-            .get(instance as usize)
-            .map(|s| s.try_clone())
-            .transpose()?;
-        children.push(child);
-    }
-    let mut sup = Supervisor {
-        fingerprints: reload::fingerprints(&config),
-        config,
-        source,
-        epochs: 0,
-        dir,
-        children,
-        events,
-        started: Instant::now(),
-        systemd: Systemd::from_env(),
-        sockets: Some(sockets),
-        gone_routes: HashMap::new(),
-        roster_version: 0,
-    };
-
+    let bound = bind(&config, runtime_dir, handover.as_mut())?;
+    let (mut sup, addresses, admin, control_sock, mut rx) = Supervisor::new(config, source, bound)?;
     let control = tokio::spawn(crate::status::serve(control_sock, sup.events.clone()));
 
-    // Start in dependency order, each only once the previous is ready. An
-    // upgrade's new group leaves the managers that hold the data
-    // directory's lock until the old group has let go of them.
+    // Starting: in dependency order. An upgrade's new group leaves the
+    // managers that hold the data directory's lock until the old group
+    // has let go of them.
     let deferred: Vec<usize> = match &handover {
         Some(_) => (0..sup.children.len())
             .filter(|&i| sup.holds_data_lock(i))
             .collect(),
         None => Vec::new(),
     };
-    for idx in (0..sup.children.len()).filter(|i| !deferred.contains(i)) {
-        let started = {
-            let start = sup.start_one(idx, &mut rx);
-            tokio::pin!(start);
-            loop {
-                tokio::select! {
-                    r = &mut start => break r,
-                    caught = signals.recv() => match caught.meaning() {
-                        Meaning::Drain | Meaning::Quit => {
-                            break Err(anyhow::anyhow!("{} during start-up", caught.name()));
-                        }
-                        Meaning::Reload => tracing::warn!(signal = caught.name(), "the group is starting; reload ignored"),
-                        Meaning::Ignore(why) => tracing::warn!(signal = caught.name(), "{why}; ignored"),
-                    },
-                }
-            }
-        };
-        if let Err(err) = started {
-            tracing::error!("start-up failed: {err:#}");
-            if let Some(handover) = &mut handover {
-                handover.failed(&format!("{err:#}"));
-            }
-            sup.shutdown(&mut rx, &mut signals, false).await;
-            control.abort();
-            if handover.is_none() {
-                sup.dir.remove();
-            }
-            tracing::info!(cause = "start-up failed", "stopped");
-            return Ok(ExitCode::FAILURE);
+    let first: Vec<usize> = (0..sup.children.len())
+        .filter(|i| !deferred.contains(i))
+        .collect();
+    if let Err(err) = sup.start_in_order(&first, &mut rx, &mut signals).await {
+        if let Some(handover) = &mut handover {
+            handover.failed(&format!("{err:#}"));
+            // The old group serves on from it.
+            sup.dir.keep();
         }
+        return Ok(sup.abandon_start(&err, &mut rx, &mut signals, control).await);
     }
     if let Some(mut receiving) = handover.take() {
         // The old group drains now; the deferred managers start once it is
@@ -596,135 +544,331 @@ async fn up(
             }
             for idx in deferred {
                 if let Err(err) = sup.start_one(idx, &mut rx).await {
-                    tracing::error!("start-up failed: {err:#}");
-                    sup.shutdown(&mut rx, &mut signals, false).await;
-                    control.abort();
-                    sup.dir.remove();
-                    tracing::info!(cause = "start-up failed", "stopped");
-                    return Ok(ExitCode::FAILURE);
+                    return Ok(sup.abandon_start(&err, &mut rx, &mut signals, control).await);
                 }
             }
         }
     }
-    tracing::info!(
-        processes = sup.children.len(),
-        ms = sup.started.elapsed().as_millis() as u64,
-        "group ready"
-    );
-    let scheme = if sup.config.listener.tls.is_some() {
-        "https"
-    } else {
-        "http"
-    };
-    println!(
-        "switchyard listening on {scheme}://{addr} (runtime dir {})",
-        sup.dir.path().display()
-    );
-    // After the main line, which scripts wait for.
-    if let Some(grpc_addr) = grpc_addr {
-        println!("switchyard gRPC (only) listening on {scheme}://{grpc_addr}");
-    }
-    if let Some(quic) = quic_addr {
-        println!("switchyard HTTP/3 listening on udp {quic}");
-    }
-    let admin = admin.map(|listener| {
-        if let Ok(at) = listener.local_addr() {
-            println!("admin on http://{at}");
-            sup.source.admin_bound = Some(at);
-        }
-        tokio::spawn(crate::admin::serve(
-            listener,
-            sup.config.admin.hosts.clone(),
-            sup.events.clone(),
-        ))
-    });
-    sup.systemd.ready(&format!("serving on {addr}"));
-    // `switchyard dev`: rebuilds and reloads from now on.
-    crate::dev::start(sup.dir.path());
 
-    let mut watchdog = sup.systemd.watchdog_period().map(tokio::time::interval);
-    let mut upgraded = false;
-    let (code, cause, hurry) = loop {
-        tokio::select! {
-            caught = signals.recv() => match caught.meaning() {
-                Meaning::Drain => {
-                    tracing::info!(signal = caught.name(), "draining");
-                    break (ExitCode::SUCCESS, caught.name().to_owned(), false);
-                }
-                Meaning::Quit => {
-                    tracing::warn!(signal = caught.name(), "stopping at once, without draining");
-                    break (ExitCode::SUCCESS, caught.name().to_owned(), true);
-                }
-                Meaning::Reload => {
-                    tracing::info!(signal = caught.name(), "reloading the configuration");
-                    match sup.reload(&mut rx, &mut signals).await {
-                        Ok(Ok(report)) => tracing::info!("{}", report.describe()),
-                        Ok(Err(err)) => tracing::error!("reload refused; the group runs on unchanged: {err}"),
-                        Err(stop) => break sup.interrupted(stop),
-                    }
-                }
-                Meaning::Ignore(why) => tracing::warn!(signal = caught.name(), "{why}; ignored"),
-            },
-            _ = tick(watchdog.as_mut()) => sup.systemd.watchdog(),
-            Some(ev) = rx.recv() => match ev {
-                Event::Control(Request::Reload(reply)) => {
-                    tracing::info!("reloading the configuration (switchyard reload)");
-                    match sup.reload(&mut rx, &mut signals).await {
-                        Ok(result) => {
-                            match &result {
-                                Ok(report) => tracing::info!("{}", report.describe()),
-                                Err(err) => tracing::error!("reload refused; the group runs on unchanged: {err}"),
-                            }
-                            let _ = reply.send(result);
-                        }
-                        Err(stop) => {
-                            let _ = reply.send(Err(ReloadError::Failed("interrupted: the group stops".to_owned())));
-                            break sup.interrupted(stop);
-                        }
-                    }
-                }
-                Event::Control(Request::Upgrade(reply)) => {
-                    match sup.upgrade(&mut rx, &mut signals).await {
-                        Ok(Ok(pid)) => {
-                            let _ = reply.send(Ok(pid));
-                            upgraded = true;
-                            break (ExitCode::SUCCESS, format!("upgraded (the new supervisor is pid {pid})"), false);
-                        }
-                        Ok(Err(err)) => {
-                            tracing::error!("upgrade failed; this group serves on: {err}");
-                            let _ = reply.send(Err(err));
-                        }
-                        Err(stop) => {
-                            let _ = reply.send(Err("interrupted: the group stops".to_owned()));
-                            break sup.interrupted(stop);
-                        }
-                    }
-                }
-                ev => {
-                    if let Err(err) = sup.handle(ev) {
-                        tracing::error!("{err:#}; stopping the group");
-                        break (ExitCode::FAILURE, format!("{err:#}"), false);
-                    }
-                }
-            }
-        }
-    };
-    if !upgraded {
+    // Ready: say where, then serve until told to stop.
+    let admin = sup.announce(&addresses, admin);
+    let ending = sup.serve(&mut rx, &mut signals).await;
+
+    // Draining, then stopped.
+    if !ending.upgraded {
         // After an upgrade systemd follows the new supervisor: this one
         // leaves without a word to it.
-        sup.systemd.stopping(&cause);
+        sup.systemd.stopping(&ending.cause);
     }
     if let Some(admin) = admin {
         admin.abort();
     }
-    sup.shutdown(&mut rx, &mut signals, hurry).await;
+    sup.shutdown(&mut rx, &mut signals, ending.stop).await;
     control.abort();
-    if !upgraded {
+    if ending.upgraded {
         // Its sockets now belong to the new group.
-        sup.dir.remove();
+        sup.dir.keep();
     }
-    tracing::info!(%cause, "stopped");
-    Ok(code)
+    // The runtime directory goes with it, before the last line.
+    drop(sup);
+    tracing::info!(cause = %ending.cause, "stopped");
+    Ok(ending.code)
+}
+
+/// The runtime directory and every socket the group serves on, bound here
+/// or taken over from the supervisor that upgrades. Nothing is left behind
+/// when one cannot be had.
+fn bind(
+    config: &Config,
+    runtime_dir: Option<PathBuf>,
+    mut handover: Option<&mut upgrade::Receiving>,
+) -> anyhow::Result<Bound> {
+    let mut dir = RuntimeDir::prepare(runtime_dir)?;
+    if let Some(handover) = &handover
+        && handover.runtime_dir_created()
+    {
+        // The old group made it; this one removes it when it stops.
+        dir.adopt();
+    }
+    // The managers bind their worker sockets; the group removes them.
+    for m in config
+        .managers
+        .iter()
+        .filter(|m| m.workers.kind == WorkerKind::Process)
+    {
+        for instance in 0..m.instances {
+            dir.own(m.workers_socket(dir.path(), instance, 0));
+        }
+    }
+    let upgrading = handover.is_some();
+    let sockets = (|| {
+        let (tcp, grpc_tcp) = tcp_sockets(config, handover.as_deref_mut())?;
+        let quic = quic_sockets(config, tcp.local_addr()?, handover.as_deref_mut())?;
+        let admin = sup_admin_bind(config)?;
+        let paths = dir.paths();
+        let broker = runtime_dir::bind_unix(&paths.broker_socket())?;
+        let router = runtime_dir::bind_unix(&paths.router_socket())?;
+        let control = runtime_dir::bind_unix(&paths.control_socket())?;
+        anyhow::Ok((tcp, grpc_tcp, quic, admin, broker, router, control))
+    })();
+    let (tcp, grpc_tcp, quic, admin, broker, router, control) = match sockets {
+        Ok(sockets) => sockets,
+        Err(err) => {
+            if upgrading {
+                // The old group serves on from it.
+                dir.keep();
+            }
+            return Err(err);
+        }
+    };
+    Ok(Bound {
+        dir,
+        tcp,
+        grpc_tcp,
+        quic,
+        admin,
+        broker,
+        router,
+        control,
+    })
+}
+
+/// The phases of `up` after binding: the group made, started in order,
+/// announced, served.
+impl Supervisor {
+    /// The group as configured, every child not started yet.
+    #[allow(clippy::type_complexity)]
+    fn new(
+        config: Config,
+        source: Source,
+        bound: Bound,
+    ) -> anyhow::Result<(
+        Supervisor,
+        Addresses,
+        Option<std::net::TcpListener>,
+        std::os::unix::net::UnixListener,
+        mpsc::UnboundedReceiver<Event>,
+    )> {
+        let addresses = Addresses {
+            http: bound.tcp.local_addr()?,
+            grpc: bound.grpc_tcp.as_ref().map(|t| t.local_addr()).transpose()?,
+            quic: bound.quic.first().map(|q| q.local_addr()).transpose()?,
+        };
+        let mut children = vec![
+            Child::new(Role::Broker, "broker", Some(OwnedFd::from(bound.broker))),
+            Child::new(Role::Router, "router", Some(OwnedFd::from(bound.router))),
+        ];
+        for m in &config.managers {
+            children.extend(Child::manager(m, 0));
+        }
+        // Worker processes start once their manager listens for them.
+        for m in &config.managers {
+            children.extend(Child::workers(m, 0));
+        }
+        // Every listener process accepts on the same supervisor-owned socket:
+        // the kernel hands each connection to one of them.
+        let sockets = upgrade::Sockets {
+            tcp: OwnedFd::from(bound.tcp),
+            grpc: bound.grpc_tcp.map(OwnedFd::from),
+            quic: bound.quic.into_iter().map(OwnedFd::from).collect(),
+        };
+        for instance in 0..config.listener.workers {
+            let mut child = Child::new(Role::Listener, "listener", Some(sockets.tcp.try_clone()?));
+            child.instance = instance;
+            child.grpc_socket = sockets.grpc.as_ref().map(|s| s.try_clone()).transpose()?;
+            // QUIC has no shared accept queue: each listener reads a socket
+            // of its own, and the kernel steers every packet to the socket of
+            // the process that issued its connection id (`quic_port`).
+            child.quic_socket = sockets
+                .quic
+                .get(instance as usize)
+                .map(|s| s.try_clone())
+                .transpose()?;
+            children.push(child);
+        }
+        let (events, rx) = mpsc::unbounded_channel();
+        let sup = Supervisor {
+            fingerprints: reload::fingerprints(&config),
+            config,
+            source,
+            epochs: 0,
+            dir: bound.dir,
+            children,
+            events,
+            started: Instant::now(),
+            systemd: Systemd::from_env(),
+            sockets: Some(sockets),
+            gone_routes: HashMap::new(),
+            roster_version: 0,
+        };
+        Ok((sup, addresses, bound.admin, bound.control, rx))
+    }
+
+    /// Starts `order`, each child only once the previous is ready. A signal
+    /// that stops the group cuts the start short.
+    async fn start_in_order(
+        &mut self,
+        order: &[usize],
+        rx: &mut mpsc::UnboundedReceiver<Event>,
+        signals: &mut Signals,
+    ) -> anyhow::Result<()> {
+        for &idx in order {
+            let start = self.start_one(idx, rx);
+            tokio::pin!(start);
+            loop {
+                tokio::select! {
+                    r = &mut start => break r,
+                    caught = signals.recv() => match caught.meaning() {
+                        Meaning::Drain | Meaning::Quit => {
+                            break Err(anyhow::anyhow!("{} during start-up", caught.name()));
+                        }
+                        Meaning::Reload => tracing::warn!(signal = caught.name(), "the group is starting; reload ignored"),
+                        Meaning::Ignore(why) => tracing::warn!(signal = caught.name(), "{why}; ignored"),
+                    },
+                }
+            }?;
+        }
+        Ok(())
+    }
+
+    /// A start that failed: what did start stops again; the runtime
+    /// directory goes with the supervisor (unless kept).
+    async fn abandon_start(
+        mut self,
+        err: &anyhow::Error,
+        rx: &mut mpsc::UnboundedReceiver<Event>,
+        signals: &mut Signals,
+        control: tokio::task::JoinHandle<()>,
+    ) -> ExitCode {
+        tracing::error!("start-up failed: {err:#}");
+        let grace = self.config.shutdown_grace();
+        self.shutdown(rx, signals, Stop::Drain(grace)).await;
+        control.abort();
+        drop(self);
+        tracing::info!(cause = "start-up failed", "stopped");
+        ExitCode::FAILURE
+    }
+
+    /// Ready: the lines scripts wait for, the admin endpoint, systemd's
+    /// READY=1, and `switchyard dev`'s rebuilds.
+    fn announce(
+        &mut self,
+        at: &Addresses,
+        admin: Option<std::net::TcpListener>,
+    ) -> Option<tokio::task::JoinHandle<()>> {
+        tracing::info!(
+            processes = self.children.len(),
+            ms = self.started.elapsed().as_millis() as u64,
+            "group ready"
+        );
+        let scheme = if self.config.listener.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        println!(
+            "switchyard listening on {scheme}://{} (runtime dir {})",
+            at.http,
+            self.dir.path().display()
+        );
+        // After the main line, which scripts wait for.
+        if let Some(grpc_addr) = at.grpc {
+            println!("switchyard gRPC (only) listening on {scheme}://{grpc_addr}");
+        }
+        if let Some(quic) = at.quic {
+            println!("switchyard HTTP/3 listening on udp {quic}");
+        }
+        let admin = admin.map(|listener| {
+            if let Ok(bound) = listener.local_addr() {
+                println!("admin on http://{bound}");
+                self.source.admin_bound = Some(bound);
+            }
+            tokio::spawn(crate::admin::serve(
+                listener,
+                self.config.admin.hosts.clone(),
+                self.events.clone(),
+            ))
+        });
+        self.systemd.ready(&format!("serving on {}", at.http));
+        // `switchyard dev`: rebuilds and reloads from now on.
+        crate::dev::start(self.dir.path());
+        admin
+    }
+
+    /// Serves: restarts children, answers `status`, reloads and upgrades,
+    /// until a signal, a failure or an upgrade ends it.
+    async fn serve(&mut self, rx: &mut mpsc::UnboundedReceiver<Event>, signals: &mut Signals) -> Ending {
+        let mut watchdog = self.systemd.watchdog_period().map(tokio::time::interval);
+        loop {
+            tokio::select! {
+                caught = signals.recv() => match caught.meaning() {
+                    Meaning::Drain => {
+                        tracing::info!(signal = caught.name(), "draining");
+                        return Ending::stop((ExitCode::SUCCESS, caught.name().to_owned(), Stop::Drain(self.config.shutdown_grace())));
+                    }
+                    Meaning::Quit => {
+                        tracing::warn!(signal = caught.name(), "stopping at once, without draining");
+                        return Ending::stop((ExitCode::SUCCESS, caught.name().to_owned(), Stop::Now));
+                    }
+                    Meaning::Reload => {
+                        tracing::info!(signal = caught.name(), "reloading the configuration");
+                        match self.reload(rx, signals).await {
+                            Ok(Ok(report)) => tracing::info!("{}", report.describe()),
+                            Ok(Err(err)) => tracing::error!("reload refused; the group runs on unchanged: {err}"),
+                            Err(stop) => return Ending::stop(self.interrupted(stop)),
+                        }
+                    }
+                    Meaning::Ignore(why) => tracing::warn!(signal = caught.name(), "{why}; ignored"),
+                },
+                _ = tick(watchdog.as_mut()) => self.systemd.watchdog(),
+                Some(ev) = rx.recv() => match ev {
+                    Event::Control(Request::Reload(reply)) => {
+                        tracing::info!("reloading the configuration (switchyard reload)");
+                        match self.reload(rx, signals).await {
+                            Ok(result) => {
+                                match &result {
+                                    Ok(report) => tracing::info!("{}", report.describe()),
+                                    Err(err) => tracing::error!("reload refused; the group runs on unchanged: {err}"),
+                                }
+                                let _ = reply.send(result);
+                            }
+                            Err(stop) => {
+                                let _ = reply.send(Err(ReloadError::Failed("interrupted: the group stops".to_owned())));
+                                return Ending::stop(self.interrupted(stop));
+                            }
+                        }
+                    }
+                    Event::Control(Request::Upgrade(reply)) => {
+                        match self.upgrade(rx, signals).await {
+                            Ok(Ok(pid)) => {
+                                let _ = reply.send(Ok(pid));
+                                return Ending {
+                                    code: ExitCode::SUCCESS,
+                                    cause: format!("upgraded (the new supervisor is pid {pid})"),
+                                    stop: Stop::Drain(self.config.shutdown_grace()),
+                                    upgraded: true,
+                                };
+                            }
+                            Ok(Err(err)) => {
+                                tracing::error!("upgrade failed; this group serves on: {err}");
+                                let _ = reply.send(Err(err));
+                            }
+                            Err(stop) => {
+                                let _ = reply.send(Err("interrupted: the group stops".to_owned()));
+                                return Ending::stop(self.interrupted(stop));
+                            }
+                        }
+                    }
+                    ev => {
+                        if let Err(err) = self.handle(ev) {
+                            tracing::error!("{err:#}; stopping the group");
+                            return Ending::stop((ExitCode::FAILURE, format!("{err:#}"), Stop::Drain(self.config.shutdown_grace())));
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// The next watchdog tick, or never when systemd does not watch.
@@ -797,8 +941,7 @@ impl Child {
     /// Still crash-looping: it has not stayed up for the window since.
     fn crash_looping(&self, policy: &RestartConfig) -> bool {
         self.crash_loop
-            && !(self.state == State::Running
-                && self.started.elapsed() > Duration::from_secs(policy.window_s))
+            && !(self.state == State::Ready && self.started.elapsed() > Duration::from_secs(policy.window_s))
     }
 
     fn describe(&self) -> String {
@@ -824,17 +967,17 @@ impl Child {
             state: if crash_looping && self.state == State::Backoff {
                 "crash-looping".to_owned()
             } else {
-                format!("{:?}", self.state).to_lowercase()
+                self.state.name().to_owned()
             },
             restarts: self.restarts,
             crash_looping,
-            uptime_ms: if self.state == State::Running {
+            uptime_ms: if self.state == State::Ready {
                 self.started.elapsed().as_millis() as u64
             } else {
                 0
             },
             workers: self.pool.clone(),
-            load: if self.state == State::Running {
+            load: if self.state == State::Ready {
                 self.load
             } else {
                 Load::default()
@@ -949,7 +1092,7 @@ impl Supervisor {
                     generation,
                     phase: Phase::Ready,
                 } if child == idx && generation == self.children[idx].generation => {
-                    self.children[idx].state = State::Running;
+                    self.children[idx].state = State::Ready;
                     return Ok(());
                 }
                 Event::Exited {
@@ -1061,7 +1204,7 @@ impl Supervisor {
             } => {
                 let c = &mut self.children[child];
                 if generation == c.generation && phase == Phase::Ready && c.state == State::Starting {
-                    c.state = State::Running;
+                    c.state = State::Ready;
                     tracing::info!(role = c.role.as_str(), name = %c.name, instance = c.instance, restarts = c.restarts, crash_looping = c.crash_loop, "ready again");
                 }
             }
@@ -1211,14 +1354,13 @@ impl Supervisor {
 
     /// Stops the group: listeners drain first, then managers, router, broker.
     /// A second SIGTERM or SIGINT (or a SIGQUIT) skips the waiting and kills
-    /// what is left; `hurry` starts that way.
-    async fn shutdown(
-        &mut self,
-        rx: &mut mpsc::UnboundedReceiver<Event>,
-        signals: &mut Signals,
-        mut hurry: bool,
-    ) {
-        let grace = self.config.shutdown_grace();
+    /// what is left; [`Stop::Now`] starts that way.
+    async fn shutdown(&mut self, rx: &mut mpsc::UnboundedReceiver<Event>, signals: &mut Signals, stop: Stop) {
+        let mut hurry = stop == Stop::Now;
+        let grace = match stop {
+            Stop::Drain(grace) => grace,
+            Stop::Now => self.config.shutdown_grace(),
+        };
         // Our copies of the TCP socket go first: the listener's close then
         // really stops new connections (after an upgrade, the new group
         // holds it open).
@@ -1342,17 +1484,20 @@ impl Supervisor {
 /// stops the group cuts them short ([`Interrupted`]).
 impl Supervisor {
     /// How the group stops after a reload or upgrade was cut short:
-    /// exit code, cause, and whether without draining.
-    fn interrupted(&self, why: Interrupted) -> (ExitCode, String, bool) {
+    /// exit code, cause, and how.
+    fn interrupted(&self, why: Interrupted) -> (ExitCode, String, Stop) {
         match why {
             Interrupted::Signal(caught) => {
-                let hurry = caught.meaning() == Meaning::Quit;
+                let stop = match caught.meaning() {
+                    Meaning::Quit => Stop::Now,
+                    _ => Stop::Drain(self.config.shutdown_grace()),
+                };
                 tracing::info!(signal = caught.name(), "stopping");
-                (ExitCode::SUCCESS, caught.name().to_owned(), hurry)
+                (ExitCode::SUCCESS, caught.name().to_owned(), stop)
             }
             Interrupted::Failure(err) => {
                 tracing::error!("{err}; stopping the group");
-                (ExitCode::FAILURE, err, false)
+                (ExitCode::FAILURE, err, Stop::Drain(self.config.shutdown_grace()))
             }
         }
     }
@@ -1437,7 +1582,7 @@ impl Supervisor {
                     generation,
                     phase: Phase::Ready,
                 } if child == idx && generation == self.children[idx].generation => {
-                    self.children[idx].state = State::Running;
+                    self.children[idx].state = State::Ready;
                     return Ok(Ok(()));
                 }
                 Event::Exited {
@@ -1589,7 +1734,7 @@ impl Supervisor {
         }
         for i in 0..self.children.len() {
             let c = &self.children[i];
-            if c.role != role || c.state != State::Running || c.retired {
+            if c.role != role || c.state != State::Ready || c.retired {
                 continue;
             }
             let spec = Spec::for_child(&self.config, self.dir.path(), role, &c.name, c.epoch);

@@ -4,7 +4,9 @@
 //! A directory the group creates is removed whole when it stops. One that
 //! existed before (`--runtime-dir`) must already be private to this user:
 //! it is used as it is, never quietly re-permissioned, and when the group
-//! stops only the files the group made in it are removed.
+//! stops only the files the group made in it are removed. [`RuntimeDir`] is
+//! a guard: it cleans up when dropped, on every path out of `up`, unless
+//! told to [`keep`](RuntimeDir::keep) it for the group it was handed to.
 
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
@@ -25,6 +27,8 @@ pub(crate) struct RuntimeDir {
     created: bool,
     /// The files the group makes in it (sockets).
     owned: Vec<PathBuf>,
+    /// Left in place when dropped: removed already, or another group's now.
+    kept: bool,
 }
 
 /// Creates `path` with mode 0700, or checks that the existing one is a
@@ -91,6 +95,7 @@ impl RuntimeDir {
             ],
             path,
             created,
+            kept: false,
         })
     }
 
@@ -121,9 +126,18 @@ impl RuntimeDir {
         self.owned.push(path);
     }
 
+    /// Leaves the directory as it is when dropped: an upgrade handed it to
+    /// the new group, or a failed upgrade leaves it to the old one.
+    pub(crate) fn keep(&mut self) {
+        self.kept = true;
+    }
+
     /// Removes what the group left: the directory if we made it, else the
-    /// files we made in it.
-    pub(crate) fn remove(&self) {
+    /// files we made in it. Once.
+    pub(crate) fn remove(&mut self) {
+        if std::mem::replace(&mut self.kept, true) {
+            return;
+        }
         if self.created {
             if let Err(err) = std::fs::remove_dir_all(&self.path) {
                 tracing::warn!(%err, dir = %self.path.display(), "cannot remove runtime dir");
@@ -137,6 +151,12 @@ impl RuntimeDir {
                 Err(err) => tracing::warn!(%err, file = %file.display(), "cannot remove"),
             }
         }
+    }
+}
+
+impl Drop for RuntimeDir {
+    fn drop(&mut self) {
+        self.remove();
     }
 }
 
@@ -160,6 +180,23 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("switchyard-rtdir-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         dir
+    }
+
+    /// Whatever way `up` leaves (an error returned by `?` included), the
+    /// directory it made goes; one kept for another group stays.
+    #[test]
+    fn a_dropped_guard_removes_what_the_group_made_unless_kept() {
+        let made = scratch("guard-made");
+        drop(RuntimeDir::prepare(Some(made.clone())).unwrap());
+        assert!(!made.exists(), "removed on drop");
+
+        let kept = scratch("guard-kept");
+        let mut rt = RuntimeDir::prepare(Some(kept.clone())).unwrap();
+        let _broker = bind_unix(&rt.paths().broker_socket()).unwrap();
+        rt.keep();
+        drop(rt);
+        assert!(kept.join("broker.sock").exists(), "kept with its sockets");
+        std::fs::remove_dir_all(&kept).unwrap();
     }
 
     #[test]

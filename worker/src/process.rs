@@ -32,6 +32,7 @@ use bytes::Bytes;
 use switchyard_proto::backoff::Backoff;
 use switchyard_proto::link;
 use switchyard_proto::process::Pidfd;
+use switchyard_proto::supervision::Stop;
 use switchyard_proto::transport::{FrameReader, FrameSink, PeerPolicy};
 use switchyard_proto::{Envelope, Kind, Meta, Payload};
 use tokio::net::UnixStream;
@@ -446,7 +447,7 @@ pub async fn serve(
     max_frame: usize,
     runner: Runner,
     ready: oneshot::Sender<()>,
-    shutdown: impl Future<Output = ()>,
+    shutdown: impl Future<Output = Stop>,
 ) {
     let mut ready = Some(ready);
     tokio::pin!(shutdown);

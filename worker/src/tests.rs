@@ -110,6 +110,7 @@ async fn process_pool_dispatches_to_connected_workers_and_fails_a_dead_workers_j
     let worker = tokio::spawn(async move {
         crate::process::serve(&path, 1 << 20, run, ready, async move {
             let _ = stopped.await;
+            switchyard_proto::supervision::Stop::Now
         })
         .await
     });
@@ -187,6 +188,7 @@ async fn a_cancelled_process_job_leaves_the_queue() {
     let worker = tokio::spawn(async move {
         crate::process::serve(&path, 1 << 20, run, ready, async move {
             let _ = stopped.await;
+            switchyard_proto::supervision::Stop::Now
         })
         .await
     });

@@ -147,6 +147,7 @@ fn start_router(dir: &Path) -> anyhow::Result<(JoinHandle<anyhow::Result<()>>, o
         let (ready, _) = oneshot::channel();
         switchyard_router::run(router, config, ready, async {
             let _ = stopped.await;
+            switchyard_proto::supervision::Stop::Now
         })
         .await?;
         Ok(())

@@ -536,6 +536,11 @@ fn problem_schema() -> Value {
             "title": { "type": "string", "description": "The status's reason phrase." },
             "status": { "type": "integer", "description": "The HTTP status." },
             "detail": { "type": "string", "description": "What went wrong, for a person." },
+            "hop": {
+                "type": "string",
+                "enum": ["listener", "broker", "router", "manager-host", "cluster"],
+                "description": "The part of the group that made this answer (as the `switchyard-error` header); absent from a handler's own error.",
+            },
             "errors": {
                 "type": "array",
                 "description": "The invalid fields (422).",

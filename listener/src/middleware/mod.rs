@@ -387,15 +387,13 @@ impl Refusal {
         }
     }
 
-    /// The gRPC status of this refusal.
+    /// The gRPC status of this refusal: the one status→code table
+    /// (`switchyard_proto::grpc::code_for_status`, docs/grpc.md).
     pub(crate) fn grpc(&self) -> tonic::Status {
-        let detail = self.detail();
-        match self {
-            Refusal::Unauthenticated(_) => tonic::Status::unauthenticated(detail),
-            Refusal::Forbidden(_) => tonic::Status::permission_denied(detail),
-            Refusal::TooMany(_) => tonic::Status::resource_exhausted(detail),
-            Refusal::BadRequest(_) => tonic::Status::invalid_argument(detail),
-        }
+        tonic::Status::new(
+            switchyard_proto::grpc::code_for_status(self.status()),
+            self.detail(),
+        )
     }
 }
 

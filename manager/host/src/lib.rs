@@ -23,5 +23,5 @@ pub mod testing;
 mod watchdog;
 
 pub use loader::{Library, LoadError, Plugin};
-pub use serve::{Config, Shutdown, Workers, run};
+pub use serve::{Config, Workers, run};
 pub use switchyard_manager_abi as abi;

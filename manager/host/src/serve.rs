@@ -23,9 +23,9 @@ use switchyard_proto::backoff::Backoff;
 use switchyard_proto::control::Control;
 use switchyard_proto::event::{META_TIMING, META_TRACEPARENT};
 use switchyard_proto::link;
-use switchyard_proto::supervision::{Extra, GAUGES};
+use switchyard_proto::supervision::{Extra, GAUGES, Stop};
 use switchyard_proto::transport::{FrameReader, FrameSink};
-use switchyard_proto::{Deadline, Envelope, EventType, Kind, Origin, Payload, problem};
+use switchyard_proto::{Deadline, Envelope, EventType, Hop, Kind, Origin, Payload, Refusal};
 use switchyard_worker::{Done, Job, Kind as WorkerKind, Pool};
 use tokio::net::UnixStream;
 use tokio::net::unix::OwnedReadHalf;
@@ -96,17 +96,6 @@ impl Workers {
     }
 }
 
-/// How the host is told to end.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Shutdown {
-    /// Stop at once (the group stops: the router fails what is in flight).
-    Now,
-    /// The instance is being replaced (`switchyard reload`): the router is
-    /// told to send it nothing new, and the host stops once every request
-    /// it holds is answered, or when the grace period is over.
-    Drain(Duration),
-}
-
 /// How [`Host::serve`] ended.
 enum Served {
     /// The router connection closed: reconnect.
@@ -124,7 +113,7 @@ pub async fn run(
     description: Description,
     config: Config,
     ready: oneshot::Sender<()>,
-    shutdown: impl Future<Output = Shutdown>,
+    shutdown: impl Future<Output = Stop>,
 ) -> Result<(), LoadError> {
     let mut ready = Some(ready);
     tokio::pin!(shutdown);
@@ -329,7 +318,7 @@ impl Host {
         config: &Config,
         link: Link<'_>,
         results: &mut mpsc::UnboundedReceiver<Done>,
-        mut shutdown: std::pin::Pin<&mut impl Future<Output = Shutdown>>,
+        mut shutdown: std::pin::Pin<&mut impl Future<Output = Stop>>,
     ) -> Result<Served, LoadError> {
         let Link { mut reader, sink } = link;
         // Set once told to drain: when the grace ends.
@@ -352,7 +341,7 @@ impl Host {
             }
             tokio::select! {
                 how = shutdown.as_mut(), if drain_until.is_none() => match how {
-                    Shutdown::Now => {
+                    Stop::Now => {
                         // A planned stop: said before the link closes, so
                         // the router logs this instance's leaving as such
                         // (and warns only if requests it held fail).
@@ -361,7 +350,7 @@ impl Host {
                         }
                         return Ok(Served::Stopped);
                     }
-                    Shutdown::Drain(grace) => {
+                    Stop::Drain(grace) => {
                         tracing::info!(in_flight = self.requests.len(), "draining: the router sends nothing new");
                         drain_until = Some(tokio::time::Instant::now() + grace);
                         let told = Envelope::control(&Control::Draining)
@@ -421,7 +410,9 @@ impl Host {
                         Ok(raw) => stream = Some(raw),
                         Err(err) => {
                             tracing::warn!(%err, "cannot take a request body stream");
-                            let _ = sink.send(Envelope::error_to(&env, 503, "request body unavailable"));
+                            let _ = sink.send(
+                                Refusal::new(Hop::ManagerHost, 503, "request body unavailable").answer(&env),
+                            );
                             continue;
                         }
                     }
@@ -432,7 +423,9 @@ impl Host {
                     Err(err) => {
                         tracing::warn!(%err, "cannot map a shared-memory body");
                         if env.kind == Kind::Request {
-                            let _ = sink.send(Envelope::error_to(&env, 503, "request body unavailable"));
+                            let _ = sink.send(
+                                Refusal::new(Hop::ManagerHost, 503, "request body unavailable").answer(&env),
+                            );
                         }
                         continue;
                     }
@@ -563,7 +556,7 @@ impl Host {
             {
                 let mut env = Envelope::request(event_type, correlation, Bytes::new());
                 env.origin = origin;
-                let mut answer = Envelope::error_to(&env, 500, "internal error");
+                let mut answer = Refusal::new(Hop::ManagerHost, 500, "internal error").answer(&env);
                 if let Some(tags) = request_ids().remove(local) {
                     tags.stamp(&mut answer.meta);
                 }
@@ -613,10 +606,8 @@ impl Host {
                         }
                         Err(err) => {
                             tracing::error!(%err, "cannot place a response body in shared memory");
-                            let mut reply =
-                                Envelope::error_to(&env, 503, "response body unavailable; retry later");
-                            reply.meta.push("retry-after", "1");
-                            reply
+                            Refusal::unavailable(Hop::ManagerHost, "response body unavailable; retry later")
+                                .answer(&env)
                         }
                     }
                 }
@@ -740,7 +731,8 @@ impl Host {
         if self.calls.is_empty() {
             return Ok(());
         }
-        let (meta, body) = problem::problem(503, "the router went down during the call");
+        let (meta, body) =
+            Refusal::unavailable(Hop::ManagerHost, "the router went down during the call").parts();
         let inputs: Vec<ToPlugin> = self
             .calls
             .drain()

@@ -14,7 +14,7 @@ use serde::de::DeserializeOwned;
 use switchyard_proto::{EventType, Meta, codec};
 
 use crate::event::{Event, Returns};
-use crate::reply::{BINCODE, Error, Format, JSON};
+use crate::reply::{BINCODE, CallError, Error, Format, JSON};
 use switchyard_manager_abi::messages::{FromPlugin, LogLevel};
 
 /// Default deadline of a call to another manager.
@@ -226,13 +226,26 @@ impl Context {
     /// awaits its reply as `R`: the type the event names with
     /// `#[event(reply = R)]` (inferred: `let r = cx.call(&Reserve { .. }).await?`),
     /// or for an event that names none, whatever the caller annotates.
-    /// Fails fast (404/503) when nobody serves it, and with 504 after
-    /// [`DEFAULT_CALL_TIMEOUT`].
+    /// Fails fast with [`CallError::Unroutable`] when nobody serves it or
+    /// its manager cannot take it now, with [`CallError::TimedOut`] after
+    /// [`DEFAULT_CALL_TIMEOUT`], and with [`CallError::Callee`] when the
+    /// callee answers an error. Forwarded with `?`, the group's refusals
+    /// reach the end client as a generic 502/503/504 (decision 0116).
     pub fn call<E: Returns<R>, R: DeserializeOwned>(
         &self,
         event: &E,
-    ) -> impl Future<Output = Result<R, Error>> + use<E, R> {
+    ) -> impl Future<Output = Result<R, CallError>> + use<E, R> {
         self.call_with_timeout(event, DEFAULT_CALL_TIMEOUT)
+    }
+
+    /// [`call`](Self::call) for the SDK's typed handles (Store,
+    /// Scheduler), whose methods answer an [`Error`] as `?` would make it.
+    pub(crate) fn call_for_handle<E: Returns<R>, R: DeserializeOwned>(
+        &self,
+        event: &E,
+    ) -> impl Future<Output = Result<R, Error>> + use<E, R> {
+        let call = self.call(event);
+        async move { call.await.map_err(Error::from) }
     }
 
     /// [`call`](Self::call) with an explicit deadline.
@@ -240,7 +253,7 @@ impl Context {
         &self,
         event: &E,
         timeout: Duration,
-    ) -> impl Future<Output = Result<R, Error>> + use<E, R> {
+    ) -> impl Future<Output = Result<R, CallError>> + use<E, R> {
         let shared = self.shared.clone();
         let encoded = codec::encode(event);
         let call = shared.next_call.get();
@@ -328,13 +341,14 @@ impl Context {
                 correlation: self.correlation,
             });
         }
-        CallFuture {
+        let job = CallFuture::<R> {
             shared,
             call: id,
             encode_error: encoded.err().map(|e| e.to_string()),
             job: true,
             _reply: std::marker::PhantomData,
-        }
+        };
+        async move { job.await.map_err(Error::from) }
     }
 
     /// The group's Store (the built-in `store` manager): shared key/value
@@ -477,15 +491,16 @@ struct CallFuture<R> {
 }
 
 impl<R: DeserializeOwned> Future for CallFuture<R> {
-    type Output = Result<R, Error>;
+    type Output = Result<R, CallError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Self::Output> {
+        let internal = |message: String| CallError::Callee(Error::internal(message));
         if let Some(err) = &self.encode_error {
-            return Poll::Ready(Err(Error::internal(format!("cannot encode the call: {err}"))));
+            return Poll::Ready(Err(internal(format!("cannot encode the call: {err}"))));
         }
         let mut calls = self.shared.calls.borrow_mut();
         let Some(slot) = calls.get_mut(&self.call) else {
-            return Poll::Ready(Err(Error::internal("call polled after completion")));
+            return Poll::Ready(Err(internal("call polled after completion".to_owned())));
         };
         match slot.result.take() {
             None => {
@@ -496,22 +511,23 @@ impl<R: DeserializeOwned> Future for CallFuture<R> {
                 calls.remove(&self.call);
                 if self.job {
                     return Poll::Ready(if status == 200 {
-                        codec::decode(&body)
-                            .map_err(|e| Error::internal(format!("bad result from the job: {e}")))
+                        codec::decode(&body).map_err(|e| internal(format!("bad result from the job: {e}")))
                     } else {
-                        Err(Error::new(status, String::from_utf8_lossy(&body)))
+                        Err(CallError::Callee(Error::new(
+                            status,
+                            String::from_utf8_lossy(&body),
+                        )))
                     });
                 }
                 Poll::Ready(if (200..300).contains(&status) {
                     if meta.get("content-type") == Some(BINCODE) {
-                        codec::decode(&body)
-                            .map_err(|e| Error::internal(format!("bad reply from the callee: {e}")))
+                        codec::decode(&body).map_err(|e| internal(format!("bad reply from the callee: {e}")))
                     } else {
                         serde_json::from_slice(&body)
-                            .map_err(|e| Error::internal(format!("bad reply from the callee: {e}")))
+                            .map_err(|e| internal(format!("bad reply from the callee: {e}")))
                     }
                 } else {
-                    Err(Error::from_response(status, &body))
+                    Err(CallError::from_answer(status, &meta, &body))
                 })
             }
         }

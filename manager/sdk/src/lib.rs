@@ -12,7 +12,8 @@
 //! # Layout
 //! - [`Event`], [`Request`]: event types and how requests become them
 //!   (`extract` does path/query/body merging with coercion).
-//! - [`Reply`], [`Response`], [`Error`]: what handlers return.
+//! - [`Reply`], [`Response`], [`Error`]: what handlers return;
+//!   [`CallError`]: why a call to another manager failed.
 //! - [`Manager`], [`Registry`], [`State`]: declaring handlers.
 //! - [`schema`]: the JSON Schemas the derives build of events and replies,
 //!   for the API description (made by the validation child only).
@@ -75,8 +76,8 @@ pub use middleware::{Flow, Incoming, Middleware, Replacement, RequestHead};
 pub use multipart::{Multipart, MultipartLimits, Part};
 pub use registry::{Config, Handler, Manager, Registry, State, TICK_PERIOD, marker};
 pub use reply::{
-    AutoEtag, BINCODE, Binary, Created, Error, FieldError, Format, JSON, Json, NoContent, Redirect, Reply,
-    Response, WithHeaders,
+    AutoEtag, BINCODE, Binary, CallError, Created, Error, FieldError, Format, JSON, Json, NoContent,
+    Redirect, Reply, Response, WithHeaders,
 };
 pub use schema::JsonSchema;
 /// The `schemars` crate, for `#[derive(JsonSchema)]` in a plugin that does
@@ -87,7 +88,7 @@ pub use schemars;
 pub use stream::{BodyReader, BodyWriter, MAX_STREAMS, STREAM_IDLE_TIMEOUT, Streamed};
 pub use switchyard_manager_abi::messages::LogLevel;
 pub use switchyard_manager_macros::{Event, Reply};
-pub use switchyard_proto::EventType;
+pub use switchyard_proto::{EventType, Hop};
 /// The `tracing` the SDK forwards to the host's log (decision 0125), for
 /// plugins that do not depend on it themselves.
 pub use tracing;

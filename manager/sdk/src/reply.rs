@@ -2,7 +2,7 @@
 
 use bytes::Bytes;
 use serde::Serialize;
-use switchyard_proto::{Meta, StreamHandle, codec, problem};
+use switchyard_proto::{Hop, Meta, Refusal, StreamHandle, codec, problem};
 
 /// Content type of bincode bodies (manager-to-manager calls, or HTTP clients
 /// that ask for it with `Accept`).
@@ -429,6 +429,11 @@ pub struct Error {
     pub status: u16,
     pub message: String,
     pub errors: Vec<FieldError>,
+    /// The hop of the group that could not deliver a call this error
+    /// forwards (a [`CallError`] turned into an `Error` by `?`); `None` for
+    /// a handler's own error. Its response is marked with it
+    /// (`switchyard-error`, decision 0116).
+    hop: Option<Hop>,
 }
 
 impl Error {
@@ -437,7 +442,13 @@ impl Error {
             status,
             message: message.into(),
             errors: Vec::new(),
+            hop: None,
         }
+    }
+
+    /// The hop whose refusal this error forwards, if any.
+    pub fn hop(&self) -> Option<Hop> {
+        self.hop
     }
     /// 400: the request is malformed.
     pub fn bad_request(message: impl Into<String>) -> Self {
@@ -462,6 +473,7 @@ impl Error {
             status: 422,
             message,
             errors,
+            hop: None,
         }
     }
     /// 422 with a message only.
@@ -494,14 +506,27 @@ impl Error {
         } else {
             &self.message
         };
-        let extra = (!self.errors.is_empty())
-            .then(|| ("errors", serde_json::to_value(&self.errors).unwrap_or_default()));
-        let (mut meta, body) = problem::problem_with(self.status, detail, extra);
-        if self.status == 503 {
-            // "Try again later": say when (a full worker queue, a manager
-            // that is restarting).
-            meta.push("retry-after", "1");
-        }
+        // "Try again later": say when (a full worker queue, a manager
+        // that is restarting).
+        let retry_after = (self.status == 503).then_some(1);
+        let (meta, body) = match self.hop {
+            Some(hop) => Refusal {
+                hop,
+                status: self.status,
+                detail: detail.to_owned().into(),
+                retry_after,
+            }
+            .parts(),
+            None => {
+                let extra = (!self.errors.is_empty())
+                    .then(|| ("errors", serde_json::to_value(&self.errors).unwrap_or_default()));
+                let (mut meta, body) = problem::problem_with(self.status, detail, extra);
+                if let Some(seconds) = retry_after {
+                    meta.push("retry-after", seconds.to_string());
+                }
+                (meta, body)
+            }
+        };
         Response {
             status: self.status,
             meta,
@@ -524,6 +549,136 @@ impl Error {
             status,
             message,
             errors,
+            hop: None,
         }
+    }
+}
+
+/// Why [`Context::call`](crate::Context::call) failed.
+///
+/// The group's own refusals name managers, queues and links: what an
+/// operator needs and an end client must not see. Forwarded with `?`, a
+/// refusal becomes a generic 502, 503 or 504 marked with the hop that made
+/// it; the callee's own error goes on as it is (decision 0116).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CallError {
+    /// The group could not deliver the call: nobody serves the type, its
+    /// manager is not running or is at capacity, a queue is full, the
+    /// cluster link is down.
+    #[error("the call was not delivered ({hop}, {status}): {detail}")]
+    Unroutable {
+        hop: Hop,
+        status: u16,
+        /// The hop's detail, for the log.
+        detail: String,
+        /// Seconds after which the same call may be delivered.
+        retry_after: Option<u32>,
+    },
+    /// No answer came within the call's deadline.
+    #[error("the call timed out ({hop}): {detail}")]
+    TimedOut { hop: Hop, detail: String },
+    /// The callee answered with an error of its own, or with a reply this
+    /// side cannot read (a 500).
+    #[error(transparent)]
+    Callee(Error),
+}
+
+impl CallError {
+    /// The answer to a call, read: a response the group marked as its own
+    /// is a refusal; any other is the callee's.
+    pub(crate) fn from_answer(status: u16, meta: &Meta, body: &[u8]) -> CallError {
+        let Some(hop) = Hop::of(meta) else {
+            return CallError::Callee(Error::from_response(status, body));
+        };
+        let detail = Error::from_response(status, body).message;
+        if status == 504 {
+            return CallError::TimedOut { hop, detail };
+        }
+        CallError::Unroutable {
+            hop,
+            status,
+            detail,
+            retry_after: meta.get("retry-after").and_then(|v| v.parse().ok()),
+        }
+    }
+}
+
+impl From<CallError> for Error {
+    /// What the end client gets when a handler forwards a failed call: the
+    /// callee's own error, or for the group's refusal a status and the hop,
+    /// never the refusal's detail.
+    fn from(err: CallError) -> Error {
+        let (status, message, hop) = match err {
+            CallError::Callee(err) => return err,
+            CallError::TimedOut { hop, .. } => {
+                (504, "a service this request needs did not answer in time", hop)
+            }
+            CallError::Unroutable { hop, status: 503, .. } => (
+                503,
+                "a service this request needs is unavailable; retry later",
+                hop,
+            ),
+            CallError::Unroutable { hop, .. } => (502, "a service this request needs cannot be reached", hop),
+        };
+        Error {
+            hop: Some(hop),
+            ..Error::new(status, message)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_groups_refusal_forwarded_by_question_mark_keeps_its_hop_not_its_detail() {
+        let (meta, body) = Refusal::unavailable(Hop::Router, "manager `inventory` is not running").parts();
+        let err = CallError::from_answer(503, &meta, &body);
+        assert!(
+            matches!(&err, CallError::Unroutable { hop: Hop::Router, status: 503, retry_after: Some(1), detail }
+                if detail.contains("inventory")),
+            "{err:?}"
+        );
+        let forwarded = Error::from(err);
+        assert_eq!((forwarded.status, forwarded.hop()), (503, Some(Hop::Router)));
+        let response = forwarded.to_response(true);
+        let text = String::from_utf8_lossy(&response.body);
+        assert!(!text.contains("inventory"), "{text}");
+        assert_eq!(
+            response.meta.get(switchyard_proto::refusal::HOP_HEADER),
+            Some("router")
+        );
+        assert_eq!(response.meta.get("retry-after"), Some("1"));
+
+        // Nobody declares it: the caller's dependency is missing, a 502.
+        let (meta, body) = Refusal::new(Hop::Router, 404, "no manager declares event type `x`").parts();
+        assert_eq!(Error::from(CallError::from_answer(404, &meta, &body)).status, 502);
+        // Too late: a 504.
+        let (meta, body) = Refusal::timed_out(Hop::Cluster, "deadline exceeded").parts();
+        let err = CallError::from_answer(504, &meta, &body);
+        assert!(
+            matches!(
+                err,
+                CallError::TimedOut {
+                    hop: Hop::Cluster,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert_eq!(Error::from(err).status, 504);
+    }
+
+    #[test]
+    fn the_callees_own_error_goes_on_as_it_was() {
+        let own = Error::conflict("only 3 of `pear` left").to_response(false);
+        let err = CallError::from_answer(409, &own.meta, &own.body);
+        assert_eq!(err, CallError::Callee(Error::conflict("only 3 of `pear` left")));
+        let forwarded = Error::from(err);
+        assert_eq!(forwarded.hop(), None);
+        let response = forwarded.to_response(false);
+        assert_eq!(response.meta.get(switchyard_proto::refusal::HOP_HEADER), None);
+        assert_eq!((response.status, response.meta.get("retry-after")), (409, None));
     }
 }

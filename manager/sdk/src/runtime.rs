@@ -892,8 +892,17 @@ fn respond(shared: &Rc<Shared>, correlation: u64, result: Result<Response, Error
         match placed {
             // The process's shared memory is spoken for: as the host does.
             Err(switchyard_proto::Error::ShmBudget { .. }) => {
-                response =
-                    Error::unavailable("response body unavailable; retry later").to_response(expose_errors);
+                let (meta, body) = switchyard_proto::Refusal::unavailable(
+                    switchyard_proto::Hop::ManagerHost,
+                    "response body unavailable; retry later",
+                )
+                .parts();
+                response = Response {
+                    status: 503,
+                    meta,
+                    body,
+                    stream: None,
+                };
             }
             placed => {
                 let released = placed

@@ -352,29 +352,31 @@ impl Scheduler {
 
     /// Schedules `job` (made with [`Job`]).
     pub fn schedule(&self, job: Schedule) -> impl Future<Output = Result<Scheduled, Error>> + use<> {
-        self.cx.call(&job)
+        self.cx.call_for_handle(&job)
     }
 
     /// Changes a job.
     pub fn update(&self, update: Update) -> impl Future<Output = Result<Scheduled, Error>> + use<> {
-        self.cx.call(&update)
+        self.cx.call_for_handle(&update)
     }
 
     /// Cancels a job; answers whether it existed.
     pub fn cancel(&self, id: &str) -> impl Future<Output = Result<bool, Error>> + use<> {
-        let call = self.cx.call::<_, Cancelled>(&Cancel { id: id.to_owned() });
+        let call = self
+            .cx
+            .call_for_handle::<_, Cancelled>(&Cancel { id: id.to_owned() });
         async move { Ok(call.await?.cancelled) }
     }
 
     /// One job, if it exists.
     pub fn get(&self, id: &str) -> impl Future<Output = Result<Option<JobInfo>, Error>> + use<> {
-        let call = self.cx.call::<_, Found>(&GetJob { id: id.to_owned() });
+        let call = self.cx.call_for_handle::<_, Found>(&GetJob { id: id.to_owned() });
         async move { Ok(call.await?.job) }
     }
 
     /// A page of jobs.
     pub fn list(&self, list: &ListJobs) -> impl Future<Output = Result<Jobs, Error>> + use<> {
-        self.cx.call(list)
+        self.cx.call_for_handle(list)
     }
 }
 

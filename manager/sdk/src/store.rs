@@ -384,7 +384,7 @@ impl Store {
 
     /// The whole entry of `key`: value, version and expiry.
     pub fn entry(&self, key: &str) -> impl Future<Output = Result<Entry, Error>> + use<> {
-        self.cx.call(&Get { key: key.to_owned() })
+        self.cx.call_for_handle(&Get { key: key.to_owned() })
     }
 
     /// Writes `value` under `key`; answers the new version.
@@ -404,7 +404,7 @@ impl Store {
         ttl_after: Option<Duration>,
     ) -> impl Future<Output = Result<u64, Error>> + use<T> {
         let call = JsonText::encode(value).map(|value| {
-            self.cx.call::<_, Written>(&Set {
+            self.cx.call_for_handle::<_, Written>(&Set {
                 key: key.to_owned(),
                 value,
                 ttl_ms: ttl(ttl_after),
@@ -415,7 +415,7 @@ impl Store {
 
     /// Removes `key`; answers whether it existed.
     pub fn delete(&self, key: &str) -> impl Future<Output = Result<bool, Error>> + use<> {
-        let call = self.cx.call::<_, Deleted>(&Delete {
+        let call = self.cx.call_for_handle::<_, Deleted>(&Delete {
             key: key.to_owned(),
             version: None,
         });
@@ -429,7 +429,7 @@ impl Store {
         key: &str,
         version: u64,
     ) -> impl Future<Output = Result<bool, Error>> + use<> {
-        let call = self.cx.call::<_, Deleted>(&Delete {
+        let call = self.cx.call_for_handle::<_, Deleted>(&Delete {
             key: key.to_owned(),
             version: Some(version),
         });
@@ -439,7 +439,7 @@ impl Store {
     /// Adds `by` to the integer under `key` (absent counts as 0), atomically
     /// for the whole group; answers the new value.
     pub fn increment(&self, key: &str, by: i64) -> impl Future<Output = Result<i64, Error>> + use<> {
-        let call = self.cx.call::<_, Counter>(&Increment {
+        let call = self.cx.call_for_handle::<_, Counter>(&Increment {
             key: key.to_owned(),
             by,
             ttl_ms: None,
@@ -455,7 +455,7 @@ impl Store {
         value: &T,
     ) -> impl Future<Output = Result<Swapped, Error>> + use<T> {
         let call = JsonText::encode(value).map(|value| {
-            self.cx.call::<_, Swapped>(&CompareAndSet {
+            self.cx.call_for_handle::<_, Swapped>(&CompareAndSet {
                 key: key.to_owned(),
                 version,
                 value,
@@ -475,7 +475,7 @@ impl Store {
         ttl_after: Option<Duration>,
     ) -> impl Future<Output = Result<Swapped, Error>> + use<T> {
         let call = JsonText::encode(value).map(|value| {
-            self.cx.call::<_, Swapped>(&SetIfAbsent {
+            self.cx.call_for_handle::<_, Swapped>(&SetIfAbsent {
                 key: key.to_owned(),
                 value,
                 ttl_ms: ttl(ttl_after),
@@ -486,7 +486,7 @@ impl Store {
 
     /// One page of the entries under `prefix` (see [`List`]).
     pub fn list(&self, list: &List) -> impl Future<Output = Result<Listed, Error>> + use<> {
-        self.cx.call(list)
+        self.cx.call_for_handle(list)
     }
 
     /// Starts (or renews) a watch of `prefix`: changes under it arrive as
@@ -498,7 +498,7 @@ impl Store {
         prefix: &str,
         lease: Option<Duration>,
     ) -> impl Future<Output = Result<Watching, Error>> + use<> {
-        self.cx.call(&Watch {
+        self.cx.call_for_handle(&Watch {
             prefix: prefix.to_owned(),
             lease_ms: ttl(lease),
         })
@@ -506,7 +506,7 @@ impl Store {
 
     /// Ends the watch of `prefix`.
     pub fn unwatch(&self, prefix: &str) -> impl Future<Output = Result<bool, Error>> + use<> {
-        let call = self.cx.call::<_, Unwatched>(&Unwatch {
+        let call = self.cx.call_for_handle::<_, Unwatched>(&Unwatch {
             prefix: prefix.to_owned(),
         });
         async move { Ok(call.await?.removed) }
