@@ -160,6 +160,30 @@ pub(crate) fn main(role: Role, name: String, instance: u32) -> ExitCode {
     }
 }
 
+/// With `[cluster]` on, the router's port to other groups with the NATS
+/// bridge at its far end. The bridge connects in the background; one that
+/// cannot start at all (a configuration the client refuses, which the
+/// supervisor checked before starting the group) leaves the group serving
+/// alone rather than not at all.
+async fn cluster_bridge(config: &Config) -> Option<switchyard_router::remote::Remote> {
+    let cluster = &config.cluster;
+    if !cluster.enabled() {
+        return None;
+    }
+    let (port, link) = switchyard_router::remote::port(cluster.queue);
+    let threshold = config.group.shm_threshold_bytes;
+    match switchyard_cluster::start(cluster.clone(), threshold, link.from_router, link.to_router).await {
+        Ok(()) => Some(switchyard_router::remote::Remote {
+            port,
+            shared: cluster.shared.clone(),
+        }),
+        Err(err) => {
+            tracing::error!(%err, "cluster bridge not started; serving this group alone");
+            None
+        }
+    }
+}
+
 /// Runs the role until it ends; returns why it stopped.
 async fn serve(role: Role, name: String, instance: u32, spec: Spec) -> anyhow::Result<&'static str> {
     // SAFETY: the supervisor placed our end of the control socketpair at
@@ -200,8 +224,7 @@ async fn serve(role: Role, name: String, instance: u32, spec: Spec) -> anyhow::R
                 max_frame,
                 queue_capacity,
                 max_outstanding: config.group.max_outstanding_per_instance,
-                cluster: config.cluster.clone(),
-                shm_threshold: config.group.shm_threshold_bytes,
+                remote: cluster_bridge(config).await,
                 roster: Some(control.roster()),
             };
             let (declared_tx, declared) = tokio::sync::watch::channel(cfg.declared_managers.clone());

@@ -30,6 +30,8 @@
 //! - [`pipe`]: streaming shared-memory pipes (a ring and a wake socket).
 //! - [`problem`]: `application/problem+json` bodies for synthesized errors.
 //! - [`process`]: what every child process shares: logging, runtime paths.
+//! - [`remote`]: the port between the router and a link to other groups
+//!   (the frames each side sends), so neither crate names the other.
 //! - [`web`]: `Accept` negotiation and entity-tag comparison, shared by the
 //!   listener and the SDK.
 //!
@@ -54,6 +56,8 @@ pub mod pool;
 pub mod problem;
 #[cfg(feature = "runtime")]
 pub mod process;
+#[cfg(feature = "runtime")]
+pub mod remote;
 pub mod shm;
 #[cfg(feature = "runtime")]
 pub mod supervision;
