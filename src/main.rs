@@ -329,7 +329,7 @@ fn quiet_on_closed_output() {
 
 fn load_config(path: Option<&std::path::Path>) -> Result<config::Config, ExitCode> {
     let loaded = match path {
-        Some(p) => config::Config::load(p),
+        Some(p) => validate::load(p),
         None => config::Config::demo(),
     };
     loaded.map_err(|err| {

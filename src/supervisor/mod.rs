@@ -82,7 +82,7 @@ impl Source {
     /// directory. The error is what `switchyard check` prints.
     pub(crate) fn load(&self) -> Result<Config, SourceError> {
         let mut config = match &self.path {
-            Some(path) => Config::load(path).map_err(SourceError::Config)?,
+            Some(path) => crate::validate::load(path).map_err(SourceError::Config)?,
             None => {
                 let mut config = Config::demo().map_err(SourceError::Config)?;
                 crate::apidoc::gather(&mut config);

@@ -706,4 +706,3 @@ fn job_result(done: Done) -> ToPlugin {
         body: done.body,
     }
 }
-
