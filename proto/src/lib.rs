@@ -26,7 +26,10 @@
 //!   gathered from the plugins once, never sent with a request.
 //! - [`supervision`]: the child ↔ supervisor control channel.
 //! - [`shm`]: sealed memfd bodies whose descriptors travel with frames.
-//! - [`pool`]: reusable shared-memory segments for response bodies.
+//! - [`pool`]: reusable shared-memory segments for response bodies (the
+//!   producer's side); `segment`: the consumer's side of a segment.
+//! - `budget`: the shared-memory budget and the copies in and out of
+//!   memory another process may touch, under `shm`, `pool` and `pipe`.
 //! - [`pipe`]: streaming shared-memory pipes (a ring and a wake socket).
 //! - [`problem`]: `application/problem+json` bodies for synthesized errors.
 //! - [`process`]: what every child process shares: logging, runtime paths.
@@ -45,6 +48,7 @@
 pub mod accept;
 pub mod api;
 pub mod backoff;
+mod budget;
 pub mod codec;
 pub mod control;
 pub mod event;
@@ -58,6 +62,7 @@ pub mod problem;
 pub mod process;
 #[cfg(feature = "runtime")]
 pub mod remote;
+mod segment;
 pub mod shm;
 #[cfg(feature = "runtime")]
 pub mod supervision;
