@@ -90,7 +90,7 @@ pub(crate) fn main(target: &Path, sdk: Sdk) -> ExitCode {
             println!("  switchyard up -c {}/switchyard.toml", target.display());
             println!("  curl http://127.0.0.1:8080/{name}/hello/world");
             println!();
-            println!("(`switchyard` on PATH: `cargo install --path <switchyard checkout>`.)");
+            println!("(`switchyard` on PATH: `cargo install --path <switchyard checkout> --locked`.)");
             ExitCode::SUCCESS
         }
         Err(err) => {
