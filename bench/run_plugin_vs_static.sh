@@ -1,10 +1,10 @@
 #!/bin/bash
-# Build first: cargo build --release -p switchyard -p switchyard-bench -p switchyard-demo
+# Build first: cargo build --release -p switchyard -p switchyard-bench -p switchyard-demo-plugin
 # GET /noop at 1 and 8 clients: basics linked in (built-in) vs loaded from the cdylib; 3 rounds, interleaved
 set -u
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BIN=${BIN:-$ROOT/target/release}
-SO=$BIN/libswitchyard_demo.so
+SO=$BIN/libswitchyard_demo_plugin.so
 out=${OUT:-/tmp}/plugin_vs_static.tsv; : > $out
 for round in 1 2 3; do
  for mode in static plugin; do

@@ -9,7 +9,6 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use switchyard_proto::api::Catalog;
 
 use crate::config::Config;
@@ -20,64 +19,8 @@ use crate::config::Config;
 /// large API's schemas could pass.
 const CATALOG_FILE: &str = "api-catalog.json";
 
-/// `[api]` (docs/configuration.md, docs/api.md).
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub(crate) struct ApiSettings {
-    /// Serve `GET /openapi.json`, the OpenAPI 3.1 description of every
-    /// HTTP route. Default true.
-    pub(crate) openapi: bool,
-    /// Serve `GET /docs`, an HTML page of the routes, events and
-    /// notification types. Default true.
-    pub(crate) docs: bool,
-    /// The description's title (`info.title`, the page's heading). Default
-    /// `"Switchyard"`.
-    pub(crate) title: String,
-    /// The version of your API (`info.version`). Default `"1.0.0"`.
-    pub(crate) version: String,
-}
-
-impl Default for ApiSettings {
-    fn default() -> Self {
-        ApiSettings {
-            openapi: true,
-            docs: true,
-            title: "Switchyard".to_owned(),
-            version: "1.0.0".to_owned(),
-        }
-    }
-}
-
-impl ApiSettings {
-    pub(crate) fn problems(&self) -> Vec<String> {
-        let mut out = Vec::new();
-        for (key, value) in [("title", &self.title), ("version", &self.version)] {
-            if value.trim().is_empty() || value.len() > 200 {
-                out.push(format!("api.{key}: must be 1 to 200 characters"));
-            }
-        }
-        out
-    }
-
-    /// Whether anything reads the catalog.
-    pub(crate) fn enabled(&self) -> bool {
-        self.openapi || self.docs
-    }
-
-    /// The listener's settings, with `catalog`.
-    pub(crate) fn to_listener(&self, catalog: Arc<Catalog>) -> switchyard_listener::api::ApiConfig {
-        switchyard_listener::api::ApiConfig::new(
-            self.openapi,
-            self.docs,
-            self.title.clone(),
-            self.version.clone(),
-            catalog,
-        )
-    }
-}
-
 /// Gathers the catalog of a configuration that was not loaded from a file
-/// (the demo group: its plugins are built in, and `Config::load` did not
+/// (the demo group: its plugins are built in, and `validate::load` did not
 /// run the validation child). Problems were already reported or cannot
 /// happen for the built-in table; a failure leaves the catalog empty.
 pub(crate) fn gather(config: &mut Config) {

@@ -42,7 +42,7 @@ pub(crate) struct Config {
     /// `[security_headers]`: added to every HTTP response.
     pub(crate) security_headers: switchyard_listener::SecurityHeadersConfig,
     /// `[api]`: `/openapi.json` and `/docs` (docs/api.md).
-    pub(crate) api: crate::apidoc::ApiSettings,
+    pub(crate) api: ApiSettings,
     /// What the plugins declared, gathered by the validation child when
     /// the configuration is loaded; never read from the file.
     #[serde(skip)]
@@ -919,7 +919,7 @@ impl ManagerConfig {
 
     /// Opens the plugin library (or the built-in one). Runs the plugin's
     /// code: only in the processes that serve it and in the validation
-    /// child (`crate::validate`), never in the supervisor.
+    /// child (`validate.rs`), never in the supervisor.
     pub(crate) fn library(&self) -> Result<Library, LoadError> {
         open_manager_library(self.plugin.as_deref(), self.builtin.is_some())
     }
@@ -1303,27 +1303,6 @@ impl Config {
         Ok(config)
     }
 
-    /// Reads and validates `path` (the plugins too, in a child process:
-    /// see `crate::validate`), reporting every problem at once.
-    pub(crate) fn load(path: &Path) -> Result<Config, ConfigError> {
-        let config = Config::read(path)?;
-        let mut problems = match config.validate() {
-            Ok(()) => Vec::new(),
-            Err(ConfigError::Invalid(text)) => text.lines().map(str::to_owned).collect(),
-            Err(other) => return Err(other),
-        };
-        let (found, catalog) =
-            crate::validate::plugins(&config, Duration::from_millis(config.group.start_timeout_ms));
-        problems.extend(found);
-        let mut config = config;
-        config.catalog = std::sync::Arc::new(catalog);
-        if problems.is_empty() {
-            Ok(config)
-        } else {
-            Err(ConfigError::Invalid(problems.join("\n")))
-        }
-    }
-
     /// Reads `path` and resolves its relative plugin paths; checks nothing
     /// serde does not.
     pub(crate) fn read(path: &Path) -> Result<Config, ConfigError> {
@@ -1634,6 +1613,65 @@ impl Config {
 
     pub(crate) fn shutdown_grace(&self) -> Duration {
         Duration::from_millis(self.group.shutdown_grace_ms)
+    }
+}
+
+/// `[api]` (docs/configuration.md, docs/api.md).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub(crate) struct ApiSettings {
+    /// Serve `GET /openapi.json`, the OpenAPI 3.1 description of every
+    /// HTTP route. Default true.
+    pub(crate) openapi: bool,
+    /// Serve `GET /docs`, an HTML page of the routes, events and
+    /// notification types. Default true.
+    pub(crate) docs: bool,
+    /// The description's title (`info.title`, the page's heading). Default
+    /// `"Switchyard"`.
+    pub(crate) title: String,
+    /// The version of your API (`info.version`). Default `"1.0.0"`.
+    pub(crate) version: String,
+}
+
+impl Default for ApiSettings {
+    fn default() -> Self {
+        ApiSettings {
+            openapi: true,
+            docs: true,
+            title: "Switchyard".to_owned(),
+            version: "1.0.0".to_owned(),
+        }
+    }
+}
+
+impl ApiSettings {
+    pub(crate) fn problems(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for (key, value) in [("title", &self.title), ("version", &self.version)] {
+            if value.trim().is_empty() || value.len() > 200 {
+                out.push(format!("api.{key}: must be 1 to 200 characters"));
+            }
+        }
+        out
+    }
+
+    /// Whether anything reads the catalog.
+    pub(crate) fn enabled(&self) -> bool {
+        self.openapi || self.docs
+    }
+
+    /// The listener's settings, with `catalog`.
+    pub(crate) fn to_listener(
+        &self,
+        catalog: std::sync::Arc<switchyard_proto::api::Catalog>,
+    ) -> switchyard_listener::api::ApiConfig {
+        switchyard_listener::api::ApiConfig::new(
+            self.openapi,
+            self.docs,
+            self.title.clone(),
+            self.version.clone(),
+            catalog,
+        )
     }
 }
 

@@ -148,7 +148,7 @@ enum Command {
     /// Load a running server step by step: req/s, latency, errors, where it
     /// breaks and where it saturates (see bench/README.md). The scenario
     /// suite against the in-process baseline is `switchyard-suite`.
-    Bench(Box<switchyard_bench::load::Options>),
+    Bench(Box<switchyard_loadgen::Options>),
     /// Print a bearer token for the demo's `GET /me` (development only:
     /// signed with the HMAC secret of the configuration's `[auth.jwt]`,
     /// by default the demo's public development key).
@@ -329,7 +329,7 @@ fn quiet_on_closed_output() {
 
 fn load_config(path: Option<&std::path::Path>) -> Result<config::Config, ExitCode> {
     let loaded = match path {
-        Some(p) => config::Config::load(p),
+        Some(p) => validate::load(p),
         None => config::Config::demo(),
     };
     loaded.map_err(|err| {
@@ -445,7 +445,7 @@ fn main() -> ExitCode {
             };
             scaffold::main(&path, sdk)
         }
-        Command::Bench(options) => switchyard_bench::load::main(*options),
+        Command::Bench(options) => switchyard_loadgen::main(*options),
         Command::Token {
             sub,
             ttl_s,

@@ -224,26 +224,52 @@ fn start_broker(setup: Setup<'_>) -> anyhow::Result<Started> {
 }
 
 fn start_router(setup: Setup<'_>) -> anyhow::Result<Started> {
-    let config = &setup.spec.config;
+    let config = setup.spec.config.clone();
     let listener = inherit::unix_listener()?;
-    let cfg = switchyard_router::Config {
-        broker_socket: setup.paths.broker_socket(),
-        declared_managers: config.managers.iter().map(|m| m.name.clone()).collect(),
-        max_frame: config.group.max_frame_bytes,
-        queue_capacity: config.group.queue_capacity,
-        max_outstanding: config.group.max_outstanding_per_instance,
-        cluster: config.cluster.clone(),
-        shm_threshold: config.group.shm_threshold_bytes,
-        roster: Some(setup.control.roster()),
-    };
-    let (declared_tx, declared) = tokio::sync::watch::channel(cfg.declared_managers.clone());
+    let declared_managers: Vec<String> = config.managers.iter().map(|m| m.name.clone()).collect();
+    let (declared_tx, declared) = tokio::sync::watch::channel(declared_managers.clone());
+    let broker_socket = setup.paths.broker_socket();
+    let roster = Some(setup.control.roster());
     let (ready, stop) = (setup.ready, setup.stop);
     Ok(Started {
         work: Box::pin(async move {
+            let cfg = switchyard_router::Config {
+                broker_socket,
+                declared_managers,
+                max_frame: config.group.max_frame_bytes,
+                queue_capacity: config.group.queue_capacity,
+                max_outstanding: config.group.max_outstanding_per_instance,
+                remote: cluster_bridge(&config).await,
+                roster,
+            };
             Ok(switchyard_router::run_declaring(listener, cfg, ready, stop, declared).await?)
         }),
         live: Some(Live::Router(declared_tx)),
     })
+}
+
+/// With `[cluster]` on, the router's port to other groups with the NATS
+/// bridge at its far end. The bridge connects in the background; one that
+/// cannot start at all (a configuration the client refuses, which the
+/// supervisor checked before starting the group) leaves the group serving
+/// alone rather than not at all.
+async fn cluster_bridge(config: &Config) -> Option<switchyard_router::remote::Remote> {
+    let cluster = &config.cluster;
+    if !cluster.enabled() {
+        return None;
+    }
+    let (port, link) = switchyard_router::remote::port(cluster.queue);
+    let threshold = config.group.shm_threshold_bytes;
+    match switchyard_cluster::start(cluster.clone(), threshold, link.from_router, link.to_router).await {
+        Ok(()) => Some(switchyard_router::remote::Remote {
+            port,
+            shared: cluster.shared.clone(),
+        }),
+        Err(err) => {
+            tracing::error!(%err, "cluster bridge not started; serving this group alone");
+            None
+        }
+    }
 }
 
 fn start_manager(setup: Setup<'_>) -> anyhow::Result<Started> {

@@ -95,7 +95,7 @@ pub(crate) fn main(target: &Path, sdk: Sdk) -> ExitCode {
             println!("  switchyard dev        # builds it, serves it, rebuilds and reloads it on each save");
             println!("  curl http://127.0.0.1:8080/{name}/hello/world");
             println!();
-            println!("(`switchyard` on PATH: `cargo install --path <switchyard checkout>`.)");
+            println!("(`switchyard` on PATH: `cargo install --path <switchyard checkout> --locked`.)");
             ExitCode::SUCCESS
         }
         Err(err) => {

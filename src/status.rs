@@ -24,8 +24,9 @@ use switchyard_proto::transport::PeerPolicy;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::supervisor::events::{Event, ProcessInfo, ReloadError, Request};
 use crate::supervisor::reload::ReloadReport;
-use crate::supervisor::{Event, ProcessInfo, ReloadError, Request, runtime_dir};
+use crate::supervisor::runtime_dir;
 
 #[derive(serde::Serialize, serde::Deserialize)]
 struct StatusReply {

@@ -15,7 +15,7 @@
 //! plugin prints cannot forge a report line.
 
 use std::io::{BufRead, BufReader, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use switchyard_manager_host::abi::messages::CreateArgs;
 use switchyard_proto::api::{Catalog, ManagerDoc};
 
-use crate::config::Config;
+use crate::config::{Config, ConfigError};
 
 /// One manager to check.
 #[derive(Debug, Serialize, Deserialize)]
@@ -52,8 +52,27 @@ enum Report {
     /// Check `index` is over, with these problems.
     Done(usize, Vec<String>),
     /// What the manager of check `index` declared, its types described
-    /// (the group's API description: `crate::apidoc`).
+    /// (the group's API description, apidoc.rs).
     Described(usize, ManagerDoc),
+}
+
+/// Reads and validates `path`, the plugins too (in a child process, as
+/// below), reporting every problem at once.
+pub(crate) fn load(path: &Path) -> Result<Config, ConfigError> {
+    let mut config = Config::read(path)?;
+    let mut problems = match config.validate() {
+        Ok(()) => Vec::new(),
+        Err(ConfigError::Invalid(text)) => text.lines().map(str::to_owned).collect(),
+        Err(other) => return Err(other),
+    };
+    let (found, catalog) = plugins(&config, Duration::from_millis(config.group.start_timeout_ms));
+    problems.extend(found);
+    config.catalog = std::sync::Arc::new(catalog);
+    if problems.is_empty() {
+        Ok(config)
+    } else {
+        Err(ConfigError::Invalid(problems.join("\n")))
+    }
 }
 
 /// Checks every configured manager's plugin in a child process, and returns

@@ -27,7 +27,7 @@ fn tree(package: &str, extra: &[&str]) -> String {
 
 #[test]
 fn plugins_link_neither_the_host_nor_tokio_networking() {
-    for plugin in ["switchyard-example-shop", "switchyard-demo"] {
+    for plugin in ["switchyard-example-shop", "switchyard-demo-plugin"] {
         let tree = tree(plugin, &[]);
         assert!(
             tree.contains("switchyard-manager-abi "),

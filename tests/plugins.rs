@@ -101,7 +101,7 @@ fn a_plugin_serves_typed_routes_calls_and_notifications_across_processes() {
 
 #[test]
 fn the_demo_loads_from_its_cdylib_like_any_plugin() {
-    let plugin = plugin("switchyard-demo");
+    let plugin = plugin("switchyard-demo-plugin");
     let config = format!(
         "[[managers]]\nname = \"basics\"\nplugin = \"{p}\"\n[[managers]]\nname = \"payload\"\nplugin = \"{p}\"\n",
         p = plugin.display()
@@ -162,7 +162,7 @@ fn unknown_manager_in_a_plugin_is_a_configuration_error() {
 
 #[test]
 fn a_panic_with_its_backtrace_is_one_error_record() {
-    let plugin = plugin("switchyard-demo");
+    let plugin = plugin("switchyard-demo-plugin");
     // The built-in demo (the host's std) and the same code as a plugin
     // (the plugin's own std, whose hook the SDK sets).
     for (tag, entry) in [

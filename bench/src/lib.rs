@@ -5,14 +5,14 @@
 //! machine and report each Switchyard number as a ratio to it.
 //!
 //! - [`baseline`]: the in-process server (also the `switchyard-baseline` binary).
-//! - [`load`]: the load generator (also the `switchyard-load` binary).
+//! - [`load`]: the load generator, crate `switchyard-loadgen` (also the
+//!   `switchyard-load` binary); the product binary links that crate alone.
 //! - [`suite`]: the scenario suite (the `switchyard-suite` binary).
-//! - [`h3`]: the load generator's HTTP/3 client (`--http3`).
-//! - [`tls`]: TLS for all three (a CA to trust or none, the baseline's
-//!   certificate, the suite's test certificates).
+//! - [`tls`]: the servers' TLS (the baseline's certificate, the suite's
+//!   test certificates).
 
 pub mod baseline;
-pub mod h3;
-pub mod load;
 pub mod suite;
 pub mod tls;
+
+pub use switchyard_loadgen as load;

@@ -1,7 +1,7 @@
 //! The connection to NATS and the tasks that move frames across it.
 //!
-//! One task ([`Bridge::start`]'s loop) takes what the router sends
-//! ([`ToCluster`]) in order; each call across groups, and each reply owed to
+//! One task ([`start`]'s loop) takes what the router sends
+//! ([`ToRemote`]) in order; each call across groups, and each reply owed to
 //! another group, runs on a task of its own so a slow group never holds up
 //! another. Subscriptions: one queue subscription per event type this group
 //! serves (so NATS balances calls over every group that serves it), one to
@@ -18,143 +18,74 @@ use async_nats::{Client, ConnectErrorKind, ConnectOptions, Event, Message, Subje
 use bytes::Bytes;
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
-use switchyard_proto::control::{LinkState, RouteEntry, TypeNeeds};
+use switchyard_proto::control::LinkState;
 use switchyard_proto::event::Payload;
+use switchyard_proto::remote::{FromRemote, Manifest, REMOTE_ID, ToRemote};
 use switchyard_proto::{Deadline, Envelope, EventType, Hop, Kind, Origin, Refusal};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use crate::wire::{self, call_subject, note_subject};
-use crate::{BRIDGE_ID, Config, Error};
+use crate::{Config, Error};
 
-/// Router → bridge.
-#[derive(Debug)]
-pub enum ToCluster {
-    /// A request no local manager takes (or of a shared type): call the
-    /// cluster. Answered with [`FromCluster::Response`], always.
-    Request(Envelope),
-    /// The response to a request that came from the cluster
-    /// ([`FromCluster::Request`], origin `Manager(BRIDGE_ID)`).
-    Response(Envelope),
-    /// A notification emitted in this group (never one that came from the
-    /// cluster: that would loop).
-    Notification(Envelope),
-    /// What this group serves now.
-    Local(Manifest),
-}
-
-/// Bridge → router.
-#[derive(Debug)]
-pub enum FromCluster {
-    /// The answer to a [`ToCluster::Request`].
-    Response(Envelope),
-    /// A call from another group, for a type this group serves; its origin
-    /// is `Manager(BRIDGE_ID)`. Route it locally only.
-    Request(Envelope),
-    /// A notification emitted in another group: deliver it here only.
-    Notification(Envelope),
-    /// Another group's routes: the listeners here accept them too.
-    Routes { group: String, manifest: Manifest },
-    /// Another group stopped cleanly and said so: forget its routes now,
-    /// not after [`MANIFEST_EXPIRY`].
-    Left { group: String },
-    /// The link's state changed.
-    Status(LinkState),
-}
-
-/// What a group serves: the request types its managers answer now, and the
-/// HTTP routes and needs of those types.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Manifest {
-    pub serves: BTreeSet<EventType>,
-    pub routes: Vec<RouteEntry>,
-    pub needs: Vec<TypeNeeds>,
-}
-
-/// A running bridge: the router's end of it.
-#[derive(Clone)]
-pub struct Bridge {
-    to: mpsc::Sender<ToCluster>,
-    client: Client,
-    cluster: String,
-    group: String,
-}
-
-impl Bridge {
-    /// Starts the connection (in the background: NATS being down does not
-    /// stop the router) and the bridge's tasks. What the cluster sends
-    /// arrives on `from`. `shm_threshold`: bodies from the cluster at least
-    /// this large go into shared memory, as the listener's do.
-    pub async fn start(
-        config: Config,
-        shm_threshold: usize,
-        from: mpsc::Sender<FromCluster>,
-    ) -> Result<Bridge, Error> {
-        let group = group_id();
-        let (events_tx, events) = mpsc::unbounded_channel();
-        let options = options(&config)?
-            .retry_on_initial_connect()
-            .max_reconnects(None)
-            .event_callback(move |event| {
-                let events = events_tx.clone();
-                async move {
-                    let _ = events.send(event);
-                }
-            });
-        let client = options
-            .connect(config.nats.clone())
-            .await
-            .map_err(|e| Error::Unreachable(e.to_string()))?;
-        let (to, rx) = mpsc::channel(config.queue);
-        let core = Arc::new(Core {
-            client: client.clone(),
-            cluster: config.name.clone(),
-            group,
-            from,
-            pending: Mutex::new(HashMap::new()),
-            next: AtomicU64::new(1),
-            shm_threshold,
-            default_timeout: config.request_timeout(),
+/// Starts the connection (in the background: NATS being down does not
+/// stop the router) and the bridge's tasks, on the far end of the
+/// router's port: frames from the router arrive on `from_router`, what
+/// the cluster sends goes out on `to_router`. `shm_threshold`: bodies
+/// from the cluster at least this large go into shared memory, as the
+/// listener's do. The bridge runs until the router drops its end.
+pub async fn start(
+    config: Config,
+    shm_threshold: usize,
+    from_router: mpsc::Receiver<ToRemote>,
+    to_router: mpsc::Sender<FromRemote>,
+) -> Result<(), Error> {
+    let group = group_id();
+    let (events_tx, events) = mpsc::unbounded_channel();
+    let options = options(&config)?
+        .retry_on_initial_connect()
+        .max_reconnects(None)
+        .event_callback(move |event| {
+            let events = events_tx.clone();
+            async move {
+                let _ = events.send(event);
+            }
         });
-        tracing::info!(cluster = %config.name, servers = ?redacted(&config.nats), group = %core.group, "cluster bridge starting");
-        let (cluster, group) = (core.cluster.clone(), core.group.clone());
-        tokio::spawn(run(core, rx, events));
-        Ok(Bridge {
-            to,
-            client,
-            cluster,
-            group,
-        })
-    }
+    let client = options
+        .connect(config.nats.clone())
+        .await
+        .map_err(|e| Error::Unreachable(e.to_string()))?;
+    let core = Arc::new(Core {
+        client,
+        cluster: config.name.clone(),
+        group,
+        from: to_router,
+        pending: Mutex::new(HashMap::new()),
+        next: AtomicU64::new(1),
+        shm_threshold,
+        default_timeout: config.request_timeout(),
+    });
+    tracing::info!(cluster = %config.name, servers = ?redacted(&config.nats), group = %core.group, "cluster bridge starting");
+    tokio::spawn(run(core, from_router, events));
+    Ok(())
+}
 
-    /// Tells the other groups this one is leaving (a clean stop), so that
-    /// they forget its routes at once rather than after
-    /// [`MANIFEST_EXPIRY`]; waits at most a second for it to go out.
-    pub async fn leave(&self) {
-        if !self.connected() {
-            return;
-        }
-        let subject = format!("{}.goodbye", self.cluster);
-        if self
-            .client
-            .publish(subject, self.group.clone().into())
-            .await
-            .is_ok()
-        {
-            let _ = tokio::time::timeout(Duration::from_secs(1), self.client.flush()).await;
-        }
+/// Tells the other groups this group is leaving (a clean stop), so that
+/// they forget its routes at once rather than after
+/// [`MANIFEST_EXPIRY`](switchyard_proto::remote::MANIFEST_EXPIRY);
+/// waits at most a second for it to go out.
+async fn leave(core: &Core) {
+    if core.client.connection_state() != State::Connected {
+        return;
     }
-
-    /// Queues `frame` for the cluster; gives it back when the queue is full
-    /// (the caller answers 503).
-    pub fn send(&self, frame: ToCluster) -> Result<(), ToCluster> {
-        self.to.try_send(frame).map_err(|e| e.into_inner())
-    }
-
-    /// Whether the link is up now: when it is not, a call across groups is
-    /// answered 503 at once rather than queued for a reconnection.
-    pub fn connected(&self) -> bool {
-        self.client.connection_state() == State::Connected
+    let subject = format!("{}.goodbye", core.cluster);
+    if core
+        .client
+        .publish(subject, core.group.clone().into())
+        .await
+        .is_ok()
+    {
+        let _ = tokio::time::timeout(Duration::from_secs(1), core.client.flush()).await;
     }
 }
 
@@ -235,7 +166,8 @@ struct Core {
     client: Client,
     cluster: String,
     group: String,
-    from: mpsc::Sender<FromCluster>,
+    /// The router's end of the port.
+    from: mpsc::Sender<FromRemote>,
     /// Calls from the cluster being served here, by the correlation id
     /// given them: where to reply, and when to give up on the entry.
     pending: Mutex<HashMap<u64, (Subject, Instant)>>,
@@ -256,7 +188,7 @@ impl Core {
         }
     }
 
-    async fn to_router(&self, frame: FromCluster) {
+    async fn to_router(&self, frame: FromRemote) {
         if self.from.send(frame).await.is_err() {
             tracing::debug!("router gone; frame from the cluster dropped");
         }
@@ -270,7 +202,7 @@ impl Core {
 
 /// The bridge's main loop: frames from the router, link events, and the
 /// sweep of replies nobody will send.
-async fn run(core: Arc<Core>, mut rx: mpsc::Receiver<ToCluster>, mut events: mpsc::UnboundedReceiver<Event>) {
+async fn run(core: Arc<Core>, mut rx: mpsc::Receiver<ToRemote>, mut events: mpsc::UnboundedReceiver<Event>) {
     let (hello_tx, mut hellos) = mpsc::unbounded_channel();
     tokio::spawn(notifications(core.clone()));
     tokio::spawn(manifests(core.clone(), hello_tx));
@@ -284,18 +216,22 @@ async fn run(core: Arc<Core>, mut rx: mpsc::Receiver<ToCluster>, mut events: mps
         tokio::select! {
             frame = rx.recv() => match frame {
                 None => return,
-                Some(ToCluster::Request(env)) => {
+                Some(ToRemote::Request(env)) => {
                     tokio::spawn(call(core.clone(), env));
                 }
-                Some(ToCluster::Response(env)) => {
+                Some(ToRemote::Response(env)) => {
                     let reply = core.pending().remove(&env.correlation);
                     match reply {
                         Some((subject, _)) => { tokio::spawn(reply_to(core.clone(), subject, env)); }
                         None => tracing::debug!(request_id = env.meta.request_id(), "reply to a cluster call that gave up"),
                     }
                 }
-                Some(ToCluster::Notification(env)) => publish_notification(&core, env).await,
-                Some(ToCluster::Local(next)) => {
+                Some(ToRemote::Notification(env)) => publish_notification(&core, env).await,
+                Some(ToRemote::Leave(done)) => {
+                    leave(&core).await;
+                    let _ = done.send(());
+                }
+                Some(ToRemote::Local(next)) => {
                     serve(&core, &mut serving, &next.serves);
                     if next != manifest {
                         manifest = next;
@@ -328,7 +264,7 @@ async fn run(core: Arc<Core>, mut rx: mpsc::Receiver<ToCluster>, mut events: mps
                 };
                 if let Some(state) = state && state != status {
                     status = state;
-                    core.to_router(FromCluster::Status(status)).await;
+                    core.to_router(FromRemote::Status(status)).await;
                 }
             }
             Some(Hello::Joined) = hellos.recv() => publish_manifest(&core, &manifest).await,
@@ -397,7 +333,7 @@ async fn incoming_call(core: &Arc<Core>, msg: Message) {
     let payload = match core.payload(msg.payload) {
         Ok(p) => p,
         Err(err) => {
-            let stub = stub(decoded.event_type, Origin::Manager(BRIDGE_ID), correlation);
+            let stub = stub(decoded.event_type, Origin::Manager(REMOTE_ID), correlation);
             return reply_to(
                 core.clone(),
                 reply,
@@ -410,7 +346,7 @@ async fn incoming_call(core: &Arc<Core>, msg: Message) {
         event_type: decoded.event_type,
         kind: Kind::Request,
         correlation,
-        origin: Origin::Manager(BRIDGE_ID),
+        origin: Origin::Manager(REMOTE_ID),
         deadline: Deadline::after(timeout),
         status: 0,
         meta: decoded.meta,
@@ -422,7 +358,7 @@ async fn incoming_call(core: &Arc<Core>, msg: Message) {
         correlation,
         (reply, Instant::now() + timeout + Duration::from_secs(5)),
     );
-    core.to_router(FromCluster::Request(env)).await;
+    core.to_router(FromRemote::Request(env)).await;
 }
 
 /// Sends a local response back to the group that called.
@@ -468,10 +404,6 @@ fn body_of(core: &Core, payload: Payload) -> Result<Bytes, (u16, String)> {
 /// How often a group re-publishes its manifest.
 pub const HEARTBEAT: Duration = Duration::from_secs(30);
 
-/// A group whose manifest has not come for this long, while our link was
-/// up, has left: its routes and types are forgotten (3 heartbeats).
-pub const MANIFEST_EXPIRY: Duration = Duration::from_secs(90);
-
 /// Bytes of `max_payload` kept for the headers.
 const HEADROOM: usize = 4096;
 
@@ -489,12 +421,12 @@ async fn call(core: Arc<Core>, env: Envelope) {
     let request_id = env.meta.request_id().map(str::to_owned);
     if core.client.connection_state() != State::Connected {
         let e = answer(503, "the cluster link is down; no other group can be reached");
-        return core.to_router(FromCluster::Response(e)).await;
+        return core.to_router(FromRemote::Response(e)).await;
     }
     let timeout = env.deadline.remaining().unwrap_or(core.default_timeout);
     if timeout.is_zero() {
         return core
-            .to_router(FromCluster::Response(answer(504, "deadline exceeded")))
+            .to_router(FromRemote::Response(answer(504, "deadline exceeded")))
             .await;
     }
     let body = match body_of(&core, env.payload) {
@@ -506,7 +438,7 @@ async fn call(core: Arc<Core>, env: Envelope) {
                 status,
                 &format!("the request {detail}; raise max_payload on the NATS server"),
             );
-            return core.to_router(FromCluster::Response(e)).await;
+            return core.to_router(FromRemote::Response(e)).await;
         }
     };
     let headers = wire::headers(env.event_type, &core.group, &env.meta, None, Some(timeout));
@@ -530,7 +462,7 @@ async fn call(core: Arc<Core>, env: Envelope) {
             answer(status, detail)
         }
     };
-    core.to_router(FromCluster::Response(reply)).await;
+    core.to_router(FromRemote::Response(reply)).await;
 }
 
 /// The response another group sent, as the requester here expects it.
@@ -609,7 +541,7 @@ async fn notifications(core: Arc<Core>) {
         let mut env = Envelope::notification(decoded.event_type, Bytes::new());
         env.meta = decoded.meta;
         env.payload = payload;
-        core.to_router(FromCluster::Notification(env)).await;
+        core.to_router(FromRemote::Notification(env)).await;
     }
 }
 
@@ -673,7 +605,7 @@ async fn manifests(core: Arc<Core>, hellos: mpsc::UnboundedSender<Hello>) {
                 if group == core.group {
                     continue;
                 }
-                core.to_router(FromCluster::Routes { group, manifest }).await;
+                core.to_router(FromRemote::Routes { group, manifest }).await;
             }
             Some(msg) = joined.next() => {
                 if msg.payload != core.group.as_bytes() {
@@ -682,7 +614,7 @@ async fn manifests(core: Arc<Core>, hellos: mpsc::UnboundedSender<Hello>) {
             }
             Some(msg) = left.next() => {
                 match String::from_utf8(msg.payload.to_vec()) {
-                    Ok(group) if group != core.group => core.to_router(FromCluster::Left { group }).await,
+                    Ok(group) if group != core.group => core.to_router(FromRemote::Left { group }).await,
                     Ok(_) => {}
                     Err(_) => tracing::warn!("malformed goodbye from the cluster dropped"),
                 }

@@ -1,9 +1,11 @@
 //! The NATS bridge: joins Switchyard groups on several machines.
 //!
 //! It runs inside the router process (docs/decisions/0070-cluster-bridge-in-the-router.md),
-//! on its own tasks: the router hands it what no local manager serves
-//! (requests, responses to requests that came from NATS, every notification
-//! emitted here) and gets back what the cluster sends (responses to its
+//! on its own tasks, at the far end of the router's port to other groups
+//! (`switchyard_proto::remote`; the server's `roles.rs` connects the two,
+//! so this crate and the router never name each other). The router hands
+//! it what no local manager serves (requests, responses to requests that
+//! came from NATS, every notification emitted here) and gets back what the cluster sends (responses to its
 //! calls, calls for the types it serves, notifications emitted elsewhere,
 //! the HTTP routes other groups declare). It never holds the router's table
 //! lock and the router never waits on NATS: a frame for the bridge is
@@ -30,12 +32,8 @@ pub mod bridge;
 pub mod config;
 mod wire;
 
-pub use bridge::{Bridge, FromCluster, HEARTBEAT, MANIFEST_EXPIRY, Manifest, ToCluster, options, probe};
+pub use bridge::{HEARTBEAT, options, probe, start};
 pub use config::Config;
-
-/// The origin id the router gives requests that came from NATS: never a
-/// manager instance's (those count up from 1).
-pub const BRIDGE_ID: u64 = u64::MAX;
 
 /// Why the bridge could not start or connect.
 #[derive(Debug, thiserror::Error)]

@@ -16,7 +16,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::EventType;
+use bytes::Bytes;
+
+use crate::event::{Deadline, Kind, Meta, Origin, Payload};
+use crate::{Envelope, EventType};
 
 /// A control message.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -64,6 +67,32 @@ pub enum Control {
     /// drops its handler and stops its jobs; an answer that still comes is
     /// dropped (docs/decisions/0092-cancellation-as-a-control-frame.md).
     Cancel,
+}
+
+/// Control frames are envelopes of their own kind; built and read here,
+/// so the envelope's module does not name this one.
+impl Envelope {
+    /// A control frame carrying `message`.
+    pub fn control(message: &Control) -> crate::Result<Envelope> {
+        Ok(Envelope {
+            event_type: EventType::CONTROL,
+            kind: Kind::Control,
+            correlation: 0,
+            origin: Origin::Unset,
+            deadline: Deadline::NONE,
+            status: 0,
+            meta: Meta::default(),
+            payload: Payload::Inline(Bytes::from(crate::codec::encode(message)?)),
+        })
+    }
+
+    /// Decodes the control message of a [`Kind::Control`] frame.
+    pub fn decode_control(&self) -> crate::Result<Control> {
+        match &self.payload {
+            Payload::Inline(bytes) => crate::codec::decode(bytes),
+            _ => Err(crate::Error::Malformed("control frame with shm payload")),
+        }
+    }
 }
 
 impl Control {

@@ -118,7 +118,7 @@ pub fn now_micros() -> u64 {
 
 /// Meta keys of the request context: what the listener copies from the
 /// request into the event when its type declares it
-/// ([`RequestNeeds`](crate::control::RequestNeeds)). They all begin with
+/// (`control::RequestNeeds`). They all begin with
 /// `:`, which no HTTP header name can, so a response's meta never turns
 /// one into a header and no client can send one.
 pub const META_REQUEST_ID: &str = ":request-id";
@@ -308,28 +308,6 @@ impl Envelope {
             status,
             meta,
             payload: Payload::Inline(body),
-        }
-    }
-
-    /// A control frame carrying `message`.
-    pub fn control(message: &crate::control::Control) -> crate::Result<Envelope> {
-        Ok(Envelope {
-            event_type: EventType::CONTROL,
-            kind: Kind::Control,
-            correlation: 0,
-            origin: Origin::Unset,
-            deadline: Deadline::NONE,
-            status: 0,
-            meta: Meta::default(),
-            payload: Payload::Inline(Bytes::from(crate::codec::encode(message)?)),
-        })
-    }
-
-    /// Decodes the control message of a [`Kind::Control`] frame.
-    pub fn decode_control(&self) -> crate::Result<crate::control::Control> {
-        match &self.payload {
-            Payload::Inline(bytes) => crate::codec::decode(bytes),
-            _ => Err(crate::Error::Malformed("control frame with shm payload")),
         }
     }
 }

@@ -1,10 +1,13 @@
-//! Sending and receiving file descriptors with stream bytes (`SCM_RIGHTS`).
+//! Sending and receiving file descriptors with stream bytes (`SCM_RIGHTS`),
+//! and the 16-byte [`Record`]s a ring link's socket carries them with.
 //! The only unsafe code of the transport.
 
 use std::io::{self, IoSlice};
-use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 use bytes::BytesMut;
+
+use crate::{Error, Result};
 
 /// Most descriptors one `sendmsg` carries; the reader's control buffer fits
 /// this many (the kernel never merges two messages' descriptors into one read).
@@ -84,4 +87,79 @@ const fn align(n: usize) -> usize {
 /// plus data, each aligned to the pointer size.
 const fn cmsg_space(fds: usize) -> usize {
     align(std::mem::size_of::<libc::cmsghdr>()) + align(fds * std::mem::size_of::<RawFd>())
+}
+
+/// A message on a ring link's socket: 16 bytes, descriptors attached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Record {
+    /// The sender's outgoing ring: its memfd and wake socket attached.
+    Hello { capacity: u64 },
+    /// Descriptors of the marked frame starting at stream byte `offset` of
+    /// the sender's ring.
+    Descriptors { offset: u64, count: u8 },
+}
+
+pub(crate) const RECORD_LEN: usize = 16;
+pub(crate) const TAG_HELLO: u8 = 0xA1;
+pub(crate) const TAG_DESCRIPTORS: u8 = 0xD5;
+
+impl Record {
+    pub(crate) fn encode(self) -> [u8; RECORD_LEN] {
+        let mut out = [0u8; RECORD_LEN];
+        match self {
+            Record::Hello { capacity } => {
+                out[0] = TAG_HELLO;
+                out[8..].copy_from_slice(&capacity.to_le_bytes());
+            }
+            Record::Descriptors { offset, count } => {
+                out[0] = TAG_DESCRIPTORS;
+                out[1] = count;
+                out[8..].copy_from_slice(&offset.to_le_bytes());
+            }
+        }
+        out
+    }
+
+    pub(crate) fn decode(bytes: &[u8]) -> Result<Record> {
+        if bytes.len() != RECORD_LEN || bytes[2..8].iter().any(|&b| b != 0) {
+            return Err(Error::Malformed("bad link record"));
+        }
+        let value = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes"));
+        match (bytes[0], bytes[1]) {
+            (TAG_HELLO, 0) => Ok(Record::Hello { capacity: value }),
+            (TAG_DESCRIPTORS, count) if count > 0 => Ok(Record::Descriptors { offset: value, count }),
+            _ => Err(Error::Malformed("unknown link record")),
+        }
+    }
+}
+
+/// Receives the next descriptor record waiting on a ring link's socket,
+/// without blocking: (offset of its frame, descriptors), or `None` when
+/// none is queued. The writer sends a frame's record before the frame's
+/// first byte enters the ring, so when a reader meets a marked frame its
+/// record is already queued here.
+///
+/// One record per call, so a reader takes only the records of frames it
+/// has reached: the rest stay in the socket, whose full buffer holds the
+/// writer back, instead of piling up in the reader.
+pub(crate) fn receive_record(socket: BorrowedFd<'_>) -> Result<Option<(u64, Vec<OwnedFd>)>> {
+    let mut buf = BytesMut::with_capacity(RECORD_LEN);
+    let mut fds = Vec::new();
+    // Linux ends a read after a message that carries descriptors, and
+    // every record carries some: one record per read.
+    match recv(socket.as_raw_fd(), &mut buf, &mut fds) {
+        Ok(0) => return Ok(None),
+        Ok(_) => {}
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted => {
+            return Ok(None);
+        }
+        Err(e) => return Err(e.into()),
+    }
+    match Record::decode(&buf)? {
+        Record::Descriptors { offset, count } if fds.len() == count as usize => Ok(Some((offset, fds))),
+        Record::Descriptors { .. } => Err(Error::Descriptors(
+            "a descriptor record came with another number of descriptors".into(),
+        )),
+        Record::Hello { .. } => Err(Error::Malformed("a second ring hand-over")),
+    }
 }

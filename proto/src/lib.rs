@@ -26,12 +26,17 @@
 //!   gathered from the plugins once, never sent with a request.
 //! - [`supervision`]: the child ↔ supervisor control channel.
 //! - [`shm`]: sealed memfd bodies whose descriptors travel with frames.
-//! - [`pool`]: reusable shared-memory segments for response bodies.
+//! - [`pool`]: reusable shared-memory segments for response bodies (the
+//!   producer's side); `segment`: the consumer's side of a segment.
+//! - `budget`: the shared-memory budget and the copies in and out of
+//!   memory another process may touch, under `shm`, `pool` and `pipe`.
 //! - [`pipe`]: streaming shared-memory pipes (a ring and a wake socket).
 //! - [`problem`]: `application/problem+json` bodies for synthesized errors.
 //! - [`refusal`]: the answer a hop makes when it cannot deliver: status,
 //!   detail, which hop, when to retry (decision 0116).
 //! - [`process`]: what every child process shares: logging, runtime paths.
+//! - [`remote`]: the port between the router and a link to other groups
+//!   (the frames each side sends), so neither crate names the other.
 //! - [`web`]: `Accept` negotiation and entity-tag comparison, shared by the
 //!   listener and the SDK.
 //!
@@ -45,6 +50,7 @@
 pub mod accept;
 pub mod api;
 pub mod backoff;
+mod budget;
 pub mod codec;
 pub mod control;
 pub mod event;
@@ -57,6 +63,9 @@ pub mod problem;
 #[cfg(feature = "runtime")]
 pub mod process;
 pub mod refusal;
+#[cfg(feature = "runtime")]
+pub mod remote;
+mod segment;
 pub mod shm;
 #[cfg(feature = "runtime")]
 pub mod supervision;

@@ -23,7 +23,7 @@
 
 use std::collections::VecDeque;
 use std::io::{self, IoSlice};
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -34,8 +34,10 @@ use tokio::net::UnixStream;
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::{Notify, watch};
 
+use crate::fdpass::{RECORD_LEN, Record};
 use crate::pipe::{AsyncPipe, Progress, StreamHandle};
-use crate::transport::{FrameReader, FrameSink, Refused, spawn_writer};
+pub use crate::transport::{DEFAULT_YIELDS, set_yields, yields};
+use crate::transport::{FrameReader, FrameSink, Refused, RingQueue, spawn_writer};
 use crate::{Envelope, Error, Payload, Result, fdpass, frame};
 
 /// How the frames of a link travel.
@@ -58,70 +60,9 @@ pub const RING_CAPACITY: usize = 256 * 1024;
 /// How long a link waits for its peer's half of the hand-over.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// A message on a ring link's socket: 16 bytes, descriptors attached.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Record {
-    /// The sender's outgoing ring: its memfd and wake socket attached.
-    Hello { capacity: u64 },
-    /// Descriptors of the marked frame starting at stream byte `offset` of
-    /// the sender's ring.
-    Descriptors { offset: u64, count: u8 },
-}
-
-const RECORD_LEN: usize = 16;
-const TAG_HELLO: u8 = 0xA1;
-const TAG_DESCRIPTORS: u8 = 0xD5;
-
-impl Record {
-    fn encode(self) -> [u8; RECORD_LEN] {
-        let mut out = [0u8; RECORD_LEN];
-        match self {
-            Record::Hello { capacity } => {
-                out[0] = TAG_HELLO;
-                out[8..].copy_from_slice(&capacity.to_le_bytes());
-            }
-            Record::Descriptors { offset, count } => {
-                out[0] = TAG_DESCRIPTORS;
-                out[1] = count;
-                out[8..].copy_from_slice(&offset.to_le_bytes());
-            }
-        }
-        out
-    }
-
-    fn decode(bytes: &[u8]) -> Result<Record> {
-        if bytes.len() != RECORD_LEN || bytes[2..8].iter().any(|&b| b != 0) {
-            return Err(Error::Malformed("bad link record"));
-        }
-        let value = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes"));
-        match (bytes[0], bytes[1]) {
-            (TAG_HELLO, 0) => Ok(Record::Hello { capacity: value }),
-            (TAG_DESCRIPTORS, count) if count > 0 => Ok(Record::Descriptors { offset: value, count }),
-            _ => Err(Error::Malformed("unknown link record")),
-        }
-    }
-}
-
 /// This process's transport (`group.transport`): every process of a group
 /// uses the same, set once at start by the role's entry.
 static TRANSPORT: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
-
-/// Times a ring reader gives up the CPU before it sleeps (`group.ring_yields`).
-static YIELDS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(DEFAULT_YIELDS);
-
-/// The default of [`set_yields`]: measured in decision 0040.
-pub const DEFAULT_YIELDS: usize = 3;
-
-/// Sets how many times a ring reader that found its ring empty yields the
-/// CPU (re-checking in between) before it sleeps and must be woken.
-pub fn set_yields(yields: usize) {
-    YIELDS.store(yields, Ordering::Relaxed);
-}
-
-/// See [`set_yields`].
-pub fn yields() -> usize {
-    YIELDS.load(Ordering::Relaxed)
-}
 
 /// Sets the transport [`open`] uses in this process.
 pub fn set_transport(transport: Transport) {
@@ -258,37 +199,6 @@ async fn send_record(socket: &UnixStream, record: Record, fds: &[RawFd]) -> Resu
     }
 }
 
-/// Receives the next descriptor record waiting on a ring link's socket,
-/// without blocking: (offset of its frame, descriptors), or `None` when
-/// none is queued. The writer sends a frame's record before the frame's
-/// first byte enters the ring, so when a reader meets a marked frame its
-/// record is already queued here.
-///
-/// One record per call, so a reader takes only the records of frames it
-/// has reached: the rest stay in the socket, whose full buffer holds the
-/// writer back, instead of piling up in the reader.
-pub(crate) fn receive_record(socket: BorrowedFd<'_>) -> Result<Option<(u64, Vec<OwnedFd>)>> {
-    let mut buf = BytesMut::with_capacity(RECORD_LEN);
-    let mut fds = Vec::new();
-    // Linux ends a read after a message that carries descriptors, and
-    // every record carries some: one record per read.
-    match fdpass::recv(socket.as_raw_fd(), &mut buf, &mut fds) {
-        Ok(0) => return Ok(None),
-        Ok(_) => {}
-        Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted => {
-            return Ok(None);
-        }
-        Err(e) => return Err(e.into()),
-    }
-    match Record::decode(&buf)? {
-        Record::Descriptors { offset, count } if fds.len() == count as usize => Ok(Some((offset, fds))),
-        Record::Descriptors { .. } => Err(Error::Descriptors(
-            "a descriptor record came with another number of descriptors".into(),
-        )),
-        Record::Hello { .. } => Err(Error::Malformed("a second ring hand-over")),
-    }
-}
-
 /// A frame on its way into the ring.
 struct Pending {
     /// Prefix and header, then the inline payload.
@@ -360,6 +270,28 @@ pub(crate) struct RingWriter {
 /// What [`FrameSink`] holds: when the last clone drops, the writer task
 /// flushes what is pending, ends the ring and closes its socket half.
 pub(crate) struct RingSender(pub(crate) Arc<RingWriter>);
+
+impl RingQueue for RingSender {
+    fn send(&self, env: Envelope) -> std::result::Result<(), Refused> {
+        self.0.send(env)
+    }
+
+    fn room(&self) -> tokio::sync::futures::Notified<'_> {
+        self.0.room()
+    }
+
+    fn is_closed(&self) -> bool {
+        self.0.is_closed()
+    }
+
+    fn queued(&self) -> usize {
+        self.0.queued()
+    }
+
+    fn wait_closed(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {
+        Box::pin(self.0.wait_closed())
+    }
+}
 
 impl Drop for RingSender {
     fn drop(&mut self) {
@@ -591,6 +523,7 @@ async fn write_task(writer: Arc<RingWriter>) -> Result<()> {
 mod tests {
     use super::*;
     use crate::EventType;
+    use crate::fdpass::{TAG_DESCRIPTORS, TAG_HELLO};
     use crate::frame::DEFAULT_MAX_FRAME;
 
     async fn pair(

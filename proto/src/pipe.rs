@@ -35,7 +35,7 @@ use nix::fcntl::{FcntlArg, SealFlag, fcntl};
 use nix::sys::memfd::{MFdFlags, memfd_create};
 use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
 
-use crate::shm::Reservation;
+use crate::budget::{Reservation, copy_from_shared, copy_to_shared};
 use crate::{Error, Result};
 
 /// Ring capacity of a pipe unless its creator asks otherwise: big enough
@@ -247,8 +247,8 @@ impl Ring {
         // the stores are atomic (a race on values, never UB).
         unsafe {
             let data = self.map.as_mut_ptr().add(HEADER);
-            crate::shm::copy_to_shared(data.add(start), &src[..first]);
-            crate::shm::copy_to_shared(data, &src[first..]);
+            copy_to_shared(data.add(start), &src[..first]);
+            copy_to_shared(data, &src[first..]);
         }
     }
 
@@ -266,8 +266,8 @@ impl Ring {
         // loads are atomic). `dst` is the caller's promise.
         unsafe {
             let data = self.map.as_mut_ptr().add(HEADER);
-            crate::shm::copy_from_shared(data.add(start), dst, first);
-            crate::shm::copy_from_shared(data, dst.add(first), len - first);
+            copy_from_shared(data.add(start), dst, first);
+            copy_from_shared(data, dst.add(first), len - first);
         }
     }
 

@@ -12,58 +12,18 @@ use std::os::fd::OwnedFd;
 #[cfg(feature = "runtime")]
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
 use nix::fcntl::{FcntlArg, SealFlag, fcntl};
 use nix::sys::memfd::{MFdFlags, memfd_create};
 
+use crate::budget::Reservation;
+pub use crate::budget::{in_use, set_budget};
 use crate::{Error, Result};
 
 /// Bodies at least this large go through shared memory by default.
 pub const DEFAULT_THRESHOLD: usize = 64 * 1024;
-
-/// Bytes of shared memory this process has mapped or created and not yet
-/// released; bounded by [`set_budget`].
-static IN_USE: AtomicU64 = AtomicU64::new(0);
-static BUDGET: AtomicU64 = AtomicU64::new(u64::MAX);
-
-/// Sets this process's shared-memory budget in bytes. Creating a body over
-/// budget fails with [`Error::ShmBudget`] (answered with 503).
-pub fn set_budget(bytes: u64) {
-    BUDGET.store(bytes, Ordering::Relaxed);
-}
-
-/// Bytes this process holds in shared-memory bodies right now.
-pub fn in_use() -> u64 {
-    IN_USE.load(Ordering::Relaxed)
-}
-
-/// Accounts `len` bytes against the budget until dropped.
-#[derive(Debug)]
-pub(crate) struct Reservation(u64);
-
-impl Reservation {
-    pub(crate) fn take(len: u64) -> Result<Reservation> {
-        let budget = BUDGET.load(Ordering::Relaxed);
-        let mut current = IN_USE.load(Ordering::Relaxed);
-        loop {
-            if current.saturating_add(len) > budget {
-                return Err(Error::ShmBudget { len, budget });
-            }
-            match IN_USE.compare_exchange_weak(current, current + len, Ordering::Relaxed, Ordering::Relaxed) {
-                Ok(_) => return Ok(Reservation(len)),
-                Err(now) => current = now,
-            }
-        }
-    }
-}
-
-impl Drop for Reservation {
-    fn drop(&mut self) {
-        IN_USE.fetch_sub(self.0, Ordering::Relaxed);
-    }
-}
 
 #[derive(Debug)]
 struct Segment {
@@ -76,7 +36,7 @@ struct Segment {
     /// across the plugin boundary): reading the body, and freeing its
     /// segment, is theirs now.
     handed_on: AtomicBool,
-    /// In a reusable pool segment ([`crate::pool`]) rather than a one-shot
+    /// In a reusable pool segment (`pool`) rather than a one-shot
     /// sealed memfd.
     pooled: bool,
 }
@@ -90,7 +50,7 @@ impl Drop for Segment {
     /// answers held hundreds of MiB that long).
     fn drop(&mut self) {
         if self.pooled && !*self.read.get_mut() && !*self.handed_on.get_mut() {
-            crate::pool::release_unread(&self.fd);
+            crate::segment::release_unread(&self.fd);
         }
     }
 }
@@ -172,7 +132,7 @@ impl ShmBody {
         })
     }
 
-    /// A body in a pool segment (made by [`crate::pool::SegmentPool`]).
+    /// A body in a pool segment (made by a producer's `SegmentPool`).
     pub(crate) fn pooled(fd: Arc<OwnedFd>, len: u64) -> ShmBody {
         ShmBody {
             segment: Arc::new(Segment {
@@ -188,7 +148,7 @@ impl ShmBody {
 
     /// Adopts a received pool segment holding a body of `len` bytes.
     pub fn adopt_pooled(fd: OwnedFd, len: u64) -> Result<ShmBody> {
-        crate::pool::check(&fd, len)?;
+        crate::segment::check(&fd, len)?;
         Ok(ShmBody::pooled(Arc::new(fd), len))
     }
 
@@ -218,7 +178,7 @@ impl ShmBody {
             if self.segment.read.swap(true, Ordering::AcqRel) {
                 return Err(Error::Malformed("a pooled body is read once, and this one was"));
             }
-            return crate::pool::read(&self.segment.fd, self.len);
+            return crate::segment::read(&self.segment.fd, self.len);
         }
         if self.len == 0 {
             return Ok(Bytes::new());
@@ -264,68 +224,6 @@ struct Mapped {
 impl AsRef<[u8]> for Mapped {
     fn as_ref(&self) -> &[u8] {
         &self.map
-    }
-}
-
-/// Copies `len` bytes out of memory another process may write at any
-/// moment (a pool segment, a ring) into `dst`, with relaxed atomic loads:
-/// a concurrent write can only change which bytes are copied, never make
-/// the copy undefined behaviour. Eight bytes at a time where the source is
-/// aligned, as fast as a plain copy (decision 0031 has the measurement).
-///
-/// # Safety
-/// `src..src + len` lies in a live mapping that every process accesses only
-/// atomically or through these functions; `dst` is valid for `len` bytes of
-/// writes and does not overlap the source.
-pub(crate) unsafe fn copy_from_shared(src: *const u8, dst: *mut u8, len: usize) {
-    use std::sync::atomic::AtomicU8;
-    // SAFETY: per this function's contract; every load is within the
-    // source range and aligned for its atomic type.
-    unsafe {
-        let head = src.align_offset(8).min(len);
-        for i in 0..head {
-            dst.add(i)
-                .write((*(src.add(i) as *const AtomicU8)).load(Ordering::Relaxed));
-        }
-        let words = (len - head) / 8;
-        let words_src = src.add(head) as *const AtomicU64;
-        for i in 0..words {
-            let word = (*words_src.add(i)).load(Ordering::Relaxed);
-            dst.add(head + i * 8).cast::<u64>().write_unaligned(word);
-        }
-        for i in head + words * 8..len {
-            dst.add(i)
-                .write((*(src.add(i) as *const AtomicU8)).load(Ordering::Relaxed));
-        }
-    }
-}
-
-/// Copies `src` into memory another process may read at any moment, with
-/// relaxed atomic stores (the counterpart of [`copy_from_shared`]).
-///
-/// # Safety
-/// `dst..dst + src.len()` lies in a live mapping that every process
-/// accesses only atomically or through these functions.
-pub(crate) unsafe fn copy_to_shared(dst: *mut u8, src: &[u8]) {
-    use std::sync::atomic::AtomicU8;
-    let len = src.len();
-    let from = src.as_ptr();
-    // SAFETY: per this function's contract; every store is within the
-    // destination range and aligned for its atomic type.
-    unsafe {
-        let head = dst.align_offset(8).min(len);
-        for i in 0..head {
-            (*(dst.add(i) as *const AtomicU8)).store(*from.add(i), Ordering::Relaxed);
-        }
-        let words = (len - head) / 8;
-        let words_dst = dst.add(head) as *const AtomicU64;
-        for i in 0..words {
-            let word = from.add(head + i * 8).cast::<u64>().read_unaligned();
-            (*words_dst.add(i)).store(word, Ordering::Relaxed);
-        }
-        for i in head + words * 8..len {
-            (*(dst.add(i) as *const AtomicU8)).store(*from.add(i), Ordering::Relaxed);
-        }
     }
 }
 

@@ -10,6 +10,7 @@ use std::io::{self, IoSlice};
 use std::ops::Range;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncWrite, AsyncWriteExt, Interest};
@@ -28,9 +29,26 @@ const COPY_BELOW: usize = 4096;
 /// Stay under the kernel's IOV_MAX (1024).
 const MAX_IOVECS: usize = 1000;
 
+/// Times a ring reader gives up the CPU before it sleeps (`group.ring_yields`).
+static YIELDS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(DEFAULT_YIELDS);
+
+/// The default of [`set_yields`]: measured in decision 0040.
+pub const DEFAULT_YIELDS: usize = 3;
+
+/// Sets how many times a ring reader that found its ring empty yields the
+/// CPU (re-checking in between) before it sleeps and must be woken.
+pub fn set_yields(yields: usize) {
+    YIELDS.store(yields, Ordering::Relaxed);
+}
+
+/// See [`set_yields`].
+pub fn yields() -> usize {
+    YIELDS.load(Ordering::Relaxed)
+}
+
 /// The sending side of a connection: a bounded queue in front of its
-/// writer (a task writing to the socket, or a shared-memory ring:
-/// [`crate::link`]). Cheap to clone; the connection's writer ends when
+/// writer (a task writing to the socket, or a shared-memory ring: the
+/// `link` module's [`RingQueue`]). Cheap to clone; the connection's writer ends when
 /// every clone is dropped.
 #[derive(Clone)]
 pub struct FrameSink {
@@ -40,7 +58,21 @@ pub struct FrameSink {
 #[derive(Clone)]
 enum SinkInner {
     Socket(mpsc::Sender<Envelope>),
-    Ring(Arc<crate::link::RingSender>),
+    Ring(Arc<dyn RingQueue>),
+}
+
+/// The sending side of a shared-memory ring link, as a [`FrameSink`]
+/// drives it. The ring transport (`link`) implements it; this module only
+/// knows the shape, so the two do not import each other.
+pub(crate) trait RingQueue: Send + Sync {
+    /// Queues `env` without waiting; see [`FrameSink::send`].
+    fn send(&self, env: Envelope) -> Result<(), Refused>;
+    /// Resolves when queued frames have left, so a refused send may be
+    /// retried; enable it before the try it follows.
+    fn room(&self) -> tokio::sync::futures::Notified<'_>;
+    fn is_closed(&self) -> bool;
+    fn queued(&self) -> usize;
+    fn wait_closed(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>>;
 }
 
 impl std::fmt::Debug for FrameSink {
@@ -53,7 +85,7 @@ impl std::fmt::Debug for FrameSink {
 }
 
 impl FrameSink {
-    pub(crate) fn ring(sender: crate::link::RingSender) -> FrameSink {
+    pub(crate) fn ring(sender: impl RingQueue + 'static) -> FrameSink {
         FrameSink {
             inner: SinkInner::Ring(Arc::new(sender)),
         }
@@ -68,7 +100,7 @@ impl FrameSink {
                 mpsc::error::TrySendError::Full(env) => Refused::full(env),
                 mpsc::error::TrySendError::Closed(env) => Refused::closed(env),
             }),
-            SinkInner::Ring(ring) => ring.0.send(env),
+            SinkInner::Ring(ring) => ring.send(env),
         }
     }
 
@@ -81,10 +113,10 @@ impl FrameSink {
                 loop {
                     // Registered before the try, so a frame leaving the
                     // queue in between still wakes us.
-                    let room = ring.0.room();
+                    let room = ring.room();
                     tokio::pin!(room);
                     room.as_mut().enable();
-                    match ring.0.send(env) {
+                    match ring.send(env) {
                         Ok(()) => return Ok(()),
                         Err(refused) if refused.full => {
                             env = *refused.envelope;
@@ -101,7 +133,7 @@ impl FrameSink {
     pub fn is_closed(&self) -> bool {
         match &self.inner {
             SinkInner::Socket(tx) => tx.is_closed(),
-            SinkInner::Ring(ring) => ring.0.is_closed(),
+            SinkInner::Ring(ring) => ring.is_closed(),
         }
     }
 
@@ -109,7 +141,7 @@ impl FrameSink {
     pub fn queued(&self) -> usize {
         match &self.inner {
             SinkInner::Socket(tx) => tx.max_capacity() - tx.capacity(),
-            SinkInner::Ring(ring) => ring.0.queued(),
+            SinkInner::Ring(ring) => ring.queued(),
         }
     }
 
@@ -117,7 +149,7 @@ impl FrameSink {
     pub async fn closed(&self) {
         match &self.inner {
             SinkInner::Socket(tx) => tx.closed().await,
-            SinkInner::Ring(ring) => ring.0.wait_closed().await,
+            SinkInner::Ring(ring) => ring.wait_closed().await,
         }
     }
 }
@@ -356,7 +388,7 @@ async fn write_all_vectored<W: AsyncWrite + Unpin>(
 /// [`fdpass::MAX_FDS`] held between reads is a protocol error, never load.
 pub struct FrameReader<R> {
     io: R,
-    /// A ring link's incoming ring ([`crate::link`]): frame bytes come from
+    /// A ring link's incoming ring (the `link` module): frame bytes come from
     /// it, and only descriptor records from `io`.
     ring: Option<crate::pipe::AsyncPipe>,
     buf: BytesMut,
@@ -452,7 +484,7 @@ impl<R: FdSocket> FrameReader<R> {
             // machine the process that feeds us is likely runnable, and
             // if it writes meanwhile it need not wake us, and we need not
             // sleep (decision 0040; measured there).
-            for _ in 0..crate::link::yields() {
+            for _ in 0..yields() {
                 if ring.end_mut().has_bytes() {
                     break;
                 }
@@ -529,7 +561,7 @@ impl<R: FdSocket> FrameReader<R> {
                 // before the frame's first byte entered the ring. Records
                 // of frames further on are left in the socket: a reader
                 // that has fallen behind holds one record, not a backlog.
-                if let Some((offset, fds)) = crate::link::receive_record(self.io.socket().as_fd())? {
+                if let Some((offset, fds)) = fdpass::receive_record(self.io.socket().as_fd())? {
                     self.arrived.push_back(Arrival {
                         fds,
                         start: offset,

@@ -20,19 +20,21 @@
 //! (`:identity` and the other `:` keys) is stripped from what managers
 //! send (docs/decisions/0100-roles-by-pid.md).
 //!
-//! With `[cluster]` on, the router also runs the NATS bridge
-//! (`switchyard-cluster`, docs/cluster.md): a request no local manager
-//! takes goes to the other groups, every notification emitted here goes to
-//! them, and what they send comes in as if from one more manager.
+//! Given a port to other groups ([`Config::remote`]; in a group, the NATS
+//! bridge of `switchyard-cluster` sits at its far end, docs/cluster.md), a
+//! request no local manager takes goes to the other groups, every
+//! notification emitted here goes to them, and what they send comes in as
+//! if from one more manager. The router does not know what carries it.
 //!
 //! # Layout
 //! - [`run`]: the accept loop for managers and the connection to the broker.
 //! - `table`: routing state (instances, in-flight requests, routes).
-//! - `cluster`: the bridge's frames applied to the table.
+//! - [`remote`]: the port to other groups, and its frames applied to the
+//!   table.
 
 #![forbid(unsafe_code)]
 
-mod cluster;
+pub mod remote;
 mod table;
 
 use std::future::Future;
@@ -63,7 +65,7 @@ pub enum Error {
 }
 
 /// The router's settings.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct Config {
     /// The broker's socket, which the router connects to.
     pub broker_socket: PathBuf,
@@ -75,12 +77,9 @@ pub struct Config {
     pub queue_capacity: usize,
     /// Requests in flight per manager instance before new ones get 503.
     pub max_outstanding: u32,
-    /// `[cluster]`: the other groups, through NATS. Off when its `nats`
-    /// is empty.
-    pub cluster: switchyard_cluster::Config,
-    /// Bodies from the cluster at least this large go into shared memory,
-    /// in bytes.
-    pub shm_threshold: usize,
+    /// The other groups, through a port whose far end the caller
+    /// connects (`[cluster]`: the NATS bridge). `None`: this group alone.
+    pub remote: Option<remote::Remote>,
     /// Which pid holds which role, from the supervisor: a manager's hello
     /// is taken only from a manager process of that name. `None` (no
     /// supervisor, as in library tests) trusts every hello.
@@ -117,11 +116,12 @@ pub async fn run(
 /// (404, not 503).
 pub async fn run_declaring(
     listener: UnixListener,
-    config: Config,
+    mut config: Config,
     ready: oneshot::Sender<()>,
     shutdown: impl Future<Output = Stop>,
     mut declared: watch::Receiver<Vec<String>>,
 ) -> Result<(), Error> {
+    let remote = config.remote.take();
     let shared = Shared {
         table: Arc::new(Mutex::new(Table::new(
             config.declared_managers.clone(),
@@ -129,8 +129,8 @@ pub async fn run_declaring(
         ))),
         config: Arc::new(config),
     };
-    if shared.config.cluster.enabled() {
-        cluster::start(&shared).await;
+    if let Some(remote) = remote {
+        remote::attach(&shared, remote);
     }
     tokio::spawn(broker_link(shared.clone(), ready));
     tokio::spawn(deadline_sweeper(shared.clone()));
@@ -153,10 +153,7 @@ pub async fn run_declaring(
         }
     }
     // A clean stop: the other groups forget this one's routes now.
-    let bridge = shared.lock().bridge();
-    if let Some(bridge) = bridge {
-        bridge.leave().await;
-    }
+    remote::leave(&shared).await;
     Ok(())
 }
 

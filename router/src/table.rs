@@ -2,13 +2,14 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use switchyard_cluster::{BRIDGE_ID, Bridge, Manifest, ToCluster};
 use switchyard_proto::control::{
     ClusterLink, Control, DeclaredType, HandledType, LinkState, META_EVENT, ManagerDescription,
     ManagerHealth, RequestNeeds, RouteEntry, RouteTable, TypeNeeds,
 };
+use switchyard_proto::remote::{MANIFEST_EXPIRY, Manifest, REMOTE_ID as BRIDGE_ID, ToRemote};
 use switchyard_proto::transport::FrameSink;
 use switchyard_proto::{Deadline, Envelope, EventType, Hop, Origin, Refusal};
+use tokio::sync::mpsc;
 
 /// The responder of a client's job sent to the listeners (decision
 /// 0113): their answers come from the broker, never from a manager
@@ -41,7 +42,8 @@ struct Known {
 
 /// The link to the other groups and what they declared.
 struct Cluster {
-    bridge: Bridge,
+    /// The router's end of the port to the link ([`crate::remote`]).
+    port: mpsc::Sender<ToRemote>,
     /// Types sent through NATS even when served here (`cluster.shared`).
     shared: HashSet<EventType>,
     /// Each other group's manifest, by its id, and when it last came:
@@ -625,7 +627,7 @@ impl Table {
         let Some(cluster) = &self.cluster else { return };
         let key = (env.origin, env.correlation);
         let deadline = env.deadline;
-        if !cluster.bridge.connected() {
+        if cluster.link.state != LinkState::Connected {
             let refusal = Refusal::unavailable(
                 Hop::Cluster,
                 "the cluster link is down; no other group can be reached",
@@ -636,7 +638,11 @@ impl Table {
             request_id = env.meta.request_id(),
             "request routed to the cluster"
         );
-        match cluster.bridge.send(ToCluster::Request(env)) {
+        match cluster
+            .port
+            .try_send(ToRemote::Request(env))
+            .map_err(|e| e.into_inner())
+        {
             Ok(()) => {
                 self.in_flight.insert(
                     key,
@@ -647,7 +653,7 @@ impl Table {
                 );
             }
             Err(frame) => {
-                if let ToCluster::Request(env) = frame {
+                if let ToRemote::Request(env) = frame {
                     self.deliver(
                         Refusal::unavailable(Hop::Cluster, "the cluster bridge is not keeping up")
                             .answer(&env),
@@ -657,14 +663,14 @@ impl Table {
         }
     }
 
-    pub(crate) fn set_cluster(&mut self, bridge: Bridge, shared: HashSet<EventType>) {
+    pub(crate) fn set_cluster(&mut self, port: mpsc::Sender<ToRemote>, shared: HashSet<EventType>) {
         let link = ClusterLink {
             state: LinkState::Connecting,
             peers: 0,
         };
         switchyard_proto::supervision::GAUGES.set_cluster(link);
         self.cluster = Some(Cluster {
-            bridge,
+            port,
             shared,
             remote: BTreeMap::new(),
             link,
@@ -739,9 +745,15 @@ impl Table {
         self.cluster_changed();
     }
 
-    /// The bridge, to say goodbye with when the router stops.
-    pub(crate) fn bridge(&self) -> Option<Bridge> {
-        self.cluster.as_ref().map(|c| c.bridge.clone())
+    /// The link's state and how many other groups are heard from.
+    #[cfg(test)]
+    pub(crate) fn remote_link(&self) -> Option<ClusterLink> {
+        self.cluster.as_ref().map(|c| c.link)
+    }
+
+    /// The port to the link, to say goodbye through when the router stops.
+    pub(crate) fn remote_port(&self) -> Option<mpsc::Sender<ToRemote>> {
+        self.cluster.as_ref().map(|c| c.port.clone())
     }
 
     /// The link's state, from the bridge.
@@ -770,7 +782,7 @@ impl Table {
         let gone: Vec<String> = cluster
             .remote
             .iter()
-            .filter(|(_, (_, seen))| now.duration_since(*seen) >= switchyard_cluster::MANIFEST_EXPIRY)
+            .filter(|(_, (_, seen))| now.duration_since(*seen) >= MANIFEST_EXPIRY)
             .map(|(group, _)| group.clone())
             .collect();
         if gone.is_empty() {
@@ -907,7 +919,10 @@ impl Table {
         // To the other groups, unless it came from them: nothing loops.
         if let Some(cluster) = &self.cluster
             && from != Some(BRIDGE_ID)
-            && cluster.bridge.send(ToCluster::Notification(env.clone())).is_err()
+            && cluster
+                .port
+                .try_send(ToRemote::Notification(env.clone()))
+                .is_err()
         {
             tracing::warn!("cluster bridge not keeping up; notification not sent to other groups");
         }
@@ -999,7 +1014,7 @@ impl Table {
     fn deliver(&self, env: Envelope) {
         if env.origin == Origin::Manager(BRIDGE_ID) {
             if let Some(cluster) = &self.cluster
-                && cluster.bridge.send(ToCluster::Response(env)).is_err()
+                && cluster.port.try_send(ToRemote::Response(env)).is_err()
             {
                 tracing::warn!("cluster bridge not keeping up; response to another group dropped");
             }
@@ -1135,7 +1150,7 @@ impl Table {
         if cluster.told.as_ref() == Some(&manifest) {
             return;
         }
-        if cluster.bridge.send(ToCluster::Local(manifest.clone())).is_ok()
+        if cluster.port.try_send(ToRemote::Local(manifest.clone())).is_ok()
             && let Some(cluster) = &mut self.cluster
         {
             cluster.told = Some(manifest);

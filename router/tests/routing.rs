@@ -94,8 +94,7 @@ async fn rig(declared: &[&str]) -> Rig {
         max_frame: DEFAULT_MAX_FRAME,
         queue_capacity: 1024,
         max_outstanding: 2,
-        cluster: Default::default(),
-        shm_threshold: switchyard_proto::shm::DEFAULT_THRESHOLD,
+        remote: None,
         roster: None,
     };
     let (ready, _) = tokio::sync::oneshot::channel();

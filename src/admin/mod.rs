@@ -29,26 +29,7 @@ use serde::Serialize;
 use switchyard_proto::supervision::{LATENCY_BUCKETS, RouteFigures};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::supervisor::{Event, ProcessInfo};
-
-/// What the supervisor knows of the group for the admin endpoint.
-#[derive(Clone, Debug, Serialize)]
-pub(crate) struct GroupFigures {
-    /// Every process, the supervisor first, in start order.
-    pub(crate) processes: Vec<ProcessFigures>,
-    /// Requests per (route, method) over every listener process, those
-    /// that exited included.
-    pub(crate) routes: Vec<RouteFigures>,
-}
-
-/// One process and the gauges it reported ([`switchyard_proto::supervision::Extra`]
-/// and `shm_bytes`).
-#[derive(Clone, Debug, Serialize)]
-pub(crate) struct ProcessFigures {
-    #[serde(flatten)]
-    pub(crate) info: ProcessInfo,
-    pub(crate) gauges: Vec<(String, u64)>,
-}
+use crate::supervisor::events::{Event, GroupFigures, ProcessFigures};
 
 /// Adds `more` (one process's cumulative figures) into `total`.
 pub(crate) fn add_route(total: &mut RouteFigures, more: &RouteFigures) {

@@ -32,6 +32,7 @@
 //! - this module: the event loop, restart policy, reload and shutdown.
 
 mod child;
+pub(crate) mod events;
 mod quic_port;
 pub(crate) mod reload;
 pub(crate) mod runtime_dir;
@@ -46,13 +47,13 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
-use switchyard_proto::supervision::{Figures, Load, MAX_LINE, Phase, RouteFigures, Stop, ToChild};
-use tokio::sync::{mpsc, oneshot};
+use switchyard_proto::supervision::{Load, MAX_LINE, Phase, RouteFigures, Stop, ToChild};
+use tokio::sync::mpsc;
 
 use crate::config::{Config, ManagerConfig, RestartConfig, WorkerKind};
 use crate::roles::{Role, Spec};
 use child::ChildHandle;
+pub(crate) use events::{Event, PoolInfo, ProcessInfo, ReloadError, Request};
 use reload::{Fingerprint, ReloadReport};
 use runtime_dir::RuntimeDir;
 use signals::{Caught, Meaning, Signals};
@@ -82,7 +83,7 @@ impl Source {
     /// directory. The error is what `switchyard check` prints.
     pub(crate) fn load(&self) -> Result<Config, SourceError> {
         let mut config = match &self.path {
-            Some(path) => Config::load(path).map_err(SourceError::Config)?,
+            Some(path) => crate::validate::load(path).map_err(SourceError::Config)?,
             None => {
                 let mut config = Config::demo().map_err(SourceError::Config)?;
                 crate::apidoc::gather(&mut config);
@@ -112,106 +113,12 @@ pub(crate) enum SourceError {
     DataDir(String),
 }
 
-/// A request on the control socket that the supervisor's loop answers.
-pub(crate) enum Request {
-    /// `switchyard reload`.
-    Reload(oneshot::Sender<Result<ReloadReport, ReloadError>>),
-    /// `switchyard upgrade`: answered with the new supervisor's pid.
-    Upgrade(oneshot::Sender<Result<u32, String>>),
-}
-
-/// Why a reload did not happen; the group runs on as it was.
-#[derive(Clone, Debug, thiserror::Error, Serialize, serde::Deserialize)]
-pub(crate) enum ReloadError {
-    /// The new configuration does not validate (the messages of `check`).
-    #[error("{0}")]
-    Invalid(String),
-    /// It validates but could not be applied (a replacement manager did
-    /// not start); nothing was changed.
-    #[error("{0}")]
-    Failed(String),
-    /// Another reload or an upgrade is in progress.
-    #[error("{0}")]
-    Busy(String),
-}
-
 /// Why a reload or an upgrade was cut short: the group stops.
 enum Interrupted {
     /// A signal that stops the group (SIGTERM, SIGINT, SIGQUIT).
     Signal(Caught),
     /// A core process went past its restart intensity meanwhile.
     Failure(String),
-}
-
-/// What the supervisor loop reacts to.
-pub(crate) enum Event {
-    Phase {
-        child: usize,
-        generation: u64,
-        phase: Phase,
-    },
-    Exited {
-        child: usize,
-        generation: u64,
-        status: String,
-    },
-    Respawn {
-        child: usize,
-    },
-    Load {
-        child: usize,
-        generation: u64,
-        load: Load,
-    },
-    Status(oneshot::Sender<Vec<ProcessInfo>>),
-    /// A child's figures for `/metrics`.
-    Figures {
-        child: usize,
-        generation: u64,
-        figures: Figures,
-    },
-    /// The admin endpoint asks for the group's figures.
-    Metrics(oneshot::Sender<crate::admin::GroupFigures>),
-    /// A child's answer to [`ToChild::Reconfigure`].
-    Reconfigured {
-        child: usize,
-        generation: u64,
-        error: Option<String>,
-    },
-    Control(Request),
-}
-
-/// One line of `switchyard status`.
-#[derive(Clone, Debug, Serialize, serde::Deserialize)]
-pub(crate) struct ProcessInfo {
-    pub(crate) role: String,
-    pub(crate) name: String,
-    #[serde(default)]
-    pub(crate) instance: u32,
-    pub(crate) pid: Option<u32>,
-    pub(crate) state: String,
-    pub(crate) restarts: u32,
-    /// A manager or worker over its restart intensity: restarted after
-    /// `restart.crash_loop_backoff_ms` until it stays up for
-    /// `restart.window_s`.
-    #[serde(default)]
-    pub(crate) crash_looping: bool,
-    pub(crate) uptime_ms: u64,
-    /// A manager's worker pool: kind and size per instance.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) workers: Option<PoolInfo>,
-    /// Requests in progress and work queued, as the process last reported.
-    #[serde(default)]
-    pub(crate) load: Load,
-}
-
-/// A manager's worker pool as `status` shows it.
-#[derive(Clone, Debug, Serialize, serde::Deserialize)]
-pub(crate) struct PoolInfo {
-    pub(crate) kind: String,
-    pub(crate) size: usize,
-    /// Jobs that may wait for a worker.
-    pub(crate) queue: usize,
 }
 
 /// A child as the supervisor sees it: the [`Phase`] it last reported
@@ -1131,7 +1038,7 @@ impl Supervisor {
 
     /// What the admin endpoint shows: every process with its gauges, and
     /// the requests of every listener, those that exited included.
-    fn group_figures(&self) -> crate::admin::GroupFigures {
+    fn group_figures(&self) -> events::GroupFigures {
         let mut routes = self.gone_routes.clone();
         for c in self.children.iter().filter(|c| !c.retired) {
             for (key, route) in &c.figures.routes {
@@ -1166,10 +1073,10 @@ impl Supervisor {
                         g
                     })
                     .unwrap_or_default();
-                crate::admin::ProcessFigures { info, gauges }
+                events::ProcessFigures { info, gauges }
             })
             .collect();
-        crate::admin::GroupFigures { processes, routes }
+        events::GroupFigures { processes, routes }
     }
 
     fn snapshot(&self) -> Vec<ProcessInfo> {

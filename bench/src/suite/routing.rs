@@ -125,8 +125,7 @@ fn start_router(dir: &Path) -> anyhow::Result<(JoinHandle<anyhow::Result<()>>, o
         max_frame: DEFAULT_MAX_FRAME,
         queue_capacity: QUEUE_CAPACITY,
         max_outstanding: MAX_OUTSTANDING,
-        cluster: Default::default(),
-        shm_threshold: switchyard_proto::shm::DEFAULT_THRESHOLD,
+        remote: None,
         roster: None,
     };
     let (stop, stopped) = oneshot::channel::<()>();

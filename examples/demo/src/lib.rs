@@ -11,8 +11,9 @@
 //! `/crash/{mode}` (a job that panics or aborts its worker process).
 //! `basics` also serves `/kv/{key}` and `/reminders` over the group's
 //! built-in Store and Scheduler (`state`).
-//! The `switchyard` binary links this crate in; it is also built as a
-//! `cdylib` and loads like any other plugin.
+//! The `switchyard` binary links this crate in; `switchyard-demo-plugin`
+//! (plugin/) is the same managers as a `cdylib` that loads like any other
+//! plugin.
 
 #![forbid(unsafe_code)]
 

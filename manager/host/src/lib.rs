@@ -12,11 +12,14 @@
 //!   (all the unsafe code of the host but the watchdog's `_exit`).
 //! - [`serve`]: the host loop: router connection, request bookkeeping,
 //!   calls, notifications, jobs, timers.
+//! - `callbacks`: what the plugin calls back into the host for (log
+//!   lines, wake-ups), shared by the loader and the host loop.
 //! - `watchdog`: the thread that kills the process when a handler does not
 //!   return (`group.handler_timeout_ms`).
 //! - [`testing`]: [`Group`](testing::Group), a real group for a plugin's
 //!   integration tests.
 
+mod callbacks;
 pub mod loader;
 pub mod serve;
 pub mod testing;

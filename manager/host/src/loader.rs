@@ -19,11 +19,11 @@ use switchyard_proto::codec;
 unsafe extern "C" fn host_log(level: u32, correlation: u64, message: *const u8, len: usize) {
     // SAFETY: the plugin passes a readable `len`-byte buffer for the call.
     let message = String::from_utf8_lossy(unsafe { std::slice::from_raw_parts(message, len) });
-    crate::serve::log(LogLevel::from_code(level), correlation, &message);
+    crate::callbacks::log(LogLevel::from_code(level), correlation, &message);
 }
 
 unsafe extern "C" fn host_wake() {
-    crate::serve::wake();
+    crate::callbacks::wake();
 }
 
 /// The host side's [`HostApi`].

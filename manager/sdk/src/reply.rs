@@ -343,7 +343,7 @@ impl<R: Reply> Reply for AutoEtag<R> {
         let mut response = self.0.into_response(format)?;
         if response.stream.is_none() && (200..300).contains(&response.status) {
             response.meta.0.retain(|(k, _)| k != "etag");
-            let tag = crate::web::etag_of(&response.body);
+            let tag = etag_of(&response.body);
             response.meta.push("etag", tag);
         }
         Ok(response)
@@ -552,6 +552,15 @@ impl Error {
             hop: None,
         }
     }
+}
+
+/// A strong entity tag derived from `bytes` (128 bits of SHA-256, quoted):
+/// what [`Reply::with_auto_etag`](crate::Reply::with_auto_etag) sends for
+/// a body, for handlers that check `If-Match` against it.
+pub fn etag_of(bytes: &[u8]) -> String {
+    let digest = <sha2::Sha256 as sha2::Digest>::digest(bytes);
+    let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+    format!("\"{hex}\"")
 }
 
 /// Why [`Context::call`](crate::Context::call) failed.

@@ -14,7 +14,6 @@ use std::path::PathBuf;
 use bytes::Bytes;
 use minijinja::value::{Kwargs, Value};
 use minijinja::{Environment, ErrorKind};
-use sha2::Digest;
 use switchyard_proto::{Meta, problem};
 
 use crate::reply::{BINCODE, Format, JSON, Response};
@@ -215,14 +214,7 @@ impl Templates {
     }
 }
 
-/// A strong entity tag derived from `bytes` (128 bits of SHA-256, quoted):
-/// what [`Reply::with_auto_etag`](crate::Reply::with_auto_etag) sends for
-/// a body, for handlers that check `If-Match` against it.
-pub fn etag_of(bytes: &[u8]) -> String {
-    let digest = sha2::Sha256::digest(bytes);
-    let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
-    format!("\"{hex}\"")
-}
+pub use crate::reply::etag_of;
 
 /// The page shown when no template is at hand (shared with the
 /// listener's own error pages).

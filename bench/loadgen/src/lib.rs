@@ -1,5 +1,7 @@
 //! The load generator behind `switchyard bench URL` (also the `switchyard-load`
-//! binary): steps the number of simulated clients, each with its own
+//! binary of `switchyard-bench`): a crate of its own so that the product
+//! binary links it without the scenario suite and the in-process baseline.
+//! It steps the number of simulated clients, each with its own
 //! connection, and reports per step the throughput, latency percentiles,
 //! errors and `/ready`, then where the server broke and where it saturated.
 //!
@@ -10,9 +12,11 @@
 //! measures itself rather than the server.
 
 mod client;
+pub mod h3;
 mod options;
 mod report;
 mod schedule;
+pub mod tls;
 
 use std::sync::Arc;
 use std::time::Duration;
