@@ -8,6 +8,10 @@
 //! commit) with `SWITCHYARD_PERF_BUDGET=record`. Only ratios are compared:
 //! the machine's speed and load cancel out, because both servers are
 //! measured in alternating slices under the same conditions.
+//!
+//! The same opt-in runs the two return paths (`group.return_path`,
+//! decision 0143) side by side: two groups, one per path, measured in
+//! alternating slices in one run (`return_paths_side_by_side`).
 
 mod common;
 
@@ -223,5 +227,62 @@ fn group_cpu_per_request_stays_within_budget_of_the_baseline() {
         ratio <= budget * ALLOWED_GROWTH,
         "CPU per request regressed: ratio {ratio:.2} vs recorded {budget:.2} (allowed up to {:.2})",
         budget * ALLOWED_GROWTH
+    );
+}
+
+/// The group's CPU per `GET /noop` with answers through the router and
+/// straight back (decision 0143), in alternating slices of one run: the
+/// figures BENCHMARKS.md shows for the two paths. Both groups must answer
+/// every request 200; the figures are printed, not judged (the budget
+/// above judges the default).
+#[test]
+fn return_paths_side_by_side() {
+    if std::env::var("SWITCHYARD_PERF_BUDGET")
+        .unwrap_or_default()
+        .is_empty()
+    {
+        eprintln!("skipped: set SWITCHYARD_PERF_BUDGET=1 to measure");
+        return;
+    }
+    let router = Group::builder("paths-router")
+        .config("[group]\nreturn_path = \"router\"\n")
+        .start();
+    let direct = Group::builder("paths-direct")
+        .config("[group]\nreturn_path = \"direct\"\n")
+        .start();
+    router.eventually_status("/noop", 200);
+    direct.eventually_status("/noop", 200);
+    load(router.addr, 2_000);
+    load(direct.addr, 2_000);
+    let (mut router_ticks, mut direct_ticks) = (0u64, 0u64);
+    for _ in 0..SLICES {
+        let before = tree_ticks(router.supervisor_pid());
+        load(router.addr, REQUESTS_PER_SLICE);
+        router_ticks += tree_ticks(router.supervisor_pid()) - before;
+        let before = tree_ticks(direct.supervisor_pid());
+        load(direct.addr, REQUESTS_PER_SLICE);
+        direct_ticks += tree_ticks(direct.supervisor_pid()) - before;
+    }
+    let per = |ticks: u64| ticks as f64 / 100.0 / (SLICES * REQUESTS_PER_SLICE) as f64 * 1e6;
+    let (r, d) = (per(router_ticks), per(direct_ticks));
+    eprintln!(
+        "return paths ({}, {CLIENTS} clients): router {r:.1} µs/req, direct {d:.1} µs/req, direct/router {:.2}",
+        profile(),
+        d / r.max(f64::MIN_POSITIVE)
+    );
+    // Both paths kept every answer (`load` asserts each is a 200), and
+    // the direct group's router saw every request finish.
+    eventually(
+        "the direct group's router holds nothing in flight",
+        PATIENCE,
+        || {
+            let in_flight = direct.status()["processes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|p| p["role"] == "router")
+                .and_then(|p| p["load"]["in_flight"].as_u64());
+            (in_flight == Some(0)).then_some(()).ok_or(in_flight)
+        },
     );
 }

@@ -494,6 +494,18 @@ async fn router(
                         ),
                     }
                 }
+                // A manager instance's return link for one pipe (decision
+                // 0143): passed on by its origin, as a response is.
+                (Kind::Control, Origin::Pipe(id)) if switchyard_proto::returns::is_offer(&env) => {
+                    match st.pipes.get(&id) {
+                        Some(pipe) => {
+                            if let Err(refused) = pipe.sink.send(env) {
+                                tracing::debug!(%refused, id, "return-link offer dropped");
+                            }
+                        }
+                        None => tracing::debug!(id, "return-link offer for a gone pipe dropped"),
+                    }
+                }
                 (Kind::Control, _) => match env.decode_control() {
                     Ok(Control::RouteTable(table)) => {
                         if let Some(news) = control(&Control::RouteTable(table.clone())) {

@@ -13,6 +13,13 @@
 //! full drops the session (WebSocket: closed with 1008 "too slow"; gRPC: the
 //! stream ends with RESOURCE_EXHAUSTED) without slowing anyone else. When a pipe reconnects, its sessions' subscriptions
 //! are sent again (the broker forgot them with the old pipe).
+//!
+//! With `group.return_path = "direct"` (decision 0143) each request also
+//! carries a return token, and the manager instances that serve a pipe's
+//! requests offer it a return link each: their answers then come straight
+//! from them, not through router and broker. An answer on a return link is
+//! taken only if it echoes its request's token; the first answer for a
+//! request wins, whichever way it came, and a later one is dropped.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -22,6 +29,8 @@ use switchyard_proto::backoff::Backoff;
 use switchyard_proto::control::{Control, Filter, META_EVENT, META_JOB, META_TO, RouteTable, pattern_prefix};
 use switchyard_proto::grpc::{Push, ServerMessage, server_message};
 use switchyard_proto::link;
+use switchyard_proto::returns::{self, Tokens};
+use switchyard_proto::supervision::{Extra, GAUGES};
 use switchyard_proto::transport::{FrameReader, FrameSink};
 use switchyard_proto::{Envelope, Kind, Origin};
 use tokio::net::UnixStream;
@@ -40,7 +49,15 @@ struct Slot {
     sink: Mutex<Option<FrameSink>>,
     pending: Mutex<Pending>,
     sessions: Mutex<HashMap<u64, Session>>,
+    /// The tasks reading this pipe's return links: they end with the pipe
+    /// (a reconnected pipe has a new id, and new links).
+    returns: Mutex<Vec<tokio::task::AbortHandle>>,
 }
+
+/// Return links one pipe holds at most (one per manager instance that
+/// served it): past this an offer is refused and that instance answers
+/// through the router. Each link is two shared-memory rings.
+const MAX_RETURN_LINKS: usize = 256;
 
 /// Why the listener ends a WebSocket session: close code and reason.
 pub(crate) type CloseReason = Option<(u16, &'static str)>;
@@ -174,6 +191,10 @@ pub(crate) struct Pool {
     jobs: mpsc::Sender<Envelope>,
     job_queue: Mutex<Option<mpsc::Receiver<Envelope>>>,
     config: Arc<Config>,
+    /// Answers come straight from the managers (decision 0143).
+    direct: bool,
+    /// Keys the return token of every request from its correlation.
+    tokens: Tokens,
 }
 
 /// Clients' jobs waiting to be admitted in one listener process; past
@@ -215,6 +236,7 @@ impl Pool {
                     sink: Mutex::new(None),
                     pending: Mutex::new(HashMap::new()),
                     sessions: Mutex::new(HashMap::new()),
+                    returns: Mutex::new(Vec::new()),
                 })
                 .collect(),
             next_slot: AtomicUsize::new(0),
@@ -232,6 +254,8 @@ impl Pool {
             jobs,
             job_queue: Mutex::new(Some(job_queue)),
             config,
+            direct: returns::direct(),
+            tokens: Tokens::new(),
         });
         for index in 0..pool.slots.len() {
             tokio::spawn(pipe_task(pool.clone(), index));
@@ -349,6 +373,9 @@ impl Pool {
             };
             let correlation = self.next_correlation.fetch_add(1, Ordering::Relaxed);
             env.correlation = correlation;
+            if self.direct && env.kind == Kind::Request {
+                env.token = self.tokens.token(correlation);
+            }
             let (tx, response) = oneshot::channel();
             lock(&slot.pending).insert(correlation, tx);
             let mut in_flight = InFlight {
@@ -485,6 +512,9 @@ async fn pipe_task(pool: Arc<Pool>, index: usize) {
                 pool.mark(1, false);
                 read_responses(&pool, index, reader).await;
                 *lock(&pool.slots[index].sink) = None;
+                for link in std::mem::take(&mut *lock(&pool.slots[index].returns)) {
+                    link.abort();
+                }
                 pool.mark(-1, false);
                 pool.slots[index].fail_all("lost the connection to the broker");
                 tracing::warn!(pipe = index, "broker pipe lost; reconnecting");
@@ -530,7 +560,7 @@ async fn connect(
     }
 }
 
-async fn read_responses(pool: &Pool, index: usize, mut reader: FrameReader<OwnedReadHalf>) {
+async fn read_responses(pool: &Arc<Pool>, index: usize, mut reader: FrameReader<OwnedReadHalf>) {
     let slot = &pool.slots[index];
     let mut batch = Vec::with_capacity(64);
     loop {
@@ -548,6 +578,7 @@ async fn read_responses(pool: &Pool, index: usize, mut reader: FrameReader<Owned
                         let _ = tx.send(env);
                     }
                 }
+                Kind::Control if returns::is_offer(&env) => open_return(pool, index, env),
                 Kind::Control => match env.decode_control() {
                     Ok(Control::RouteTable(table)) => pool.apply_routes(table),
                     Ok(Control::RouterLost) => {
@@ -563,6 +594,105 @@ async fn read_responses(pool: &Pool, index: usize, mut reader: FrameReader<Owned
                 Kind::Notification if env.meta.get(META_JOB).is_some() => pool.job(env),
                 Kind::Notification => push(pool, slot, &env),
                 other => tracing::debug!(?other, "ignoring frame from broker"),
+            }
+        }
+    }
+}
+
+/// A manager instance offers pipe `index` a return link: read it for the
+/// life of the pipe.
+fn open_return(pool: &Arc<Pool>, index: usize, offer: Envelope) {
+    if !pool.direct {
+        return tracing::debug!(
+            pipe = index,
+            "return-link offer ignored: answers come through the router"
+        );
+    }
+    let mut links = lock(&pool.slots[index].returns);
+    links.retain(|link| !link.is_finished());
+    if links.len() >= MAX_RETURN_LINKS {
+        return tracing::warn!(
+            pipe = index,
+            max = MAX_RETURN_LINKS,
+            "return-link offer refused: this pipe holds the most it may; that instance answers through the router"
+        );
+    }
+    let socket = match returns::accept(offer) {
+        Ok(socket) => socket,
+        Err(err) => return tracing::warn!(%err, pipe = index, "bad return-link offer"),
+    };
+    links.push(tokio::spawn(read_return(pool.clone(), index, socket)).abort_handle());
+}
+
+/// Return links open in this process (`switchyard status`: the
+/// listener's `return_links`).
+static RETURN_LINKS: AtomicU64 = AtomicU64::new(0);
+
+/// Counts one open return link while it lives (a read task that is
+/// aborted drops it too).
+struct Counted;
+
+impl Counted {
+    fn new() -> Counted {
+        let n = RETURN_LINKS.fetch_add(1, Ordering::Relaxed) + 1;
+        GAUGES.set_extra(Extra::ReturnLinks, n);
+        Counted
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        let n = RETURN_LINKS.fetch_sub(1, Ordering::Relaxed).saturating_sub(1);
+        GAUGES.set_extra(Extra::ReturnLinks, n);
+    }
+}
+
+/// Answers straight from one manager instance: each is taken only if it
+/// echoes its request's token, and only while the request still waits.
+async fn read_return(pool: Arc<Pool>, index: usize, socket: UnixStream) {
+    let config = &pool.config;
+    // Our sink stays open with the link: the instance sees the link end
+    // only when this pipe does.
+    let (mut reader, _sink) = match link::open(socket, config.queue_capacity, config.max_frame).await {
+        Ok(link) => link,
+        Err(err) => return tracing::debug!(%err, pipe = index, "return link not opened"),
+    };
+    let _counted = Counted::new();
+    let slot = &pool.slots[index];
+    let mut refused = 0u64;
+    let mut batch = Vec::with_capacity(64);
+    loop {
+        match reader.read_batch(&mut batch).await {
+            Ok(true) => {}
+            Ok(false) => return tracing::debug!(pipe = index, "return link closed by its instance"),
+            Err(err) => return tracing::warn!(%err, pipe = index, "bad frame on a return link; closing it"),
+        }
+        for env in batch.drain(..) {
+            if env.kind != Kind::Response {
+                tracing::debug!(kind = ?env.kind, "ignoring frame on a return link");
+                continue;
+            }
+            if !pool.tokens.check(&env) {
+                refused += 1;
+                if refused == 1 {
+                    tracing::warn!(
+                        pipe = index,
+                        correlation = env.correlation,
+                        "direct answer refused: it does not carry its request's token (later ones on this link are logged at debug)"
+                    );
+                } else {
+                    tracing::debug!(
+                        pipe = index,
+                        correlation = env.correlation,
+                        "direct answer refused: wrong token"
+                    );
+                }
+                continue;
+            }
+            let waiter = lock(&slot.pending).remove(&env.correlation);
+            // No waiter: answered already (503, 504), or its client left.
+            if let Some(tx) = waiter {
+                let _ = tx.send(env);
             }
         }
     }

@@ -12,6 +12,8 @@
 //! manager ──Draining──▶ router ──Draining──▶ manager (no request follows it)
 //! listener pipe ──Cancel──▶ broker ──Cancel──▶ router ──Cancel──▶ manager
 //! manager ──Cancel (its own call)──▶ router ──Cancel──▶ the callee
+//! manager ──return-link offer──▶ router ──▶ broker ──▶ the listener pipe (crate::returns)
+//! manager ──Completed──▶ router (requests it answered straight back)
 //! ```
 
 use serde::{Deserialize, Serialize};
@@ -64,6 +66,12 @@ pub enum Control {
     /// drops its handler and stops its jobs; an answer that still comes is
     /// dropped (docs/decisions/0092-cancellation-as-a-control-frame.md).
     Cancel,
+    /// Manager → router: requests of listener pipes this instance
+    /// answered straight into the listener's return link, as (pipe,
+    /// correlation). The router closes their in-flight entries as it would
+    /// on their responses, without passing anything on; one it did not
+    /// send to this instance is ignored (decision 0143).
+    Completed { requests: Vec<(u64, u64)> },
 }
 
 impl Control {

@@ -18,6 +18,7 @@
 //!   integration tests.
 
 pub mod loader;
+mod returns;
 pub mod serve;
 pub mod testing;
 mod watchdog;

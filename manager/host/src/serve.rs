@@ -35,6 +35,7 @@ use switchyard_manager_abi::handover;
 use switchyard_manager_abi::messages::{Caller, Description, FromPlugin, LogLevel, ToPlugin};
 
 use crate::loader::{LoadError, Plugin};
+use crate::returns::Returns;
 use crate::watchdog::Watchdog;
 
 /// The host's settings.
@@ -143,6 +144,8 @@ pub async fn run(
         ticks: description.timers,
         timer_next: None,
         cancelled: HashSet::new(),
+        returns: Returns::default(),
+        completed: Vec::new(),
     };
     loop {
         let link = tokio::select! {
@@ -171,6 +174,7 @@ pub async fn run(
                         // sink is gone.
                         drop(sink);
                         let _ = tokio::time::timeout(Duration::from_secs(2), writer).await;
+                        host.returns.flush(Duration::from_secs(2)).await;
                         return Ok(());
                     }
                     Served::RouterLost => {}
@@ -292,8 +296,9 @@ pub(crate) fn wake() {
 struct Host {
     /// Watches every step of the plugin.
     watchdog: Watchdog,
-    /// Local request id → the request's return address.
-    requests: HashMap<u64, (Origin, u64, EventType)>,
+    /// Local request id → the request's return address, and its return
+    /// token (0: none; the answer goes through the router).
+    requests: HashMap<u64, (Origin, u64, EventType, u64)>,
     /// Calls the plugin is waiting on (their ids are our correlations).
     calls: HashSet<u64>,
     next_local: u64,
@@ -311,6 +316,11 @@ struct Host {
     /// Requests cancelled in the step under way: the plugin may have
     /// answered one before it read the cancel.
     cancelled: HashSet<u64>,
+    /// Links straight back to listener pipes (decision 0143).
+    returns: Returns,
+    /// Requests answered through [`returns`](Self::returns) since the
+    /// router was last told, as (pipe, correlation).
+    completed: Vec<(u64, u64)>,
 }
 
 /// The connection to the router.
@@ -433,8 +443,13 @@ impl Host {
                     Kind::Request => {
                         let local = self.next_local;
                         self.next_local += 1;
+                        let token = if switchyard_proto::returns::direct() {
+                            env.token
+                        } else {
+                            0
+                        };
                         self.requests
-                            .insert(local, (env.origin, env.correlation, env.event_type));
+                            .insert(local, (env.origin, env.correlation, env.event_type, token));
                         if let Some(tags) = Tags::of(&env.meta) {
                             tracing::debug!(
                                 request_id = tags.request_id.as_deref(),
@@ -518,7 +533,7 @@ impl Host {
         let local = self
             .requests
             .iter()
-            .find(|(_, (o, c, _))| *o == origin && *c == correlation)
+            .find(|(_, (o, c, _, _))| *o == origin && *c == correlation)
             .map(|(&local, _)| local);
         let Some(local) = local else { return };
         self.requests.remove(&local);
@@ -551,7 +566,7 @@ impl Host {
             if let ToPlugin::Request {
                 correlation: local, ..
             } = input
-                && let Some((origin, correlation, event_type)) = self.requests.remove(local)
+                && let Some((origin, correlation, event_type, _)) = self.requests.remove(local)
             {
                 let mut env = Envelope::request(event_type, correlation, Bytes::new());
                 env.origin = origin;
@@ -578,7 +593,8 @@ impl Host {
                     // (its producer then stops), not leaked.
                     let handle = handle.map(handover::adopt_body);
                     let tags = request_ids().remove(&correlation);
-                    let Some((origin, correlation, event_type)) = self.requests.remove(&correlation) else {
+                    let Some((origin, correlation, event_type, token)) = self.requests.remove(&correlation)
+                    else {
                         // Answered in the step that cancelled it: nobody waits.
                         if !self.cancelled.contains(&correlation) {
                             tracing::warn!(correlation, "plugin answered an unknown request");
@@ -597,7 +613,7 @@ impl Host {
                         Some(adopted) => adopted,
                         None => Payload::for_body(body, config.shm_threshold),
                     };
-                    match payload {
+                    let mut reply = match payload {
                         Ok(payload) => {
                             let mut reply = Envelope::response_to(&env, status, meta, Bytes::new());
                             reply.payload = payload;
@@ -610,7 +626,23 @@ impl Host {
                             reply.meta.push("retry-after", "1");
                             reply
                         }
+                    };
+                    // A listener's request: straight back into its pipe's
+                    // return link when there is one (decision 0143).
+                    if let (Origin::Pipe(pipe), true) = (origin, token != 0) {
+                        reply.token = token;
+                        match self
+                            .returns
+                            .send(pipe, reply, sink, config.queue_capacity, config.max_frame)
+                        {
+                            Ok(()) => {
+                                self.completed.push((pipe, correlation));
+                                continue;
+                            }
+                            Err(back) => reply = back,
+                        }
                     }
+                    reply
                 }
                 FromPlugin::Call {
                     call,
@@ -720,6 +752,20 @@ impl Host {
             };
             if let Err(refused) = sink.send(env) {
                 tracing::warn!(%refused, "frame to router dropped");
+            }
+        }
+        // One record per step for every answer that went straight back:
+        // the router's in-flight table and balancing stay right.
+        if !self.completed.is_empty() {
+            let requests = std::mem::take(&mut self.completed);
+            match Envelope::control(&Control::Completed { requests }) {
+                Ok(env) => {
+                    if let Err(refused) = sink.send(env) {
+                        // The router's deadline sweep closes them instead.
+                        tracing::warn!(%refused, "completions not sent to the router");
+                    }
+                }
+                Err(err) => tracing::error!(%err, "cannot encode completions"),
             }
         }
     }
