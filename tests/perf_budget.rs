@@ -74,6 +74,16 @@ fn tree_ticks(root: u32) -> u64 {
     total
 }
 
+/// Clock ticks of user+system time of one process (all its threads).
+fn process_ticks(pid: u32) -> u64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0;
+    };
+    let Some(close) = stat.rfind(')') else { return 0 };
+    let fields: Vec<&str> = stat[close + 2..].split(' ').collect();
+    fields[11].parse::<u64>().unwrap_or(0) + fields[12].parse::<u64>().unwrap_or(0)
+}
+
 /// Sends `n` keep-alive `GET /noop` requests over `CLIENTS` connections.
 fn load(addr: SocketAddr, n: usize) {
     let per = n / CLIENTS;
@@ -254,14 +264,24 @@ fn return_paths_side_by_side() {
     direct.eventually_status("/noop", 200);
     load(router.addr, 2_000);
     load(direct.addr, 2_000);
+    const ROLES: [&str; 4] = ["listener", "broker", "router", "basics"];
+    let pids = |g: &Group| ROLES.map(|role| g.pid_of(role));
+    let (router_pids, direct_pids) = (pids(&router), pids(&direct));
     let (mut router_ticks, mut direct_ticks) = (0u64, 0u64);
+    let (mut router_roles, mut direct_roles) = ([0u64; 4], [0u64; 4]);
     for _ in 0..SLICES {
-        let before = tree_ticks(router.supervisor_pid());
-        load(router.addr, REQUESTS_PER_SLICE);
-        router_ticks += tree_ticks(router.supervisor_pid()) - before;
-        let before = tree_ticks(direct.supervisor_pid());
-        load(direct.addr, REQUESTS_PER_SLICE);
-        direct_ticks += tree_ticks(direct.supervisor_pid()) - before;
+        for (g, pids, total, roles) in [
+            (&router, &router_pids, &mut router_ticks, &mut router_roles),
+            (&direct, &direct_pids, &mut direct_ticks, &mut direct_roles),
+        ] {
+            let before = tree_ticks(g.supervisor_pid());
+            let before_roles = pids.map(process_ticks);
+            load(g.addr, REQUESTS_PER_SLICE);
+            *total += tree_ticks(g.supervisor_pid()) - before;
+            for (i, pid) in pids.iter().enumerate() {
+                roles[i] += process_ticks(*pid).saturating_sub(before_roles[i]);
+            }
+        }
     }
     let per = |ticks: u64| ticks as f64 / 100.0 / (SLICES * REQUESTS_PER_SLICE) as f64 * 1e6;
     let (r, d) = (per(router_ticks), per(direct_ticks));
@@ -270,6 +290,13 @@ fn return_paths_side_by_side() {
         profile(),
         d / r.max(f64::MIN_POSITIVE)
     );
+    for (i, role) in ROLES.iter().enumerate() {
+        eprintln!(
+            "  {role}: router {:.1} µs/req, direct {:.1} µs/req",
+            per(router_roles[i]),
+            per(direct_roles[i])
+        );
+    }
     // Both paths kept every answer (`load` asserts each is a 200), and
     // the direct group's router saw every request finish.
     eventually(

@@ -15,11 +15,12 @@
 //! are sent again (the broker forgot them with the old pipe).
 //!
 //! With `group.return_path = "direct"` (decision 0143) each request also
-//! carries a return token, and the manager instances that serve a pipe's
-//! requests offer it a return link each: their answers then come straight
-//! from them, not through router and broker. An answer on a return link is
-//! taken only if it echoes its request's token; the first answer for a
-//! request wins, whichever way it came, and a later one is dropped.
+//! carries a return token, and each manager instance that serves this
+//! process offers it one return link (through whichever pipe it first
+//! answers), told which pipes are this process's: its answers then come
+//! straight from it, not through router and broker. An answer on a return
+//! link is taken only if it echoes its request's token; the first answer
+//! for a request wins, whichever way it came, and a later one is dropped.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -49,15 +50,23 @@ struct Slot {
     sink: Mutex<Option<FrameSink>>,
     pending: Mutex<Pending>,
     sessions: Mutex<HashMap<u64, Session>>,
-    /// The tasks reading this pipe's return links: they end with the pipe
-    /// (a reconnected pipe has a new id, and new links).
-    returns: Mutex<Vec<tokio::task::AbortHandle>>,
+    /// The broker's id for this pipe while it is connected (0: not).
+    id: AtomicU64,
 }
 
-/// Return links one pipe holds at most (one per manager instance that
+/// Return links this process holds at most (one per manager instance that
 /// served it): past this an offer is refused and that instance answers
 /// through the router. Each link is two shared-memory rings.
 const MAX_RETURN_LINKS: usize = 256;
+
+/// A return link, by the pid of the manager process at its other end and
+/// the instance number its offer gave.
+struct ReturnLink {
+    /// Tells the instance which pipes are ours; `None` while opening.
+    sink: Option<FrameSink>,
+    task: tokio::task::AbortHandle,
+    serial: u64,
+}
 
 /// Why the listener ends a WebSocket session: close code and reason.
 pub(crate) type CloseReason = Option<(u16, &'static str)>;
@@ -195,6 +204,10 @@ pub(crate) struct Pool {
     direct: bool,
     /// Keys the return token of every request from its correlation.
     tokens: Tokens,
+    /// Return links, by the manager process's pid (the kernel's word for
+    /// who made the socket pair) and the instance number of its offer.
+    links: Mutex<HashMap<(u32, u64), ReturnLink>>,
+    next_link: AtomicU64,
 }
 
 /// Clients' jobs waiting to be admitted in one listener process; past
@@ -236,7 +249,7 @@ impl Pool {
                     sink: Mutex::new(None),
                     pending: Mutex::new(HashMap::new()),
                     sessions: Mutex::new(HashMap::new()),
-                    returns: Mutex::new(Vec::new()),
+                    id: AtomicU64::new(0),
                 })
                 .collect(),
             next_slot: AtomicUsize::new(0),
@@ -256,6 +269,8 @@ impl Pool {
             config,
             direct: returns::direct(),
             tokens: Tokens::new(),
+            links: Mutex::new(HashMap::new()),
+            next_link: AtomicU64::new(1),
         });
         for index in 0..pool.slots.len() {
             tokio::spawn(pipe_task(pool.clone(), index));
@@ -505,16 +520,16 @@ async fn pipe_task(pool: Arc<Pool>, index: usize) {
     let mut backoff = Backoff::peer();
     loop {
         match connect(&pool, index).await {
-            Ok((reader, sink)) => {
+            Ok((reader, sink, id)) => {
                 backoff.reset();
                 resubscribe(&pool.slots[index], &sink);
                 *lock(&pool.slots[index].sink) = Some(sink);
+                pool.slots[index].id.store(id, Ordering::Relaxed);
+                pool.tell_return_links();
                 pool.mark(1, false);
                 read_responses(&pool, index, reader).await;
                 *lock(&pool.slots[index].sink) = None;
-                for link in std::mem::take(&mut *lock(&pool.slots[index].returns)) {
-                    link.abort();
-                }
+                pool.slots[index].id.store(0, Ordering::Relaxed);
                 pool.mark(-1, false);
                 pool.slots[index].fail_all("lost the connection to the broker");
                 tracing::warn!(pipe = index, "broker pipe lost; reconnecting");
@@ -542,7 +557,7 @@ fn resubscribe(slot: &Slot, sink: &FrameSink) {
 async fn connect(
     pool: &Pool,
     index: usize,
-) -> Result<(FrameReader<OwnedReadHalf>, FrameSink), switchyard_proto::Error> {
+) -> Result<(FrameReader<OwnedReadHalf>, FrameSink, u64), switchyard_proto::Error> {
     let config = &pool.config;
     let stream = UnixStream::connect(&config.broker_socket).await?;
     let (mut reader, sink) = link::open(stream, config.queue_capacity, config.max_frame).await?;
@@ -553,7 +568,7 @@ async fn connect(
     sink.send_wait(Envelope::control(&hello)?).await?;
     match reader.next().await? {
         Some(env) if env.kind == Kind::Control => match env.decode_control()? {
-            Control::Welcome { .. } => Ok((reader, sink)),
+            Control::Welcome { id } => Ok((reader, sink, id)),
             _ => Err(switchyard_proto::Error::Malformed("expected welcome")),
         },
         _ => Err(switchyard_proto::Error::Closed),
@@ -578,7 +593,7 @@ async fn read_responses(pool: &Arc<Pool>, index: usize, mut reader: FrameReader<
                         let _ = tx.send(env);
                     }
                 }
-                Kind::Control if returns::is_offer(&env) => open_return(pool, index, env),
+                Kind::Control if returns::is_offer(&env) => open_return(pool, env),
                 Kind::Control => match env.decode_control() {
                     Ok(Control::RouteTable(table)) => pool.apply_routes(table),
                     Ok(Control::RouterLost) => {
@@ -599,29 +614,52 @@ async fn read_responses(pool: &Arc<Pool>, index: usize, mut reader: FrameReader<
     }
 }
 
-/// A manager instance offers pipe `index` a return link: read it for the
-/// life of the pipe.
-fn open_return(pool: &Arc<Pool>, index: usize, offer: Envelope) {
+/// A manager instance offers this process a return link (through one of
+/// its pipes): read it for the life of the process or the instance. An
+/// instance that has one already is told again which pipes are ours.
+fn open_return(pool: &Arc<Pool>, offer: Envelope) {
     if !pool.direct {
+        return tracing::debug!("return-link offer ignored: answers come through the router");
+    }
+    let (socket, instance) = match returns::accept(offer) {
+        Ok(offered) => offered,
+        Err(err) => return tracing::warn!(%err, "bad return-link offer"),
+    };
+    // The kernel's word for who made the pair, and the instance it names:
+    // one link per instance.
+    let Some(pid) = socket.peer_cred().ok().and_then(|c| c.pid()).map(|p| p as u32) else {
+        return tracing::warn!("return-link offer from an unknown process refused");
+    };
+    let key = (pid, instance);
+    let mut links = lock(&pool.links);
+    links.retain(|_, link| !link.task.is_finished());
+    if let Some(link) = links.get(&key) {
+        // Offered through another pipe before it heard which are ours.
+        if let Some(sink) = &link.sink {
+            pool.tell_pipes(sink);
+        }
         return tracing::debug!(
-            pipe = index,
-            "return-link offer ignored: answers come through the router"
+            pid,
+            "second return-link offer of an instance: told its link our pipes"
         );
     }
-    let mut links = lock(&pool.slots[index].returns);
-    links.retain(|link| !link.is_finished());
     if links.len() >= MAX_RETURN_LINKS {
         return tracing::warn!(
-            pipe = index,
+            pid,
             max = MAX_RETURN_LINKS,
-            "return-link offer refused: this pipe holds the most it may; that instance answers through the router"
+            "return-link offer refused: this process holds the most it may; that instance answers through the router"
         );
     }
-    let socket = match returns::accept(offer) {
-        Ok(socket) => socket,
-        Err(err) => return tracing::warn!(%err, pipe = index, "bad return-link offer"),
-    };
-    links.push(tokio::spawn(read_return(pool.clone(), index, socket)).abort_handle());
+    let serial = pool.next_link.fetch_add(1, Ordering::Relaxed);
+    let task = tokio::spawn(read_return(pool.clone(), key, serial, socket)).abort_handle();
+    links.insert(
+        key,
+        ReturnLink {
+            sink: None,
+            task,
+            serial,
+        },
+    );
 }
 
 /// Return links open in this process (`switchyard status`: the
@@ -647,25 +685,74 @@ impl Drop for Counted {
     }
 }
 
+impl Pool {
+    /// Tells every return link which pipes are ours now (a pipe connected
+    /// under a new id).
+    fn tell_return_links(&self) {
+        for link in lock(&self.links).values() {
+            if let Some(sink) = &link.sink {
+                self.tell_pipes(sink);
+            }
+        }
+    }
+
+    fn tell_pipes(&self, sink: &FrameSink) {
+        let pipes: Vec<u64> = self
+            .slots
+            .iter()
+            .map(|slot| slot.id.load(Ordering::Relaxed))
+            .filter(|&id| id != 0)
+            .collect();
+        match Envelope::control(&Control::ReturnPipes { pipes }) {
+            Ok(env) => {
+                if let Err(refused) = sink.send(env) {
+                    tracing::debug!(%refused, "pipes not told to a return link");
+                }
+            }
+            Err(err) => tracing::error!(%err, "cannot encode our pipes"),
+        }
+    }
+
+    /// The waiter of request `correlation`, whichever pipe it went on
+    /// (correlations are unique in the process).
+    fn take_waiter(&self, correlation: u64) -> Option<oneshot::Sender<Envelope>> {
+        self.slots
+            .iter()
+            .find_map(|slot| lock(&slot.pending).remove(&correlation))
+    }
+}
+
 /// Answers straight from one manager instance: each is taken only if it
 /// echoes its request's token, and only while the request still waits.
-async fn read_return(pool: Arc<Pool>, index: usize, socket: UnixStream) {
+async fn read_return(pool: Arc<Pool>, key: (u32, u64), serial: u64, socket: UnixStream) {
+    read_return_link(&pool, key, serial, socket).await;
+    let mut links = lock(&pool.links);
+    if links.get(&key).is_some_and(|l| l.serial == serial) {
+        links.remove(&key);
+    }
+}
+
+async fn read_return_link(pool: &Arc<Pool>, key: (u32, u64), serial: u64, socket: UnixStream) {
+    let pid = key.0;
     let config = &pool.config;
-    // Our sink stays open with the link: the instance sees the link end
-    // only when this pipe does.
-    let (mut reader, _sink) = match link::open(socket, config.queue_capacity, config.max_frame).await {
+    let (mut reader, sink) = match link::open(socket, config.queue_capacity, config.max_frame).await {
         Ok(link) => link,
-        Err(err) => return tracing::debug!(%err, pipe = index, "return link not opened"),
+        Err(err) => return tracing::debug!(%err, pid, "return link not opened"),
     };
     let _counted = Counted::new();
-    let slot = &pool.slots[index];
+    // The sink stays here with the link: the instance sees the link end
+    // only when this process or its own end does.
+    pool.tell_pipes(&sink);
+    if let Some(link) = lock(&pool.links).get_mut(&key).filter(|l| l.serial == serial) {
+        link.sink = Some(sink.clone());
+    }
     let mut refused = 0u64;
     let mut batch = Vec::with_capacity(64);
     loop {
         match reader.read_batch(&mut batch).await {
             Ok(true) => {}
-            Ok(false) => return tracing::debug!(pipe = index, "return link closed by its instance"),
-            Err(err) => return tracing::warn!(%err, pipe = index, "bad frame on a return link; closing it"),
+            Ok(false) => return tracing::debug!(pid, "return link closed by its instance"),
+            Err(err) => return tracing::warn!(%err, pid, "bad frame on a return link; closing it"),
         }
         for env in batch.drain(..) {
             if env.kind != Kind::Response {
@@ -676,22 +763,21 @@ async fn read_return(pool: Arc<Pool>, index: usize, socket: UnixStream) {
                 refused += 1;
                 if refused == 1 {
                     tracing::warn!(
-                        pipe = index,
+                        pid,
                         correlation = env.correlation,
                         "direct answer refused: it does not carry its request's token (later ones on this link are logged at debug)"
                     );
                 } else {
                     tracing::debug!(
-                        pipe = index,
+                        pid,
                         correlation = env.correlation,
                         "direct answer refused: wrong token"
                     );
                 }
                 continue;
             }
-            let waiter = lock(&slot.pending).remove(&env.correlation);
             // No waiter: answered already (503, 504), or its client left.
-            if let Some(tx) = waiter {
+            if let Some(tx) = pool.take_waiter(env.correlation) {
                 let _ = tx.send(env);
             }
         }

@@ -14,6 +14,7 @@
 //! manager ──Cancel (its own call)──▶ router ──Cancel──▶ the callee
 //! manager ──return-link offer──▶ router ──▶ broker ──▶ the listener pipe (crate::returns)
 //! manager ──Completed──▶ router (requests it answered straight back)
+//! listener ──ReturnPipes──▶ manager, on the return link (which pipes it answers for)
 //! ```
 
 use serde::{Deserialize, Serialize};
@@ -72,6 +73,12 @@ pub enum Control {
     /// on their responses, without passing anything on; one it did not
     /// send to this instance is ignored (decision 0143).
     Completed { requests: Vec<(u64, u64)> },
+    /// Listener → manager instance, on a return link: the broker's ids of
+    /// every pipe of this listener process now. The instance answers the
+    /// requests of all of them on this one link (one link per listener
+    /// process and instance; decision 0143); sent when the link opens and
+    /// whenever a pipe reconnects under a new id.
+    ReturnPipes { pipes: Vec<u64> },
 }
 
 impl Control {

@@ -1,13 +1,15 @@
 //! The direct return path (decision 0143): a manager instance answers a
-//! listener's request straight into that listener pipe's return link
+//! listener's request straight into its return link to that listener process
 //! instead of back through router and broker.
 //!
 //! A return link is a [`crate::link`] like any other (shared-memory rings,
-//! the socket for descriptors and death), set up once per listener pipe
-//! and manager instance: the instance makes a socket pair, keeps one end
-//! and sends the other as an offer ([`offer`]) through router and broker,
-//! which pass it on by its origin like a response; the listener takes it
-//! ([`accept`]) and both sides open the link on it.
+//! the socket for descriptors and death), set up once per listener
+//! process and manager instance: the instance makes a socket pair, keeps
+//! one end and sends the other as an offer ([`offer`]) through router and
+//! broker, which pass it on to the pipe it names like a response; the
+//! listener takes it ([`accept`]), both sides open the link on it, and the
+//! listener tells the instance which of its pipes the link answers for
+//! (`Control::ReturnPipes`).
 //!
 //! Trust: any process that can reach the router can offer a link, so the
 //! link proves nothing. What proves an answer is its token: the listener
@@ -31,16 +33,16 @@ use crate::{Envelope, Error, EventType, Kind, Origin, Payload, Result};
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ReturnPath {
-    /// From the manager straight into the listener pipe's return link;
+    /// From the manager straight into its return link to the listener;
     /// the router is told in batches which requests are done.
+    #[default]
     Direct,
     /// Back the way the request came: manager → router → broker →
     /// listener.
-    #[default]
     Router,
 }
 
-static DIRECT: AtomicBool = AtomicBool::new(false);
+static DIRECT: AtomicBool = AtomicBool::new(true);
 
 /// Sets this process's return path (every process of a group uses the
 /// same; set once at start by the role's entry).
@@ -64,10 +66,12 @@ pub fn is_offer(env: &Envelope) -> bool {
     env.kind == Kind::Control && env.event_type == OFFER
 }
 
-/// A new return link for listener pipe `pipe`: this side's socket, to
-/// open the link on ([`crate::link::open`]), and the offer frame that
-/// carries the other end to the listener.
-pub fn offer(pipe: u64) -> Result<(tokio::net::UnixStream, Envelope)> {
+/// A new return link for the listener process of pipe `pipe`: this side's
+/// socket, to open the link on ([`crate::link::open`]), and the offer frame
+/// that carries the other end to the listener. `instance` names the
+/// offering instance among the links its process offers (its
+/// `correlation`): a listener keeps one link per process and instance.
+pub fn offer(pipe: u64, instance: u64) -> Result<(tokio::net::UnixStream, Envelope)> {
     let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
     ours.set_nonblocking(true)?;
     let ours = tokio::net::UnixStream::from_std(ours)?;
@@ -75,7 +79,7 @@ pub fn offer(pipe: u64) -> Result<(tokio::net::UnixStream, Envelope)> {
     // A payload of two descriptors is what every hop already passes on
     // unread (a stream's); the second is a duplicate the listener closes.
     let twin = theirs.try_clone()?;
-    let mut env = Envelope::request(OFFER, 0, Default::default());
+    let mut env = Envelope::request(OFFER, instance, Default::default());
     env.kind = Kind::Control;
     env.origin = Origin::Pipe(pipe);
     env.payload = Payload::Stream(StreamHandle::from_parts(theirs, twin, None));
@@ -83,8 +87,10 @@ pub fn offer(pipe: u64) -> Result<(tokio::net::UnixStream, Envelope)> {
 }
 
 /// The socket of a return-link offer, checked to be a connected Unix
-/// socket (the offer may come from any process that can reach the router).
-pub fn accept(env: Envelope) -> Result<tokio::net::UnixStream> {
+/// socket (the offer may come from any process that can reach the router),
+/// with the instance number the offer names.
+pub fn accept(env: Envelope) -> Result<(tokio::net::UnixStream, u64)> {
+    let instance = env.correlation;
     let Payload::Stream(handle) = env.payload else {
         return Err(Error::Malformed("a return-link offer without its socket"));
     };
@@ -95,7 +101,14 @@ pub fn accept(env: Envelope) -> Result<tokio::net::UnixStream> {
         Error::Malformed("a return-link offer whose descriptor is not a connected Unix socket")
     })?;
     socket.set_nonblocking(true)?;
-    Ok(tokio::net::UnixStream::from_std(socket)?)
+    Ok((tokio::net::UnixStream::from_std(socket)?, instance))
+}
+
+/// A random number naming this process's instance in its offers.
+pub fn instance_number() -> u64 {
+    std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish()
 }
 
 /// The listener's keyed token function: SipHash with keys drawn from the
@@ -151,10 +164,11 @@ mod tests {
     #[tokio::test]
     async fn an_offer_carries_a_working_socket_through_a_frame() {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let (mut ours, env) = offer(3).unwrap();
+        let (mut ours, env) = offer(3, 9).unwrap();
         assert!(is_offer(&env));
         assert_eq!(env.origin, Origin::Pipe(3));
-        let mut theirs = accept(env).unwrap();
+        let (mut theirs, instance) = accept(env).unwrap();
+        assert_eq!(instance, 9);
         ours.write_all(b"hi").await.unwrap();
         let mut buf = [0u8; 2];
         theirs.read_exact(&mut buf).await.unwrap();

@@ -21,7 +21,7 @@
 //! send (docs/decisions/0100-roles-by-pid.md).
 //!
 //! With `group.return_path = "direct"` (decision 0143) an instance answers
-//! a listener's request straight into that listener pipe's return link and
+//! a listener's request straight into its return link to that listener process and
 //! tells the router in batches (`Control::Completed`) which requests it
 //! answered: the in-flight table, the balancing and the 503/504 answers
 //! stay here; the router only passes on each instance's offer of a return

@@ -35,7 +35,7 @@ use switchyard_manager_abi::handover;
 use switchyard_manager_abi::messages::{Caller, Description, FromPlugin, LogLevel, ToPlugin};
 
 use crate::loader::{LoadError, Plugin};
-use crate::returns::Returns;
+use crate::returns::{Returns, Sent};
 use crate::watchdog::Watchdog;
 
 /// The host's settings.
@@ -629,16 +629,17 @@ impl Host {
                     };
                     // A listener's request: straight back into its pipe's
                     // return link when there is one (decision 0143).
-                    if let (Origin::Pipe(pipe), true) = (origin, token != 0) {
+                    if let (Some(pipe), true) = (crate::returns::pipe_of(origin), token != 0) {
                         reply.token = token;
                         match self
                             .returns
                             .send(pipe, reply, sink, config.queue_capacity, config.max_frame)
                         {
-                            Ok(()) => {
+                            Ok(Sent::Direct) => {
                                 self.completed.push((pipe, correlation));
                                 continue;
                             }
+                            Ok(Sent::Held) => continue,
                             Err(back) => reply = back,
                         }
                     }
@@ -756,18 +757,7 @@ impl Host {
         }
         // One record per step for every answer that went straight back:
         // the router's in-flight table and balancing stay right.
-        if !self.completed.is_empty() {
-            let requests = std::mem::take(&mut self.completed);
-            match Envelope::control(&Control::Completed { requests }) {
-                Ok(env) => {
-                    if let Err(refused) = sink.send(env) {
-                        // The router's deadline sweep closes them instead.
-                        tracing::warn!(%refused, "completions not sent to the router");
-                    }
-                }
-                Err(err) => tracing::error!(%err, "cannot encode completions"),
-            }
-        }
+        crate::returns::completed(sink, std::mem::take(&mut self.completed));
     }
 
     /// The router is gone: its requests are answered by the router's own
