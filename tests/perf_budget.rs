@@ -245,6 +245,14 @@ fn group_cpu_per_request_stays_within_budget_of_the_baseline() {
 /// figures BENCHMARKS.md shows for the two paths. Both groups must answer
 /// every request 200; the figures are printed, not judged (the budget
 /// above judges the default).
+/// Requests per slice of [`return_paths_side_by_side`]: fewer in a debug
+/// build, which serves a few thousand a second.
+const PATH_REQUESTS: usize = if cfg!(debug_assertions) {
+    5_000
+} else {
+    REQUESTS_PER_SLICE
+};
+
 #[test]
 fn return_paths_side_by_side() {
     if std::env::var("SWITCHYARD_PERF_BUDGET")
@@ -276,14 +284,14 @@ fn return_paths_side_by_side() {
         ] {
             let before = tree_ticks(g.supervisor_pid());
             let before_roles = pids.map(process_ticks);
-            load(g.addr, REQUESTS_PER_SLICE);
+            load(g.addr, PATH_REQUESTS);
             *total += tree_ticks(g.supervisor_pid()) - before;
             for (i, pid) in pids.iter().enumerate() {
                 roles[i] += process_ticks(*pid).saturating_sub(before_roles[i]);
             }
         }
     }
-    let per = |ticks: u64| ticks as f64 / 100.0 / (SLICES * REQUESTS_PER_SLICE) as f64 * 1e6;
+    let per = |ticks: u64| ticks as f64 / 100.0 / (SLICES * PATH_REQUESTS) as f64 * 1e6;
     let (r, d) = (per(router_ticks), per(direct_ticks));
     eprintln!(
         "return paths ({}, {CLIENTS} clients): router {r:.1} µs/req, direct {d:.1} µs/req, direct/router {:.2}",
