@@ -138,12 +138,16 @@ impl Returns {
                 };
                 // The listener may have told another link of ours that the
                 // pipe is its: then they go there.
+                let mut done = Vec::new();
                 for answer in held {
+                    let correlation = answer.correlation;
                     match self.send(pipe, answer, &router, capacity, max_frame) {
-                        Ok(_) => {}
+                        Ok(Sent::Direct) => done.push((pipe, correlation)),
+                        Ok(Sent::Held) => {}
                         Err(answer) => send_or_log(&router, answer),
                     }
                 }
+                completed(&router, done);
                 return;
             }
         };
