@@ -884,7 +884,7 @@ impl Table {
     }
 
     /// Instance `from` answered these requests of listener pipes straight
-    /// into the pipes' return links (decision 0143): close their in-flight
+    /// into its return links to their listeners (decision 0143): close their in-flight
     /// entries as [`complete`](Self::complete) would, with nothing to pass
     /// on. A request it was not sent stays in flight for the instance
     /// that has it; one no longer in flight was answered 503/504 already.
@@ -909,8 +909,8 @@ impl Table {
         }
     }
 
-    /// An instance's return link for a listener pipe: to the broker, which
-    /// passes it to the pipe its origin names. Dropped without a broker
+    /// An instance's offer of a return link to a listener process: to the
+    /// broker, which passes it to the pipe its origin names. Dropped without a broker
     /// (the instance's answers then come this way).
     pub(crate) fn forward_offer(&self, env: Envelope) {
         if !matches!(env.origin, Origin::Pipe(_)) {

@@ -8,7 +8,10 @@
 //! answer back. A request the router cancels (its client left, or its
 //! deadline passed) is forgotten and the plugin drops its handler; the jobs
 //! and calls the plugin then gives up are taken from the worker pool or
-//! cancelled at the router. If the router goes away, calls the plugin is awaiting fail
+//! cancelled at the router. An answer to a listener's request goes straight
+//! into this instance's return link to that listener process, and the
+//! router is told once per step which requests were answered so (decision
+//! 0143). If the router goes away, calls the plugin is awaiting fail
 //! with 503 and the host reconnects and declares itself again. Every step
 //! runs under the [`watchdog`](crate::watchdog): one that does not return
 //! within `handler_timeout` ends the process.
@@ -316,7 +319,7 @@ struct Host {
     /// Requests cancelled in the step under way: the plugin may have
     /// answered one before it read the cancel.
     cancelled: HashSet<u64>,
-    /// Links straight back to listener pipes (decision 0143).
+    /// Links straight back to listener processes (decision 0143).
     returns: Returns,
     /// Requests answered through [`returns`](Self::returns) since the
     /// router was last told, as (pipe, correlation).
@@ -627,8 +630,8 @@ impl Host {
                             reply
                         }
                     };
-                    // A listener's request: straight back into its pipe's
-                    // return link when there is one (decision 0143).
+                    // A listener's request: straight back into the return
+                    // link to its listener process (decision 0143).
                     if let (Some(pipe), true) = (crate::returns::pipe_of(origin), token != 0) {
                         reply.token = token;
                         match self
