@@ -751,6 +751,11 @@ pub(crate) struct GroupConfig {
     /// incoming ring empty gives up the CPU (re-checking in between) before
     /// it sleeps and must be woken. 0: sleep at once. Default 3.
     pub(crate) ring_yields: usize,
+    /// How answers to listeners' requests travel back: `direct` (the
+    /// manager instance writes them into the listener pipe's return link
+    /// and tells the router in batches; decision 0143) or `router` (back
+    /// through router and broker, the way the request came).
+    pub(crate) return_path: switchyard_proto::returns::ReturnPath,
     /// Environment variables the group's processes get from the
     /// supervisor's environment besides the fixed list (`PATH`, `HOME`,
     /// `LANG`, `LC_*`, `TZ`, `RUST_LOG`, `RUST_BACKTRACE`, ...): what the
@@ -775,6 +780,7 @@ impl Default for GroupConfig {
             handler_timeout_ms: 30_000,
             transport: switchyard_proto::link::Transport::default(),
             ring_yields: switchyard_proto::link::DEFAULT_YIELDS,
+            return_path: switchyard_proto::returns::ReturnPath::default(),
             pass_env: Vec::new(),
         }
     }

@@ -378,6 +378,7 @@ async fn serve(role: Role, name: String, instance: u32, spec: Spec) -> anyhow::R
     // Every process of the group speaks the same transport on its links.
     switchyard_proto::link::set_transport(config.group.transport);
     switchyard_proto::link::set_yields(config.group.ring_yields);
+    switchyard_proto::returns::set_return_path(config.group.return_path);
     let (ready_tx, ready_rx) = oneshot::channel();
     let Started { work, live } = role.start(Setup {
         spec: &spec,

@@ -110,3 +110,61 @@ fn a_plugin_cannot_take_another_role_name_type_route_request_or_identity() {
 
     serving(&g);
 }
+
+/// The direct return path (decision 0143) opens no door: an instance may
+/// offer any listener pipe a return link, but an answer on it is taken
+/// only with its request's token, which only the instance the router
+/// picked was sent. The fixture's second instance learns its own
+/// request's pipe, correlation and token, then writes answers for the
+/// requests after it (its own token and guesses) into a link it offers
+/// that pipe while a request to `payload` waits there.
+#[test]
+fn a_plugin_cannot_answer_straight_back_for_another_instance() {
+    let plugin = plugin("switchyard-fixture-rogue");
+    let scratch = scratch_dir("trust-direct-rt");
+    let runtime_dir = scratch.path().join("rt");
+    // One pipe, so the waiting request is on the pipe the forgeries go to.
+    let config = format!(
+        "[group]\nreturn_path = \"direct\"\n[listener]\npipes = 1\n\
+         [[managers]]\nname = \"basics\"\n[[managers]]\nname = \"payload\"\n\
+         [[managers]]\nname = \"rogue\"\nplugin = \"{}\"\n[managers.config]\nruntime_dir = \"{}\"\n",
+        plugin.display(),
+        runtime_dir.display()
+    );
+    let mut g = Group::builder("group-trust-direct")
+        .config(&config)
+        .runtime_dir(&runtime_dir)
+        .start();
+    g.eventually_status("/noop", 200);
+    serving(&g);
+
+    assert_eq!(attack(&g, "bait")["outcome"], "welcomed");
+    g.eventually_status("/bait", 200);
+    let addr = g.addr;
+    let slow = std::thread::spawn(move || get(addr, "/sleep/3000").unwrap());
+    eventually("the request to payload is in flight", PATIENCE, || {
+        let router = g.status()["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["role"] == "router")
+            .cloned()
+            .unwrap_or_default();
+        (router["load"]["in_flight"].as_u64() >= Some(1))
+            .then_some(())
+            .ok_or(router)
+    });
+    let forged = attack(&g, "forge-direct");
+    assert!(forged["sent"].as_u64() > Some(0), "{forged}");
+    let r = slow.join().unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(
+        !r.text().contains("forged"),
+        "a forged answer was taken: {}",
+        r.text()
+    );
+    assert!(r.text().contains("slept_ms"), "{}", r.text());
+    g.wait_line("direct answer refused: it does not carry its request's token");
+
+    serving(&g);
+}

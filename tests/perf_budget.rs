@@ -8,6 +8,10 @@
 //! commit) with `SWITCHYARD_PERF_BUDGET=record`. Only ratios are compared:
 //! the machine's speed and load cancel out, because both servers are
 //! measured in alternating slices under the same conditions.
+//!
+//! The same opt-in runs the two return paths (`group.return_path`,
+//! decision 0143) side by side: two groups, one per path, measured in
+//! alternating slices in one run (`return_paths_side_by_side`).
 
 mod common;
 
@@ -68,6 +72,16 @@ fn tree_ticks(root: u32) -> u64 {
         }
     }
     total
+}
+
+/// Clock ticks of user+system time of one process (all its threads).
+fn process_ticks(pid: u32) -> u64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0;
+    };
+    let Some(close) = stat.rfind(')') else { return 0 };
+    let fields: Vec<&str> = stat[close + 2..].split(' ').collect();
+    fields[11].parse::<u64>().unwrap_or(0) + fields[12].parse::<u64>().unwrap_or(0)
 }
 
 /// Sends `n` keep-alive `GET /noop` requests over `CLIENTS` connections.
@@ -223,5 +237,87 @@ fn group_cpu_per_request_stays_within_budget_of_the_baseline() {
         ratio <= budget * ALLOWED_GROWTH,
         "CPU per request regressed: ratio {ratio:.2} vs recorded {budget:.2} (allowed up to {:.2})",
         budget * ALLOWED_GROWTH
+    );
+}
+
+/// The group's CPU per `GET /noop` with answers through the router and
+/// straight back (decision 0143), in alternating slices of one run: the
+/// figures BENCHMARKS.md shows for the two paths. Both groups must answer
+/// every request 200; the figures are printed, not judged (the budget
+/// above judges the default).
+/// Requests per slice of [`return_paths_side_by_side`]: fewer in a debug
+/// build, which serves a few thousand a second.
+const PATH_REQUESTS: usize = if cfg!(debug_assertions) {
+    5_000
+} else {
+    REQUESTS_PER_SLICE
+};
+
+#[test]
+fn return_paths_side_by_side() {
+    if std::env::var("SWITCHYARD_PERF_BUDGET")
+        .unwrap_or_default()
+        .is_empty()
+    {
+        eprintln!("skipped: set SWITCHYARD_PERF_BUDGET=1 to measure");
+        return;
+    }
+    let router = Group::builder("paths-router")
+        .config("[group]\nreturn_path = \"router\"\n")
+        .start();
+    let direct = Group::builder("paths-direct")
+        .config("[group]\nreturn_path = \"direct\"\n")
+        .start();
+    router.eventually_status("/noop", 200);
+    direct.eventually_status("/noop", 200);
+    load(router.addr, 2_000);
+    load(direct.addr, 2_000);
+    const ROLES: [&str; 4] = ["listener", "broker", "router", "basics"];
+    let pids = |g: &Group| ROLES.map(|role| g.pid_of(role));
+    let (router_pids, direct_pids) = (pids(&router), pids(&direct));
+    let (mut router_ticks, mut direct_ticks) = (0u64, 0u64);
+    let (mut router_roles, mut direct_roles) = ([0u64; 4], [0u64; 4]);
+    for _ in 0..SLICES {
+        for (g, pids, total, roles) in [
+            (&router, &router_pids, &mut router_ticks, &mut router_roles),
+            (&direct, &direct_pids, &mut direct_ticks, &mut direct_roles),
+        ] {
+            let before = tree_ticks(g.supervisor_pid());
+            let before_roles = pids.map(process_ticks);
+            load(g.addr, PATH_REQUESTS);
+            *total += tree_ticks(g.supervisor_pid()) - before;
+            for (i, pid) in pids.iter().enumerate() {
+                roles[i] += process_ticks(*pid).saturating_sub(before_roles[i]);
+            }
+        }
+    }
+    let per = |ticks: u64| ticks as f64 / 100.0 / (SLICES * PATH_REQUESTS) as f64 * 1e6;
+    let (r, d) = (per(router_ticks), per(direct_ticks));
+    eprintln!(
+        "return paths ({}, {CLIENTS} clients): router {r:.1} µs/req, direct {d:.1} µs/req, direct/router {:.2}",
+        profile(),
+        d / r.max(f64::MIN_POSITIVE)
+    );
+    for (i, role) in ROLES.iter().enumerate() {
+        eprintln!(
+            "  {role}: router {:.1} µs/req, direct {:.1} µs/req",
+            per(router_roles[i]),
+            per(direct_roles[i])
+        );
+    }
+    // Both paths kept every answer (`load` asserts each is a 200), and
+    // the direct group's router saw every request finish.
+    eventually(
+        "the direct group's router holds nothing in flight",
+        PATIENCE,
+        || {
+            let in_flight = direct.status()["processes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|p| p["role"] == "router")
+                .and_then(|p| p["load"]["in_flight"].as_u64());
+            (in_flight == Some(0)).then_some(()).ok_or(in_flight)
+        },
     );
 }

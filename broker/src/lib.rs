@@ -8,6 +8,10 @@
 //! state, so nothing in it grows with traffic and nothing needs expiring.
 //! A listener's cancel of a request (its client went away) goes the same
 //! way, stamped with the same pipe.
+//! With answers straight back (decision 0143) the broker sees no answers
+//! to listeners' requests at all, only each manager instance's offer of a
+//! return link to a pipe, which it passes on by origin as it would a
+//! response.
 //! It relays the router's route table to every listener, and when the router
 //! goes away it tells every pipe at once so that listeners answer the
 //! requests in flight with 503 instead of waiting for their deadline.
@@ -493,6 +497,18 @@ async fn router(
                             trace_id = env.meta.trace_id(),
                             "response to a gone pipe dropped"
                         ),
+                    }
+                }
+                // A manager instance's return link for one pipe (decision
+                // 0143): passed on by its origin, as a response is.
+                (Kind::Control, Origin::Pipe(id)) if switchyard_proto::returns::is_offer(&env) => {
+                    match st.pipes.get(&id) {
+                        Some(pipe) => {
+                            if let Err(refused) = pipe.sink.send(env) {
+                                tracing::debug!(%refused, id, "return-link offer dropped");
+                            }
+                        }
+                        None => tracing::debug!(id, "return-link offer for a gone pipe dropped"),
                     }
                 }
                 (Kind::Control, _) => match env.decode_control() {

@@ -349,6 +349,7 @@ async fn incoming_call(core: &Arc<Core>, msg: Message) {
         origin: Origin::Manager(REMOTE_ID),
         deadline: Deadline::after(timeout),
         status: 0,
+        token: 0,
         meta: decoded.meta,
         payload,
     };

@@ -13,6 +13,14 @@
 //! full drops the session (WebSocket: closed with 1008 "too slow"; gRPC: the
 //! stream ends with RESOURCE_EXHAUSTED) without slowing anyone else. When a pipe reconnects, its sessions' subscriptions
 //! are sent again (the broker forgot them with the old pipe).
+//!
+//! With `group.return_path = "direct"` (decision 0143) each request also
+//! carries a return token, and each manager instance that serves this
+//! process offers it one return link (through whichever pipe it first
+//! answers), told which pipes are this process's: its answers then come
+//! straight from it, not through router and broker. An answer on a return
+//! link is taken only if it echoes its request's token; the first answer
+//! for a request wins, whichever way it came, and a later one is dropped.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -22,6 +30,8 @@ use switchyard_proto::backoff::Backoff;
 use switchyard_proto::control::{Control, Filter, META_EVENT, META_JOB, META_TO, RouteTable, pattern_prefix};
 use switchyard_proto::grpc::{Push, ServerMessage, server_message};
 use switchyard_proto::link;
+use switchyard_proto::returns::{self, Tokens};
+use switchyard_proto::supervision::{Extra, GAUGES};
 use switchyard_proto::transport::{FrameReader, FrameSink};
 use switchyard_proto::{Envelope, Hop, Kind, Origin, Refusal};
 use tokio::net::UnixStream;
@@ -40,6 +50,22 @@ struct Slot {
     sink: Mutex<Option<FrameSink>>,
     pending: Mutex<Pending>,
     sessions: Mutex<HashMap<u64, Session>>,
+    /// The broker's id for this pipe while it is connected (0: not).
+    id: AtomicU64,
+}
+
+/// Return links this process holds at most (one per manager instance that
+/// served it): past this an offer is refused and that instance answers
+/// through the router. Each link is two shared-memory rings.
+const MAX_RETURN_LINKS: usize = 256;
+
+/// A return link, by the pid of the manager process at its other end and
+/// the instance number its offer gave.
+struct ReturnLink {
+    /// Tells the instance which pipes are ours; `None` while opening.
+    sink: Option<FrameSink>,
+    task: tokio::task::AbortHandle,
+    serial: u64,
 }
 
 /// Why the listener ends a WebSocket session: close code and reason.
@@ -175,6 +201,14 @@ pub(crate) struct Pool {
     jobs: mpsc::Sender<Envelope>,
     job_queue: Mutex<Option<mpsc::Receiver<Envelope>>>,
     config: Arc<Config>,
+    /// Answers come straight from the managers (decision 0143).
+    direct: bool,
+    /// Keys the return token of every request from its correlation.
+    tokens: Tokens,
+    /// Return links, by the manager process's pid (the kernel's word for
+    /// who made the socket pair) and the instance number of its offer.
+    links: Mutex<HashMap<(u32, u64), ReturnLink>>,
+    next_link: AtomicU64,
 }
 
 /// Clients' jobs waiting to be admitted in one listener process; past
@@ -216,6 +250,7 @@ impl Pool {
                     sink: Mutex::new(None),
                     pending: Mutex::new(HashMap::new()),
                     sessions: Mutex::new(HashMap::new()),
+                    id: AtomicU64::new(0),
                 })
                 .collect(),
             next_slot: AtomicUsize::new(0),
@@ -233,6 +268,10 @@ impl Pool {
             jobs,
             job_queue: Mutex::new(Some(job_queue)),
             config,
+            direct: returns::direct(),
+            tokens: Tokens::new(),
+            links: Mutex::new(HashMap::new()),
+            next_link: AtomicU64::new(1),
         });
         for index in 0..pool.slots.len() {
             tokio::spawn(pipe_task(pool.clone(), index));
@@ -351,6 +390,9 @@ impl Pool {
             };
             let correlation = self.next_correlation.fetch_add(1, Ordering::Relaxed);
             env.correlation = correlation;
+            if self.direct && env.kind == Kind::Request {
+                env.token = self.tokens.token(correlation);
+            }
             let (tx, response) = oneshot::channel();
             lock(&slot.pending).insert(correlation, tx);
             let mut in_flight = InFlight {
@@ -480,13 +522,16 @@ async fn pipe_task(pool: Arc<Pool>, index: usize) {
     let mut backoff = Backoff::peer();
     loop {
         match connect(&pool, index).await {
-            Ok((reader, sink)) => {
+            Ok((reader, sink, id)) => {
                 backoff.reset();
                 resubscribe(&pool.slots[index], &sink);
                 *lock(&pool.slots[index].sink) = Some(sink);
+                pool.slots[index].id.store(id, Ordering::Relaxed);
+                pool.tell_return_links();
                 pool.mark(1, false);
                 read_responses(&pool, index, reader).await;
                 *lock(&pool.slots[index].sink) = None;
+                pool.slots[index].id.store(0, Ordering::Relaxed);
                 pool.mark(-1, false);
                 pool.slots[index].fail_all("lost the connection to the broker");
                 tracing::warn!(pipe = index, "broker pipe lost; reconnecting");
@@ -514,7 +559,7 @@ fn resubscribe(slot: &Slot, sink: &FrameSink) {
 async fn connect(
     pool: &Pool,
     index: usize,
-) -> Result<(FrameReader<OwnedReadHalf>, FrameSink), switchyard_proto::Error> {
+) -> Result<(FrameReader<OwnedReadHalf>, FrameSink, u64), switchyard_proto::Error> {
     let config = &pool.config;
     let stream = UnixStream::connect(&config.broker_socket).await?;
     let (mut reader, sink) = link::open(stream, config.queue_capacity, config.max_frame).await?;
@@ -525,14 +570,14 @@ async fn connect(
     sink.send_wait(Envelope::control(&hello)?).await?;
     match reader.next().await? {
         Some(env) if env.kind == Kind::Control => match env.decode_control()? {
-            Control::Welcome { .. } => Ok((reader, sink)),
+            Control::Welcome { id } => Ok((reader, sink, id)),
             _ => Err(switchyard_proto::Error::Malformed("expected welcome")),
         },
         _ => Err(switchyard_proto::Error::Closed),
     }
 }
 
-async fn read_responses(pool: &Pool, index: usize, mut reader: FrameReader<OwnedReadHalf>) {
+async fn read_responses(pool: &Arc<Pool>, index: usize, mut reader: FrameReader<OwnedReadHalf>) {
     let slot = &pool.slots[index];
     let mut batch = Vec::with_capacity(64);
     loop {
@@ -550,6 +595,7 @@ async fn read_responses(pool: &Pool, index: usize, mut reader: FrameReader<Owned
                         let _ = tx.send(env);
                     }
                 }
+                Kind::Control if returns::is_offer(&env) => open_return(pool, env),
                 Kind::Control => match env.decode_control() {
                     Ok(Control::RouteTable(table)) => pool.apply_routes(table),
                     Ok(Control::RouterLost) => {
@@ -565,6 +611,176 @@ async fn read_responses(pool: &Pool, index: usize, mut reader: FrameReader<Owned
                 Kind::Notification if env.meta.get(META_JOB).is_some() => pool.job(env),
                 Kind::Notification => push(pool, slot, &env),
                 other => tracing::debug!(?other, "ignoring frame from broker"),
+            }
+        }
+    }
+}
+
+/// A manager instance offers this process a return link (through one of
+/// its pipes): read it for the life of the process or the instance. An
+/// instance that has one already is told again which pipes are ours.
+fn open_return(pool: &Arc<Pool>, offer: Envelope) {
+    if !pool.direct {
+        return tracing::debug!("return-link offer ignored: answers come through the router");
+    }
+    let (socket, instance) = match returns::accept(offer) {
+        Ok(offered) => offered,
+        Err(err) => return tracing::warn!(%err, "bad return-link offer"),
+    };
+    // The kernel's word for who made the pair, and the instance it names:
+    // one link per instance.
+    let Some(pid) = socket.peer_cred().ok().and_then(|c| c.pid()).map(|p| p as u32) else {
+        return tracing::warn!("return-link offer from an unknown process refused");
+    };
+    let key = (pid, instance);
+    let mut links = lock(&pool.links);
+    links.retain(|_, link| !link.task.is_finished());
+    if let Some(link) = links.get(&key) {
+        // Offered through another pipe before it heard which are ours.
+        if let Some(sink) = &link.sink {
+            pool.tell_pipes(sink);
+        }
+        return tracing::debug!(
+            pid,
+            "second return-link offer of an instance: told its link our pipes"
+        );
+    }
+    if links.len() >= MAX_RETURN_LINKS {
+        return tracing::warn!(
+            pid,
+            max = MAX_RETURN_LINKS,
+            "return-link offer refused: this process holds the most it may; that instance answers through the router"
+        );
+    }
+    let serial = pool.next_link.fetch_add(1, Ordering::Relaxed);
+    let task = tokio::spawn(read_return(pool.clone(), key, serial, socket)).abort_handle();
+    links.insert(
+        key,
+        ReturnLink {
+            sink: None,
+            task,
+            serial,
+        },
+    );
+}
+
+/// Return links open in this process (`switchyard status`: the
+/// listener's `return_links`).
+static RETURN_LINKS: AtomicU64 = AtomicU64::new(0);
+
+/// Counts one open return link while it lives (a read task that is
+/// aborted drops it too).
+struct Counted;
+
+impl Counted {
+    fn new() -> Counted {
+        let n = RETURN_LINKS.fetch_add(1, Ordering::Relaxed) + 1;
+        GAUGES.set_extra(Extra::ReturnLinks, n);
+        Counted
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        let n = RETURN_LINKS.fetch_sub(1, Ordering::Relaxed).saturating_sub(1);
+        GAUGES.set_extra(Extra::ReturnLinks, n);
+    }
+}
+
+impl Pool {
+    /// Tells every return link which pipes are ours now (a pipe connected
+    /// under a new id).
+    fn tell_return_links(&self) {
+        for link in lock(&self.links).values() {
+            if let Some(sink) = &link.sink {
+                self.tell_pipes(sink);
+            }
+        }
+    }
+
+    fn tell_pipes(&self, sink: &FrameSink) {
+        let pipes: Vec<u64> = self
+            .slots
+            .iter()
+            .map(|slot| slot.id.load(Ordering::Relaxed))
+            .filter(|&id| id != 0)
+            .collect();
+        match Envelope::control(&Control::ReturnPipes { pipes }) {
+            Ok(env) => {
+                if let Err(refused) = sink.send(env) {
+                    tracing::debug!(%refused, "pipes not told to a return link");
+                }
+            }
+            Err(err) => tracing::error!(%err, "cannot encode our pipes"),
+        }
+    }
+
+    /// The waiter of request `correlation`, whichever pipe it went on
+    /// (correlations are unique in the process).
+    fn take_waiter(&self, correlation: u64) -> Option<oneshot::Sender<Envelope>> {
+        self.slots
+            .iter()
+            .find_map(|slot| lock(&slot.pending).remove(&correlation))
+    }
+}
+
+/// Answers straight from one manager instance: each is taken only if it
+/// echoes its request's token, and only while the request still waits.
+async fn read_return(pool: Arc<Pool>, key: (u32, u64), serial: u64, socket: UnixStream) {
+    read_return_link(&pool, key, serial, socket).await;
+    let mut links = lock(&pool.links);
+    if links.get(&key).is_some_and(|l| l.serial == serial) {
+        links.remove(&key);
+    }
+}
+
+async fn read_return_link(pool: &Arc<Pool>, key: (u32, u64), serial: u64, socket: UnixStream) {
+    let pid = key.0;
+    let config = &pool.config;
+    let (mut reader, sink) = match link::open(socket, config.queue_capacity, config.max_frame).await {
+        Ok(link) => link,
+        Err(err) => return tracing::debug!(%err, pid, "return link not opened"),
+    };
+    let _counted = Counted::new();
+    // The sink stays here with the link: the instance sees the link end
+    // only when this process or its own end does.
+    pool.tell_pipes(&sink);
+    if let Some(link) = lock(&pool.links).get_mut(&key).filter(|l| l.serial == serial) {
+        link.sink = Some(sink.clone());
+    }
+    let mut refused = 0u64;
+    let mut batch = Vec::with_capacity(64);
+    loop {
+        match reader.read_batch(&mut batch).await {
+            Ok(true) => {}
+            Ok(false) => return tracing::debug!(pid, "return link closed by its instance"),
+            Err(err) => return tracing::warn!(%err, pid, "bad frame on a return link; closing it"),
+        }
+        for env in batch.drain(..) {
+            if env.kind != Kind::Response {
+                tracing::debug!(kind = ?env.kind, "ignoring frame on a return link");
+                continue;
+            }
+            if !pool.tokens.check(&env) {
+                refused += 1;
+                if refused == 1 {
+                    tracing::warn!(
+                        pid,
+                        correlation = env.correlation,
+                        "direct answer refused: it does not carry its request's token (later ones on this link are logged at debug)"
+                    );
+                } else {
+                    tracing::debug!(
+                        pid,
+                        correlation = env.correlation,
+                        "direct answer refused: wrong token"
+                    );
+                }
+                continue;
+            }
+            // No waiter: answered already (503, 504), or its client left.
+            if let Some(tx) = pool.take_waiter(env.correlation) {
+                let _ = tx.send(env);
             }
         }
     }

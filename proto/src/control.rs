@@ -12,6 +12,9 @@
 //! manager ──Draining──▶ router ──Draining──▶ manager (no request follows it)
 //! listener pipe ──Cancel──▶ broker ──Cancel──▶ router ──Cancel──▶ manager
 //! manager ──Cancel (its own call)──▶ router ──Cancel──▶ the callee
+//! manager ──return-link offer──▶ router ──▶ broker ──▶ the listener pipe (crate::returns)
+//! manager ──Completed──▶ router (requests it answered straight back)
+//! listener ──ReturnPipes──▶ manager, on the return link (which pipes it answers for)
 //! ```
 
 use serde::{Deserialize, Serialize};
@@ -67,6 +70,18 @@ pub enum Control {
     /// drops its handler and stops its jobs; an answer that still comes is
     /// dropped (docs/decisions/0092-cancellation-as-a-control-frame.md).
     Cancel,
+    /// Manager → router: requests of listener pipes this instance
+    /// answered straight into the listener's return link, as (pipe,
+    /// correlation). The router closes their in-flight entries as it would
+    /// on their responses, without passing anything on; one it did not
+    /// send to this instance is ignored (decision 0143).
+    Completed { requests: Vec<(u64, u64)> },
+    /// Listener → manager instance, on a return link: the broker's ids of
+    /// every pipe of this listener process now. The instance answers the
+    /// requests of all of them on this one link (one link per listener
+    /// process and instance; decision 0143); sent when the link opens and
+    /// whenever a pipe reconnects under a new id.
+    ReturnPipes { pipes: Vec<u64> },
 }
 
 /// Control frames are envelopes of their own kind; built and read here,
@@ -81,6 +96,7 @@ impl Envelope {
             origin: Origin::Unset,
             deadline: Deadline::NONE,
             status: 0,
+            token: 0,
             meta: Meta::default(),
             payload: Payload::Inline(Bytes::from(crate::codec::encode(message)?)),
         })

@@ -269,6 +269,12 @@ pub struct Envelope {
     pub deadline: Deadline,
     /// HTTP-like status of a response (200, 404, 503, ...); 0 on other kinds.
     pub status: u16,
+    /// The return token (decision 0143): on a listener's request, 64 bits
+    /// the listener keys from the correlation with a secret of its own; an
+    /// answer written straight into the listener's return link must echo
+    /// them, so an instance can answer only the requests it was sent. 0:
+    /// none (every other frame).
+    pub token: u64,
     pub meta: Meta,
     pub payload: Payload,
 }
@@ -283,6 +289,7 @@ impl Envelope {
             origin: Origin::Unset,
             deadline: Deadline::NONE,
             status: 0,
+            token: 0,
             meta: Meta::default(),
             payload: Payload::Inline(payload),
         }
@@ -306,6 +313,7 @@ impl Envelope {
             origin: request.origin,
             deadline: Deadline::NONE,
             status,
+            token: request.token,
             meta,
             payload: Payload::Inline(body),
         }

@@ -64,6 +64,7 @@ struct HeaderRef<'a> {
     origin: Origin,
     deadline: Deadline,
     status: u16,
+    token: u64,
     meta: &'a Meta,
     body: BodyHead,
 }
@@ -91,6 +92,7 @@ struct HeaderOwned {
     origin: Origin,
     deadline: Deadline,
     status: u16,
+    token: u64,
     meta: Meta,
     body: BodyHead,
 }
@@ -111,6 +113,7 @@ pub fn encode_head<'e>(env: &'e Envelope, out: &mut BytesMut, max: usize) -> Res
         origin: env.origin,
         deadline: env.deadline,
         status: env.status,
+        token: env.token,
         meta: &env.meta,
         body,
     };
@@ -208,6 +211,7 @@ pub fn parse(frame: Bytes, fds: &mut VecDeque<OwnedFd>) -> Result<Envelope> {
         origin: head.origin,
         deadline: head.deadline,
         status: head.status,
+        token: head.token,
         meta: head.meta,
         payload,
     })

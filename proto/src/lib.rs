@@ -17,6 +17,9 @@
 //! - [`frame`]: bytes ↔ frames (two-phase: `check` then `parse`).
 //! - [`link`]: the shared-memory ring transport between two processes
 //!   (frames through a ring per direction, the socket for descriptors).
+//! - [`returns`]: the direct return path: a manager instance's link
+//!   straight to a listener pipe, offered through the group, and the
+//!   return tokens that keep it to the requests it was sent.
 //! - [`transport`]: the batched frame writer, the frame reader, peer checks.
 //! - [`accept`]: the accept loop of every listening socket: back-off on
 //!   errors, peer checks on group sockets.
@@ -65,6 +68,8 @@ pub mod process;
 pub mod refusal;
 #[cfg(feature = "runtime")]
 pub mod remote;
+#[cfg(feature = "runtime")]
+pub mod returns;
 mod segment;
 pub mod shm;
 #[cfg(feature = "runtime")]

@@ -109,14 +109,18 @@ pub enum Extra {
     WorkersBusy = 2,
     /// A manager's workers (threads or processes).
     WorkersSize = 3,
+    /// A listener's open return links: manager instances that answer it
+    /// straight back (decision 0143).
+    ReturnLinks = 4,
 }
 
 impl Extra {
-    pub const ALL: [Extra; 4] = [
+    pub const ALL: [Extra; 5] = [
         Extra::WsConnections,
         Extra::WsSubscriptions,
         Extra::WorkersBusy,
         Extra::WorkersSize,
+        Extra::ReturnLinks,
     ];
 
     pub fn name(self) -> &'static str {
@@ -125,6 +129,7 @@ impl Extra {
             Extra::WsSubscriptions => "ws_subscriptions",
             Extra::WorkersBusy => "workers_busy",
             Extra::WorkersSize => "workers_size",
+            Extra::ReturnLinks => "return_links",
         }
     }
 }
@@ -137,7 +142,7 @@ pub struct Gauges {
     /// The cluster link: 0 none, else state (low byte, 1 + the
     /// [`LinkState`](crate::control::LinkState) index) and peers (above).
     cluster: AtomicU64,
-    extra: [AtomicU64; 4],
+    extra: [AtomicU64; 5],
 }
 
 /// The gauges of this process.
@@ -145,7 +150,7 @@ pub static GAUGES: Gauges = Gauges {
     in_flight: AtomicU64::new(0),
     queued: AtomicU64::new(0),
     cluster: AtomicU64::new(0),
-    extra: [const { AtomicU64::new(0) }; 4],
+    extra: [const { AtomicU64::new(0) }; 5],
 };
 
 impl Gauges {
@@ -190,7 +195,7 @@ impl Gauges {
     }
 
     /// The extra gauges a role has set (never-set ones read 0).
-    pub fn read_extra(&self) -> [(Extra, u64); 4] {
+    pub fn read_extra(&self) -> [(Extra, u64); 5] {
         Extra::ALL.map(|g| (g, self.extra[g as usize].load(Ordering::Relaxed)))
     }
 }

@@ -73,6 +73,7 @@ fn envelope() -> impl Strategy<Value = Envelope> {
                 origin,
                 deadline: Deadline(deadline),
                 status,
+                token: correlation.rotate_left(17),
                 meta,
                 payload: Payload::Inline(Bytes::from(body)),
             },

@@ -20,6 +20,13 @@
 //! (`:identity` and the other `:` keys) is stripped from what managers
 //! send (docs/decisions/0100-roles-by-pid.md).
 //!
+//! With `group.return_path = "direct"` (decision 0143) an instance answers
+//! a listener's request straight into its return link to that listener process and
+//! tells the router in batches (`Control::Completed`) which requests it
+//! answered: the in-flight table, the balancing and the 503/504 answers
+//! stay here; the router only passes on each instance's offer of a return
+//! link to the broker.
+//!
 //! Given a port to other groups ([`Config::remote`]; in a group, the NATS
 //! bridge of `switchyard-cluster` sits at its far end, docs/cluster.md), a
 //! request no local manager takes goes to the other groups, every
@@ -306,7 +313,12 @@ async fn manager_connection(shared: Shared, stream: UnixStream) {
                     table.route_request(env);
                 }
                 Kind::Notification => table.route_notification(env, Some(id)),
+                // Its return link to a listener pipe (decision 0143): to the
+                // broker, which passes it on by its origin.
+                Kind::Control if switchyard_proto::returns::is_offer(&env) => table.forward_offer(env),
                 Kind::Control => match env.decode_control() {
+                    // Requests it answered straight back.
+                    Ok(Control::Completed { requests }) => table.completed(id, &requests),
                     // One of its own calls: the handler that made it is gone.
                     Ok(Control::Cancel) => table.cancel(Origin::Manager(id), env.correlation),
                     Ok(Control::Draining) => {

@@ -903,6 +903,46 @@ impl Table {
         self.deliver(env);
     }
 
+    /// Instance `from` answered these requests of listener pipes straight
+    /// into its return links to their listeners (decision 0143): close their in-flight
+    /// entries as [`complete`](Self::complete) would, with nothing to pass
+    /// on. A request it was not sent stays in flight for the instance
+    /// that has it; one no longer in flight was answered 503/504 already.
+    pub(crate) fn completed(&mut self, from: u64, requests: &[(u64, u64)]) {
+        let mut done = 0u32;
+        for &(pipe, correlation) in requests {
+            let key = (Origin::Pipe(pipe), correlation);
+            if self.in_flight.get(&key).is_some_and(|f| f.instance == from) {
+                self.in_flight.remove(&key);
+                done += 1;
+            } else {
+                tracing::debug!(
+                    instance = from,
+                    pipe,
+                    correlation,
+                    "completion of a request not in flight there"
+                );
+            }
+        }
+        if let Some(inst) = self.instances.get_mut(&from) {
+            inst.outstanding = inst.outstanding.saturating_sub(done);
+        }
+    }
+
+    /// An instance's offer of a return link to a listener process: to the
+    /// broker, which passes it to the pipe its origin names. Dropped without a broker
+    /// (the instance's answers then come this way).
+    pub(crate) fn forward_offer(&self, env: Envelope) {
+        if !matches!(env.origin, Origin::Pipe(_)) {
+            return tracing::debug!(origin = ?env.origin, "return-link offer not for a pipe dropped");
+        }
+        if let Some(broker) = &self.broker
+            && let Err(refused) = broker.send(env)
+        {
+            tracing::debug!(%refused, "return-link offer not forwarded to the broker");
+        }
+    }
+
     /// Every subscriber gets the notification, except the instance it came
     /// from; the broker gets it too, for the WebSocket clients subscribed.
     pub(crate) fn route_notification(&mut self, env: Envelope, from: Option<u64>) {

@@ -58,7 +58,7 @@ fn role_is(p: &Sampled, roles: &[&str]) -> bool {
     roles.contains(&p.process.info.role.as_str())
 }
 
-const PER_PROCESS: [PerProcess; 10] = [
+const PER_PROCESS: [PerProcess; 11] = [
     (
         "switchyard_process_up",
         "Whether the process is running (1) or not (0: starting, restarting, stopped).",
@@ -120,6 +120,18 @@ const PER_PROCESS: [PerProcess; 10] = [
         |p| {
             if role_is(p, &["broker"]) {
                 gauge(p, "ws_subscriptions")
+            } else {
+                None
+            }
+        },
+    ),
+    (
+        "switchyard_return_links",
+        "Manager instances answering a listener process straight back (group.return_path = \"direct\"; decision 0143).",
+        MetricType::Gauge,
+        |p| {
+            if role_is(p, &["listener"]) {
+                gauge(p, "return_links")
             } else {
                 None
             }

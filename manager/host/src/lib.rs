@@ -21,6 +21,7 @@
 
 mod callbacks;
 pub mod loader;
+mod returns;
 pub mod serve;
 pub mod testing;
 mod watchdog;

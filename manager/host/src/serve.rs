@@ -8,7 +8,10 @@
 //! answer back. A request the router cancels (its client left, or its
 //! deadline passed) is forgotten and the plugin drops its handler; the jobs
 //! and calls the plugin then gives up are taken from the worker pool or
-//! cancelled at the router. If the router goes away, calls the plugin is awaiting fail
+//! cancelled at the router. An answer to a listener's request goes straight
+//! into this instance's return link to that listener process, and the
+//! router is told once per step which requests were answered so (decision
+//! 0143). If the router goes away, calls the plugin is awaiting fail
 //! with 503 and the host reconnects and declares itself again. Every step
 //! runs under the [`watchdog`](crate::watchdog): one that does not return
 //! within `handler_timeout` ends the process.
@@ -35,6 +38,7 @@ use switchyard_manager_abi::messages::{Caller, Description, FromPlugin, ToPlugin
 
 use crate::callbacks::{Tags, WAKE, log, request_ids};
 use crate::loader::{LoadError, Plugin};
+use crate::returns::{Returns, Sent};
 use crate::watchdog::Watchdog;
 
 /// The host's settings.
@@ -132,6 +136,8 @@ pub async fn run(
         ticks: description.timers,
         timer_next: None,
         cancelled: HashSet::new(),
+        returns: Returns::default(),
+        completed: Vec::new(),
     };
     loop {
         let link = tokio::select! {
@@ -160,6 +166,7 @@ pub async fn run(
                         // sink is gone.
                         drop(sink);
                         let _ = tokio::time::timeout(Duration::from_secs(2), writer).await;
+                        host.returns.flush(Duration::from_secs(2)).await;
                         return Ok(());
                     }
                     Served::RouterLost => {}
@@ -213,8 +220,9 @@ fn unsaid_timer() -> tokio::time::Instant {
 struct Host {
     /// Watches every step of the plugin.
     watchdog: Watchdog,
-    /// Local request id → the request's return address.
-    requests: HashMap<u64, (Origin, u64, EventType)>,
+    /// Local request id → the request's return address, and its return
+    /// token (0: none; the answer goes through the router).
+    requests: HashMap<u64, (Origin, u64, EventType, u64)>,
     /// Calls the plugin is waiting on (their ids are our correlations).
     calls: HashSet<u64>,
     next_local: u64,
@@ -232,6 +240,11 @@ struct Host {
     /// Requests cancelled in the step under way: the plugin may have
     /// answered one before it read the cancel.
     cancelled: HashSet<u64>,
+    /// Links straight back to listener processes (decision 0143).
+    returns: Returns,
+    /// Requests answered through [`returns`](Self::returns) since the
+    /// router was last told, as (pipe, correlation).
+    completed: Vec<(u64, u64)>,
 }
 
 /// The connection to the router.
@@ -366,8 +379,13 @@ impl Host {
                     Kind::Request => {
                         let local = self.next_local;
                         self.next_local += 1;
+                        let token = if switchyard_proto::returns::direct() {
+                            env.token
+                        } else {
+                            0
+                        };
                         self.requests
-                            .insert(local, (env.origin, env.correlation, env.event_type));
+                            .insert(local, (env.origin, env.correlation, env.event_type, token));
                         if let Some(tags) = Tags::of(&env.meta) {
                             tracing::debug!(
                                 request_id = tags.request_id.as_deref(),
@@ -451,7 +469,7 @@ impl Host {
         let local = self
             .requests
             .iter()
-            .find(|(_, (o, c, _))| *o == origin && *c == correlation)
+            .find(|(_, (o, c, _, _))| *o == origin && *c == correlation)
             .map(|(&local, _)| local);
         let Some(local) = local else { return };
         self.requests.remove(&local);
@@ -484,7 +502,7 @@ impl Host {
             if let ToPlugin::Request {
                 correlation: local, ..
             } = input
-                && let Some((origin, correlation, event_type)) = self.requests.remove(local)
+                && let Some((origin, correlation, event_type, _)) = self.requests.remove(local)
             {
                 let mut env = Envelope::request(event_type, correlation, Bytes::new());
                 env.origin = origin;
@@ -511,7 +529,8 @@ impl Host {
                     // (its producer then stops), not leaked.
                     let handle = handle.map(handover::adopt_body);
                     let tags = request_ids().remove(&correlation);
-                    let Some((origin, correlation, event_type)) = self.requests.remove(&correlation) else {
+                    let Some((origin, correlation, event_type, token)) = self.requests.remove(&correlation)
+                    else {
                         // Answered in the step that cancelled it: nobody waits.
                         if !self.cancelled.contains(&correlation) {
                             tracing::warn!(correlation, "plugin answered an unknown request");
@@ -530,7 +549,7 @@ impl Host {
                         Some(adopted) => adopted,
                         None => Payload::for_body(body, config.shm_threshold),
                     };
-                    match payload {
+                    let mut reply = match payload {
                         Ok(payload) => {
                             let mut reply = Envelope::response_to(&env, status, meta, Bytes::new());
                             reply.payload = payload;
@@ -541,7 +560,24 @@ impl Host {
                             Refusal::unavailable(Hop::ManagerHost, "response body unavailable; retry later")
                                 .answer(&env)
                         }
+                    };
+                    // A listener's request: straight back into the return
+                    // link to its listener process (decision 0143).
+                    if let (Some(pipe), true) = (crate::returns::pipe_of(origin), token != 0) {
+                        reply.token = token;
+                        match self
+                            .returns
+                            .send(pipe, reply, sink, config.queue_capacity, config.max_frame)
+                        {
+                            Ok(Sent::Direct) => {
+                                self.completed.push((pipe, correlation));
+                                continue;
+                            }
+                            Ok(Sent::Held) => continue,
+                            Err(back) => reply = back,
+                        }
                     }
+                    reply
                 }
                 FromPlugin::Call {
                     call,
@@ -653,6 +689,9 @@ impl Host {
                 tracing::warn!(%refused, "frame to router dropped");
             }
         }
+        // One record per step for every answer that went straight back:
+        // the router's in-flight table and balancing stay right.
+        crate::returns::completed(sink, std::mem::take(&mut self.completed));
     }
 
     /// The router is gone: its requests are answered by the router's own
