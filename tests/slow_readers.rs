@@ -53,6 +53,10 @@ fn http1_clients_that_never_read_are_closed_and_release_their_memory() {
         ))
         .start();
     let listener = g.pid_of("listener");
+    // The first answer opens the manager instance's return link to this
+    // listener process (decision 0143), which stays: counted before, not
+    // taken for a stalled connection's descriptor.
+    assert_eq!(get(g.addr, BIG).unwrap().status, 200);
     let fds_before = open_fds(listener);
     let stalled: Vec<TcpStream> = (0..12).map(|_| never_reading(&g)).collect();
     // Once the stalled connections are closed, a client that reads gets
