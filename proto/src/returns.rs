@@ -35,14 +35,15 @@ use crate::{Envelope, Error, EventType, Kind, Origin, Payload, Result};
 pub enum ReturnPath {
     /// From the manager straight into its return link to the listener;
     /// the router is told in batches which requests are done.
-    #[default]
     Direct,
     /// Back the way the request came: manager → router → broker →
-    /// listener.
+    /// listener. The default until the direct path holds under the
+    /// concurrent large-body test (decision 0143, "Status").
+    #[default]
     Router,
 }
 
-static DIRECT: AtomicBool = AtomicBool::new(true);
+static DIRECT: AtomicBool = AtomicBool::new(false);
 
 /// Sets this process's return path (every process of a group uses the
 /// same; set once at start by the role's entry).
