@@ -338,12 +338,15 @@ async fn relay_holding(
                     client = Some(from);
                     record.lock().unwrap().client_bytes += n;
                     sent += 1;
-                    // Long header: Initial (0xc_) after the first flight,
-                    // which may carry the Handshake packet coalesced behind
-                    // an ACK, or Handshake (0xe_).
-                    let handshake = (a[0] & 0xf0 == 0xc0 && sent > 1) || a[0] & 0xf0 == 0xe0;
-                    if let Some(mut held) = hold.clone().filter(|_| handshake) {
-                        let (back, datagram) = (back.clone(), a[..n].to_vec());
+                    // The handshake's end may ride any datagram, coalesced
+                    // behind an Initial ACK or behind 0-RTT packets: what
+                    // comes before it goes on now, it and the rest wait.
+                    let from = hold.as_ref().and_then(|_| held_from(&a[..n], sent == 1));
+                    if let (Some(from), Some(mut held)) = (from, hold.clone()) {
+                        if from > 0 {
+                            let _ = back.send(&a[..from]).await;
+                        }
+                        let (back, datagram) = (back.clone(), a[from..n].to_vec());
                         tokio::spawn(async move {
                             if held.wait_for(|released| *released).await.is_ok() {
                                 let _ = back.send(&datagram).await;
@@ -372,6 +375,49 @@ async fn relay_holding(
         }
     });
     (at, seen)
+}
+
+/// Where the part of a client's datagram that ends the handshake begins:
+/// its first Handshake packet (long header type 0xe_), or an Initial after
+/// the first flight (which may carry it coalesced behind an ACK); `None`
+/// when it has neither. Coalesced long-header packets are walked by their
+/// length fields (RFC 9000 §17.2); a short-header packet runs to the end.
+fn held_from(datagram: &[u8], first_flight: bool) -> Option<usize> {
+    let mut at = 0;
+    while at < datagram.len() {
+        let kind = datagram[at] & 0xf0;
+        if datagram[at] & 0x80 == 0 {
+            return None;
+        }
+        if kind == 0xe0 || (kind == 0xc0 && !first_flight) {
+            return Some(at);
+        }
+        at += long_packet_len(&datagram[at..])?;
+    }
+    None
+}
+
+/// The length of the long-header packet at the start of `packet`.
+fn long_packet_len(packet: &[u8]) -> Option<usize> {
+    fn varint(b: &[u8]) -> Option<(usize, usize)> {
+        let size = 1usize << (b.first()? >> 6);
+        let mut value = (b[0] & 0x3f) as usize;
+        for byte in b.get(1..size)? {
+            value = (value << 8) | *byte as usize;
+        }
+        Some((value, size))
+    }
+    let dcid = *packet.get(5)? as usize;
+    let mut at = 6 + dcid;
+    let scid = *packet.get(at)? as usize;
+    at += 1 + scid;
+    if packet[0] & 0x30 == 0x00 {
+        // An Initial carries a token.
+        let (token, size) = varint(packet.get(at..)?)?;
+        at += size + token;
+    }
+    let (length, size) = varint(packet.get(at..)?)?;
+    Some(at + size + length).filter(|end| *end <= packet.len())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
