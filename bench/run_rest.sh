@@ -6,6 +6,11 @@
 #
 #   RUNS=3 DUR=5 CONNS="1 8 32" OUT=/tmp/switchyard-bench bench/run_rest.sh
 #
+# SERVERS picks what runs (default "switchyard direct baseline"): `switchyard`
+# is the group with answers back through router and broker (the default
+# return path), `direct` the same group with `group.return_path = "direct"`
+# (decision 0143), `baseline` the in-process hyper server.
+#
 # Per round and server: a fresh server, a 2 s warm-up, then one wrk run per
 # connection count. CPU time per request is the server's whole process tree
 # (utime+stime from /proc) over the run divided by the requests wrk counted.
@@ -20,7 +25,8 @@ OUT=${OUT:-/tmp/switchyard-bench}
 
 COMMAND="RUNS=$RUNS DUR=$DUR CONNS=\"$CONNS\" OUT=$OUT $0${*:+ $*}"
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-SERVERS=(switchyard baseline)
+read -r -a SERVERS <<<"${SERVERS:-switchyard direct baseline}"
+COMMAND="SERVERS=\"${SERVERS[*]}\" $COMMAND"
 READY_TIMEOUT_S=30
 STOP_TIMEOUT_S=15
 WARMUP_S=2
@@ -91,9 +97,10 @@ start_server() {
     local name=$1 prefix=$2 rtdir=
     local -a cmd
     case $name in
-    switchyard)
+    switchyard | direct)
         rtdir=$(mktemp -d)
         cmd=("$ROOT/target/release/switchyard" up --bind 127.0.0.1:0 --runtime-dir "$rtdir/rt")
+        [[ $name == direct ]] && cmd=(env SWITCHYARD_GROUP__RETURN_PATH=direct "${cmd[@]}")
         ;;
     baseline) cmd=("$ROOT/target/release/switchyard-baseline" --bind 127.0.0.1:0) ;;
     *) die "unknown server $name" ;;
@@ -202,9 +209,10 @@ printf 'round\tserver\tconns\tduration_s\trequests\trps\tp50_ms\tp99_ms\tsocket_
 # --- rounds ------------------------------------------------------------------
 
 for ((round = 1; round <= RUNS; round++)); do
-    # Flip the order every round: neither server always runs on a warmer machine.
-    order=("${SERVERS[@]}")
-    ((round % 2 == 0)) && order=("${SERVERS[1]}" "${SERVERS[0]}")
+    # Rotate the order every round: no server always runs on a warmer machine.
+    n=${#SERVERS[@]}
+    order=()
+    for ((i = 0; i < n; i++)); do order+=("${SERVERS[(i + round - 1) % n]}"); done
     for server in "${order[@]}"; do
         prefix="$WORK/r$round-$server"
         start_server "$server" "$prefix"
@@ -272,23 +280,26 @@ wrk_note=
     echo "- rounds: $RUNS, alternating; req/s as median (min–max), latency and CPU as medians"
     echo "- raw: $TSV"
     echo
-    echo "| conns | Switchyard req/s | p50 ms | p99 ms | baseline req/s | p50 ms | p99 ms | req/s ratio | Switchyard CPU µs/req | baseline CPU µs/req | CPU ratio |"
-    echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-    for c in "${CONN_LIST[@]}"; do
-        read -r s_rps s_min s_max <<<"$(stats rps switchyard "$c")"
-        read -r s_p50 _ _ <<<"$(stats p50_ms switchyard "$c")"
-        read -r s_p99 _ _ <<<"$(stats p99_ms switchyard "$c")"
-        read -r s_cpu _ _ <<<"$(stats cpu_us_per_req switchyard "$c")"
-        read -r b_rps b_min b_max <<<"$(stats rps baseline "$c")"
-        read -r b_p50 _ _ <<<"$(stats p50_ms baseline "$c")"
-        read -r b_p99 _ _ <<<"$(stats p99_ms baseline "$c")"
-        read -r b_cpu _ _ <<<"$(stats cpu_us_per_req baseline "$c")"
-        awk -v c="$c" -v sr="$s_rps" -v sl="$s_min" -v sh="$s_max" -v s50="$s_p50" -v s99="$s_p99" \
-            -v br="$b_rps" -v bl="$b_min" -v bh="$b_max" -v b50="$b_p50" -v b99="$b_p99" \
-            -v sc="$s_cpu" -v bc="$b_cpu" 'BEGIN {
-                printf "| %d | %.0f (%.0f–%.0f) | %.3f | %.3f | %.0f (%.0f–%.0f) | %.3f | %.3f | %.3f | %.1f | %.1f | %.2f |\n",
-                    c, sr, sl, sh, s50, s99, br, bl, bh, b50, b99, (br > 0 ? sr / br : 0), sc, bc, (bc > 0 ? sc / bc : 0)
-            }'
+    echo "| server | conns | Switchyard req/s | p50 ms | p99 ms | baseline req/s | p50 ms | p99 ms | req/s ratio | Switchyard CPU µs/req | baseline CPU µs/req | CPU ratio |"
+    echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    for server in "${SERVERS[@]}"; do
+        [[ $server == baseline ]] && continue
+        for c in "${CONN_LIST[@]}"; do
+            read -r s_rps s_min s_max <<<"$(stats rps "$server" "$c")"
+            read -r s_p50 _ _ <<<"$(stats p50_ms "$server" "$c")"
+            read -r s_p99 _ _ <<<"$(stats p99_ms "$server" "$c")"
+            read -r s_cpu _ _ <<<"$(stats cpu_us_per_req "$server" "$c")"
+            read -r b_rps b_min b_max <<<"$(stats rps baseline "$c")"
+            read -r b_p50 _ _ <<<"$(stats p50_ms baseline "$c")"
+            read -r b_p99 _ _ <<<"$(stats p99_ms baseline "$c")"
+            read -r b_cpu _ _ <<<"$(stats cpu_us_per_req baseline "$c")"
+            awk -v srv="$server" -v c="$c" -v sr="$s_rps" -v sl="$s_min" -v sh="$s_max" -v s50="$s_p50" -v s99="$s_p99" \
+                -v br="$b_rps" -v bl="$b_min" -v bh="$b_max" -v b50="$b_p50" -v b99="$b_p99" \
+                -v sc="$s_cpu" -v bc="$b_cpu" 'BEGIN {
+                    printf "| %s | %d | %.0f (%.0f–%.0f) | %.3f | %.3f | %.0f (%.0f–%.0f) | %.3f | %.3f | %.3f | %.1f | %.1f | %.2f |\n",
+                        srv, c, sr, sl, sh, s50, s99, br, bl, bh, b50, b99, (br > 0 ? sr / br : 0), sc, bc, (bc > 0 ? sc / bc : 0)
+                }'
+        done
     done
     echo
     echo "Ratios are Switchyard / baseline: req/s below 1 and CPU above 1 are the cost of the hops."
