@@ -27,6 +27,7 @@
 //! pass over the bucket every tick, and a take-over starts at once.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -43,7 +44,7 @@ use super::{
 use crate::BuiltinError;
 use crate::db::wall_ms;
 use crate::nats::{Bucket, BucketSpec, Failure, Link, decode};
-use crate::store::jetstream::{Wrote, each_key, read, write};
+use crate::store::jetstream::{Wrote, each_key, key_subject, read, write};
 
 /// Where the jobs are under the bucket's prefix.
 const JOBS: &str = "j.";
@@ -251,10 +252,43 @@ async fn follow(b: Bucket, link: Arc<Link>, index: SharedIndex) {
     }
 }
 
+/// Tells `released` whenever the lease is deleted (its holder gave it up
+/// on a planned stop), so that this group looks at it at once instead of
+/// at its next quarter of `lease_ms` (decision 0141). Followed again after
+/// any interruption; a release missed meanwhile costs the wait for the
+/// lease to lapse, as a holder's death does.
+async fn follow_releases(b: Bucket, link: Arc<Link>, released: Arc<AtomicBool>) {
+    let key = key_subject("", LEASE);
+    loop {
+        if let Ok(mut entries) = b.kv.watch(&key).await {
+            loop {
+                let entry = tokio::select! {
+                    next = entries.next() => match next {
+                        Some(Ok(entry)) => entry,
+                        _ => break,
+                    },
+                    () = link.revived() => break,
+                };
+                if matches!(entry.operation, Operation::Delete | Operation::Purge) {
+                    released.store(true, Ordering::Release);
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 /// The lease, as this group knows it.
 struct Lease {
     /// Held until then, on this process's monotonic clock.
     held_until: Option<Instant>,
+    /// The sequence of this process's last acknowledged renewal: what a
+    /// release deletes the lease on condition of, so that it never
+    /// deletes another holder's (decision 0141).
+    renewal: Option<u64>,
+    /// Set by the lease's follower when its holder released it: look at
+    /// once rather than at the next quarter of `lease_ms`.
+    released: Arc<AtomicBool>,
     /// Another holder's lease message and when this group first saw it.
     seen: Option<(u64, Instant)>,
     next_look: Instant,
@@ -265,7 +299,7 @@ struct Lease {
 /// What a look at the lease found.
 enum Look {
     /// This group holds it (its renewal's sequence).
-    Mine,
+    Mine(u64),
     /// Another group holds it: the lease message's sequence, the holder.
     Other(u64, String),
     /// Another group wrote it between this group's read and write.
@@ -315,6 +349,8 @@ impl JsJobs {
         };
         let index = SharedIndex::default();
         let followed = index.clone();
+        let released = Arc::new(AtomicBool::new(false));
+        let told = released.clone();
         let link = Link::start_as(
             "scheduler",
             cluster,
@@ -322,6 +358,7 @@ impl JsJobs {
             Duration::from_millis(settings.op_timeout_ms),
             move |link, bucket| {
                 link.spawn(follow(jobs_of(bucket), link.clone(), followed));
+                link.spawn(follow_releases(bucket.clone(), link.clone(), told));
             },
         )?;
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -339,6 +376,8 @@ impl JsJobs {
             settings,
             lease: Lease {
                 held_until: None,
+                renewal: None,
+                released,
                 seen: None,
                 next_look: Instant::now(),
                 failure: None,
@@ -381,7 +420,8 @@ impl JsJobs {
     /// (the others) of `lease_ms`.
     pub(crate) fn keep_lease(&mut self, cx: &Context) {
         let now = Instant::now();
-        if now < self.lease.next_look {
+        let released = self.lease.released.swap(false, Ordering::AcqRel);
+        if now < self.lease.next_look && !released {
             return;
         }
         let period = self.period();
@@ -417,14 +457,15 @@ impl JsJobs {
                 serde_json::to_string(&value).map_err(|e| Failure::Answer(Error::internal(e.to_string())))?;
             Ok(
                 match write(&b, LEASE, Some(&text), None, Some(current.last), budget).await? {
-                    Wrote::Done(_) => Look::Mine,
+                    Wrote::Done(seq) => Look::Mine(seq),
                     Wrote::Moved => Look::Lost,
                 },
             )
         });
         match looked {
-            Ok(Look::Mine) => {
+            Ok(Look::Mine(seq)) => {
                 self.lease.held_until = Some(sent + period * 4 / 5);
+                self.lease.renewal = Some(seq);
                 self.lease.seen = None;
                 if !was {
                     self.resend = true;
@@ -450,6 +491,7 @@ impl JsJobs {
                     }
                 }
                 self.lease.held_until = None;
+                self.lease.renewal = None;
             }
             // The renewal's outcome is unknown or it failed: the lease
             // lapses here at its time unless a later look renews it.
@@ -466,6 +508,36 @@ impl JsJobs {
             }
         }
         self.lease.failure = None;
+    }
+
+    /// Gives the lease up on a planned stop, so that another group takes
+    /// it at once rather than `lease_ms` after the last renewal (decision
+    /// 0141): a delete on condition that the lease's last message is this
+    /// process's own last renewal, so a lease another group has taken
+    /// meanwhile is never deleted. Bounded by `op_timeout_ms`; one that
+    /// fails leaves the lease to lapse as a holder's death does.
+    fn release(&mut self) {
+        let Some(seq) = self.lease.renewal.take() else {
+            return;
+        };
+        self.lease.held_until = None;
+        let budget = self.budget();
+        let released = self
+            .link
+            .run(move |b| async move { write(&b, LEASE, None, None, Some(seq), budget).await });
+        // No `Context` outlives the manager: the host logs its stderr.
+        match released {
+            Ok(Wrote::Done(_)) => eprintln!(
+                "switchyard: scheduler: released the lease of `{}` on stopping",
+                self.bucket
+            ),
+            // Another group holds it already.
+            Ok(Wrote::Moved) => {}
+            Err(e) => eprintln!(
+                "switchyard: scheduler: the lease of `{}` was not released ({e}): another group takes it over once it lapses",
+                self.bucket
+            ),
+        }
     }
 
     pub(crate) fn schedule_for(
@@ -865,6 +937,14 @@ impl JsJobs {
             }))
         })?;
         Ok(*retry.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
+impl Drop for JsJobs {
+    /// The manager is dropped on a planned stop only (a stopping or
+    /// reloading group, a drained instance): a crash never gets here.
+    fn drop(&mut self) {
+        self.release();
     }
 }
 
