@@ -2,8 +2,10 @@
 //! real `nats-server -js` processes clustered on loopback, replicas 3, and
 //! real groups joined to them, each running its own Scheduler on the one
 //! bucket. A due job fires once across the groups, whichever scheduled it;
-//! when the group holding the lease is killed with `kill -9` another takes
-//! the lease and fires what was due, its `missed` policy applied; a job due
+//! when the group holding the lease is killed with `kill -9`, under a load
+//! of Store increments that stays exact, another takes the lease and fires
+//! what was due, its `missed` policy applied; a holder stopped cleanly
+//! releases the lease, and another group fires at once; a job due
 //! while a server is down fires once; two servers lost answer 503 at once,
 //! and the jobs due meanwhile fire once when they are back, without a
 //! restart of any group.
@@ -26,7 +28,7 @@ use common::*;
 use futures_util::StreamExt;
 use serde_json::json;
 use switchyard_client::scheduler::{Job, Kind, Missed, Schedule};
-use switchyard_client::{Client, ClientError, Subscription};
+use switchyard_client::{Client, Subscription};
 
 /// The lease's length in these tests: a take-over comes at least two
 /// thirds of it after the holder's death (its last renewal, a third of it
@@ -45,30 +47,23 @@ const KEY_SHA256: &str = "3013e8b20e94316469a5d2cf8db6693a8632d78656db21ead42952
 /// (a client's notification job needs it, decision 0110); its firings are
 /// logged (debug lines of the managers' host).
 fn group(tag: &'static str, js: &JsCluster, name: &str, extra: &str) -> Group {
+    group_leasing(tag, js, name, extra, LEASE_MS)
+}
+
+/// [`group`] with a lease of `lease_ms`.
+fn group_leasing(tag: &'static str, js: &JsCluster, name: &str, extra: &str, lease_ms: u64) -> Group {
     Group::builder(tag)
         .env("SWITCHYARD_LISTENER__WS__NOTIFY", "true")
         .env("SWITCHYARD_LOG", "info,switchyard_manager_host=debug")
         .config(&format!(
-            "[auth]\nexpose = [\"scheduler.*\"]\n\
+            "[auth]\nexpose = [\"scheduler.*\", \"store.*\"]\n\
              [cluster]\nnats = [{}]\nname = \"{name}\"\n\
              [[managers]]\nname = \"scheduler\"\nbuiltin = \"scheduler\"\n\
-             [managers.config]\nreplicas = 3\nop_timeout_ms = 3000\nlease_ms = {LEASE_MS}\n\
+             [managers.config]\nreplicas = 3\nop_timeout_ms = 3000\nlease_ms = {lease_ms}\n\
              misfire_grace_ms = {GRACE_MS}\n{extra}",
             js.urls()
         ))
         .start()
-}
-
-fn ws(g: &Group) -> String {
-    format!("ws://{}/ws", g.addr)
-}
-
-fn status_of<T>(r: &Result<T, ClientError>) -> u16 {
-    match r {
-        Ok(_) => 200,
-        Err(ClientError::Status { status, .. }) => *status,
-        Err(e) => panic!("not an answer: {e}"),
-    }
 }
 
 /// A notification job firing [`FIRED`] with `{"n": id}`.
@@ -146,18 +141,17 @@ fn sent(groups: &[&Group], id: &str) -> usize {
 
 const HOLDS: &str = "this group holds the lease";
 
-async fn stop(g: Group) {
-    tokio::task::spawn_blocking(move || drop(g)).await.unwrap();
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_due_job_fires_once_across_groups_and_on_another_group_when_its_holder_is_killed() {
     let js = JsCluster::start("js-sched");
     let name = format!("jsq-{}", std::process::id());
     // `basics` answers `demo.Whoami` with the caller's `sub`: what a
     // client's job fires as. The client with the key is `deployer`.
+    // The Store too, so that its counter runs under the kill.
     let extra = format!(
         "[[managers]]\nname = \"basics\"\n\
+         [[managers]]\nname = \"store\"\nbuiltin = \"store\"\n\
+         [managers.config]\nreplicas = 3\nop_timeout_ms = 3000\n\
          [auth.api_keys]\n[[auth.api_keys.keys]]\nname = \"deployer\"\nsha256 = \"{KEY_SHA256}\"\n"
     );
     let mut groups = vec![
@@ -227,6 +221,17 @@ async fn a_due_job_fires_once_across_groups_and_on_another_group_when_its_holder
         .unwrap();
     assert!(keyed.scheduler().schedule(&who).await.unwrap().created);
     drop(keyed);
+    // Under load: clients of every group increment one counter while the
+    // holder's group is killed. Its clients lose their connection; every
+    // increment acknowledged anywhere is kept.
+    let urls: Vec<String> = groups.iter().map(ws).collect();
+    let load = tokio::spawn(hammer_urls(urls, "under-kill".to_owned(), 4, 40));
+    let watcher = &groups[(holder + 1) % groups.len()];
+    eventually_async("the load started", || async {
+        let n = counter(watcher, "under-kill").await;
+        (n >= 20).then_some(()).ok_or(n)
+    })
+    .await;
     let dead = groups.remove(holder);
     drop(subs.remove(holder));
     drop(clients.remove(holder));
@@ -283,6 +288,20 @@ async fn a_due_job_fires_once_across_groups_and_on_another_group_when_its_holder
     );
     let fired: usize = survivors.iter().map(|g| g.count_lines(answered)).sum();
     assert_eq!(fired, 1, "the client's job fired once");
+    let load = load.await.unwrap();
+    let total = counter(&groups[0], "under-kill").await as u64;
+    eprintln!("the counter under the kill: {total} kept, {load:?}");
+    assert!(
+        total >= load.acked && total <= load.acked + load.unknown,
+        "{total} increments kept, {load:?}"
+    );
+    // The survivors' clients made every increment; the killed group's
+    // stopped at the kill.
+    let answered = load.acked + load.unknown;
+    assert!(
+        (2 * 4 * 40..=3 * 4 * 40).contains(&answered) && load.lost_clients <= 4,
+        "{load:?}"
+    );
     let scheduler = clients[0].scheduler();
     for id in ["orphan", "late-once", "late-skip", "who"] {
         eventually_async("the job is done", || async {
@@ -425,6 +444,78 @@ async fn a_job_due_while_a_server_is_down_fires_once_and_without_quorum_calls_an
     drop((subs, clients));
     stop(a).await;
     stop(b).await;
+}
+
+/// A lease far longer than any wait of the test below (each bounded by
+/// [`PATIENCE`] or twice it): a take-over within them after the holder's
+/// clean stop is the release's doing, not the lease running out.
+const LONG_LEASE_MS: u64 = 120_000;
+
+/// The holder's group stopped cleanly (SIGTERM) gives the lease up, so
+/// another group takes it and fires a job due just after — long before
+/// the lease would have lapsed (decision 0141).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cleanly_stopped_holder_releases_the_lease_and_another_group_fires_at_once() {
+    let js = JsCluster::start("js-sched-rel");
+    let name = format!("jsq-rel-{}", std::process::id());
+    let mut groups = vec![
+        group_leasing("js-sched-rel-a", &js, &name, "", LONG_LEASE_MS),
+        group_leasing("js-sched-rel-b", &js, &name, "", LONG_LEASE_MS),
+    ];
+    for g in &groups {
+        until_served(g).await;
+    }
+    let holder = eventually("a group takes the lease", PATIENCE, || {
+        let holding: Vec<usize> = (0..groups.len()).filter(|&i| groups[i].has_line(HOLDS)).collect();
+        match holding[..] {
+            [i] => Ok(i),
+            _ => Err(holding),
+        }
+    });
+    let mut stopped = groups.remove(holder);
+    let survivor = groups.remove(0);
+    let client = Client::connect(&ws(&survivor)).await.unwrap();
+    let mut sub = client.subscribe(FIRED).await.unwrap();
+    // Scheduled before the stop, due after it (on a loaded machine the
+    // holder may still fire it while stopping: once either way).
+    schedule(
+        &survivor,
+        &job("before-stop", Duration::from_millis(LONG_LEASE_MS / 8)),
+    )
+    .await;
+
+    assert!(
+        !survivor.has_line(HOLDS),
+        "the survivor holds no lease before the stop"
+    );
+    let stopped = tokio::task::spawn_blocking(move || {
+        let status = stopped.terminate();
+        assert!(status.success(), "the holder's group stopped cleanly: {status:?}");
+        stopped
+    })
+    .await
+    .unwrap();
+    assert!(
+        stopped.has_line("released the lease of"),
+        "the stopping holder released the lease"
+    );
+    // Well within the lease: only the release lets the survivor take it.
+    eventually("the survivor takes the released lease", PATIENCE, || {
+        survivor.has_line(HOLDS).then_some(()).ok_or("not yet")
+    });
+    schedule(&survivor, &job("after-stop", Duration::from_millis(1000))).await;
+    let seen = firings(&mut sub, &["after-stop", "before-stop"], Duration::from_secs(1)).await;
+    assert_eq!(
+        seen,
+        BTreeMap::from([("after-stop".to_owned(), 1), ("before-stop".to_owned(), 1)]),
+        "each fired once"
+    );
+    assert_eq!(sent(&[&survivor], "after-stop"), 1, "the survivor fired it");
+    assert_eq!(sent(&[&survivor, &stopped], "before-stop"), 1);
+    drop((sub, client));
+    drop(stopped);
+    stop(survivor).await;
+    drop(js);
 }
 
 #[test]

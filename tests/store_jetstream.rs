@@ -4,19 +4,21 @@
 //! bucket. Counters stay exact across groups and across the loss of one
 //! server; two servers lost answer 503 at once and the service comes back
 //! by itself when they do.
+//!
+//! The Store's contract — every operation's answers as clients and the
+//! SDK's `cx.store()` see them — is one test body run against a group on
+//! SQLite and a group on JetStream.
 
 mod common;
 
 use std::process::{Command, Stdio};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::jetstream::*;
 use common::*;
 use futures_util::StreamExt;
 use serde_json::json;
-use switchyard_client::store::{Changed, List};
+use switchyard_client::store::{Changed, List, Op};
 use switchyard_client::{Client, ClientError};
 
 /// A group joined to `js` running the Store (on JetStream, as `[cluster]`
@@ -32,81 +34,6 @@ fn group(tag: &'static str, js: &JsCluster, name: &str) -> Group {
             js.urls()
         ))
         .start()
-}
-
-fn ws(g: &Group) -> String {
-    format!("ws://{}/ws", g.addr)
-}
-
-fn status_of<T>(r: &Result<T, ClientError>) -> u16 {
-    match r {
-        Ok(_) => 200,
-        Err(ClientError::Status { status, .. }) => *status,
-        Err(e) => panic!("not an answer: {e}"),
-    }
-}
-
-/// Increments `key` `n` times from each of `clients` WebSocket clients of
-/// each group, retrying what was refused (503: not applied). Returns the
-/// increments acknowledged and those whose outcome is unknown (504).
-async fn hammer(groups: &[&Group], key: &str, clients: usize, n: usize) -> (u64, u64) {
-    let acked = Arc::new(AtomicU64::new(0));
-    let unknown = Arc::new(AtomicU64::new(0));
-    let mut tasks = Vec::new();
-    for g in groups {
-        for _ in 0..clients {
-            let (url, key) = (ws(g), key.to_owned());
-            let (acked, unknown) = (acked.clone(), unknown.clone());
-            tasks.push(tokio::spawn(async move {
-                let client = Client::connect(&url).await.unwrap();
-                let store = client.store();
-                for _ in 0..n {
-                    let deadline = Instant::now() + PATIENCE * 2;
-                    loop {
-                        let r = tokio::time::timeout(PATIENCE, store.increment(&key, 1))
-                            .await
-                            .expect("an increment is answered, never held");
-                        match status_of(&r) {
-                            200 => {
-                                acked.fetch_add(1, Ordering::Relaxed);
-                                break;
-                            }
-                            504 => {
-                                unknown.fetch_add(1, Ordering::Relaxed);
-                                break;
-                            }
-                            503 => {
-                                assert!(Instant::now() < deadline, "the store did not come back");
-                                tokio::time::sleep(Duration::from_millis(50)).await;
-                            }
-                            other => panic!("increment answered {other}: {r:?}"),
-                        }
-                    }
-                }
-            }));
-        }
-    }
-    for t in tasks {
-        t.await.unwrap();
-    }
-    (acked.load(Ordering::Relaxed), unknown.load(Ordering::Relaxed))
-}
-
-/// The counter's value, once the store of `g` answers (503: not yet).
-async fn counter(g: &Group, key: &str) -> i64 {
-    let client = Client::connect(&ws(g)).await.unwrap();
-    let store = client.store();
-    eventually_async("the store answers", || async {
-        let r = tokio::time::timeout(PATIENCE, store.get::<i64>(key))
-            .await
-            .expect("answered, not held");
-        match r {
-            Ok(v) => Ok(v.unwrap_or(0)),
-            Err(ClientError::Status { status: 503, problem }) => Err(problem),
-            Err(e) => panic!("reading `{key}`: {e}"),
-        }
-    })
-    .await
 }
 
 /// Waits until the store of `g` answers (JetStream elected its leaders).
@@ -125,10 +52,6 @@ async fn until_served(g: &Group) {
         assert!(Instant::now() < deadline, "the store never came up: {r:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-}
-
-async fn stop(g: Group) {
-    tokio::task::spawn_blocking(move || drop(g)).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -168,40 +91,8 @@ async fn one_store_across_groups_survives_one_server_and_answers_503_without_quo
             .swapped
     );
     assert!(!sb.set_if_absent("lock", &"b", None).await.unwrap().swapped);
-    // A TTL: gone for both once it passes (the purge or the read's filter).
-    sa.set("brief", &1, Some(Duration::from_millis(200)))
-        .await
-        .unwrap();
-    eventually_async("the short-lived key expires", || async {
-        let v: Option<i64> = sb.get("brief").await.unwrap();
-        v.is_none().then_some(()).ok_or(v)
-    })
-    .await;
-    // Listing by prefix, paged, in key order.
-    for i in 0..5 {
-        sb.set(&format!("list:{i}"), &i, None).await.unwrap();
-    }
-    let page = sa
-        .list(&List {
-            prefix: "list:".into(),
-            limit: Some(3),
-            ..List::default()
-        })
-        .await
-        .unwrap();
-    let keys: Vec<&str> = page.entries.iter().map(|e| e.key.as_str()).collect();
-    assert_eq!(keys, ["list:0", "list:1", "list:2"]);
-    assert_eq!(page.next.as_deref(), Some("list:2"));
-    let rest = sa
-        .list(&List {
-            prefix: "list:".into(),
-            after: page.next.clone(),
-            ..List::default()
-        })
-        .await
-        .unwrap();
-    assert_eq!(rest.entries.len(), 2);
-    assert_eq!(rest.next, None);
+    // TTLs, listing and the answers of each operation: the contract
+    // below, the same on both back ends.
 
     // A watch made in B sees a write made through A.
     let mut changes = sb.changes("cart:").await.unwrap();
@@ -216,7 +107,7 @@ async fn one_store_across_groups_survives_one_server_and_answers_503_without_quo
     drop(changes);
 
     // 16 clients on each group increment one counter: exact.
-    let (acked, unknown) = hammer(&[&a, &b], "hits", 16, 10).await;
+    let (acked, unknown) = hammer(&[&a, &b], "hits", 16, 10).await.counted();
     assert_eq!((acked, unknown), (320, 0));
     assert_eq!(counter(&a, "hits").await, 320);
     assert_eq!(counter(&b, "hits").await, 320);
@@ -234,7 +125,8 @@ async fn one_store_across_groups_survives_one_server_and_answers_503_without_quo
         .await;
         js.servers[0].kill();
     };
-    let ((acked, unknown), ()) = tokio::join!(load, killer);
+    let (load, ()) = tokio::join!(load, killer);
+    let (acked, unknown) = load.counted();
     let total = counter(&b, "under-load").await as u64;
     assert!(
         total >= acked && total <= acked + unknown,
@@ -275,7 +167,7 @@ async fn one_store_across_groups_survives_one_server_and_answers_503_without_quo
     until_served(&b).await;
     let before = counter(&a, "hits").await;
     assert!(before >= 320, "{before}");
-    let (acked, unknown) = hammer(&[&a, &b], "hits", 4, 5).await;
+    let (acked, unknown) = hammer(&[&a, &b], "hits", 4, 5).await.counted();
     assert_eq!(acked + unknown, 40);
     let after = counter(&b, "hits").await;
     assert!(
@@ -290,6 +182,260 @@ async fn one_store_across_groups_survives_one_server_and_answers_503_without_quo
     drop((ca, cb));
     stop(a).await;
     stop(b).await;
+}
+
+/// A group whose Store runs on SQLite (`js`: none) or on the bucket of
+/// one JetStream server, with `basics` (`/kv`, the SDK's `cx.store()`)
+/// and a purge round every 100 ms (expiries are seen soon).
+fn contract_group(tag: &'static str, js: Option<&Server>) -> Group {
+    let cluster = js.map_or(String::new(), |s| {
+        format!(
+            "[cluster]\nnats = \"{}\"\nname = \"contract-{}\"\n",
+            s.url(),
+            std::process::id()
+        )
+    });
+    Group::builder(tag)
+        .config(&format!(
+            "[auth]\nexpose = [\"store.*\"]\n{cluster}\
+             [[managers]]\nname = \"store\"\nbuiltin = \"store\"\n\
+             [managers.config]\nreplicas = 1\npurge_interval_ms = 100\nmax_key_bytes = 64\n\
+             [[managers]]\nname = \"basics\"\n"
+        ))
+        .start()
+}
+
+/// The problem a refused call answered: its status and detail.
+fn refusal<T: std::fmt::Debug>(r: Result<T, ClientError>) -> (u16, String) {
+    match r {
+        Err(ClientError::Status { status, problem }) => (status, problem.to_string()),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+/// One Store contract, whatever the back end: each operation's answer
+/// (status, body) through a real group, to a WebSocket client and over
+/// HTTP through `basics`' `cx.store()`. Versions are compared, never
+/// spelled: SQLite counts writes, JetStream numbers the bucket's messages
+/// (watch records and deletions too, decision 0135) — both only grow.
+async fn store_contract(g: &Group) {
+    let client = Client::connect(&ws(g)).await.unwrap();
+    let store = client.store();
+
+    // Get / set / delete.
+    let absent = store.entry("k").await.unwrap();
+    assert!(
+        !absent.found && absent.version == 0 && absent.expires_at_ms.is_none(),
+        "{absent:?}"
+    );
+    let v1 = store.set("k", &json!({"a": 1}), None).await.unwrap();
+    let e = store.entry("k").await.unwrap();
+    assert!(e.found && e.version == v1 && e.expires_at_ms.is_none(), "{e:?}");
+    assert_eq!(e.value.decode::<serde_json::Value>().unwrap(), json!({"a": 1}));
+    let v2 = store.set("k", &"two", None).await.unwrap();
+    assert!(v2 > v1, "{v2} after {v1}");
+    assert!(store.delete("k").await.unwrap());
+    assert!(!store.delete("k").await.unwrap(), "deleting an absent key");
+    assert_eq!(store.get::<String>("k").await.unwrap(), None);
+
+    // A TTL: the entry shows its expiry, then is gone for reads, lists and
+    // conditional writes alike.
+    let before = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64;
+    store
+        .set("ttl", &1, Some(Duration::from_millis(300)))
+        .await
+        .unwrap();
+    let e = store.entry("ttl").await.unwrap();
+    let at = e.expires_at_ms.expect("an expiry");
+    assert!(at >= before + 300, "expires at {at}, set after {before}");
+    eventually_async("the key expires", || async {
+        let v: Option<i64> = store.get("ttl").await.unwrap();
+        v.is_none().then_some(()).ok_or(v)
+    })
+    .await;
+    assert!(
+        store.set_if_absent("ttl", &2, None).await.unwrap().swapped,
+        "an expired key is absent"
+    );
+
+    // Increment: from nothing, by any amount, on a non-integer refused.
+    assert_eq!(store.increment("n", 1).await.unwrap(), 1);
+    assert_eq!(store.increment("n", 5).await.unwrap(), 6);
+    assert_eq!(store.increment("n", -7).await.unwrap(), -1);
+    store.set("word", &"text", None).await.unwrap();
+    let (status, problem) = refusal(store.increment("word", 1).await);
+    assert_eq!(status, 409);
+    assert!(problem.contains("`word` is not an integer"), "{problem}");
+    store.set("max", &i64::MAX, None).await.unwrap();
+    let (status, problem) = refusal(store.increment("max", 1).await);
+    assert_eq!(status, 409);
+    assert!(problem.contains("overflows"), "{problem}");
+
+    // Compare-and-set: a stale version is refused with the current one;
+    // version 0 means absent.
+    let v = store.set("cas", &"a", None).await.unwrap();
+    let stale = store.compare_and_set("cas", v + 1000, &"x").await.unwrap();
+    assert!(!stale.swapped && stale.version == v, "{stale:?}");
+    let zero = store.compare_and_set("cas", 0, &"x").await.unwrap();
+    assert!(!zero.swapped && zero.version == v, "{zero:?}");
+    let done = store.compare_and_set("cas", v, &"b").await.unwrap();
+    assert!(done.swapped && done.version > v, "{done:?}");
+    assert_eq!(store.get::<String>("cas").await.unwrap().as_deref(), Some("b"));
+    let again = store.compare_and_set("cas", v, &"c").await.unwrap();
+    assert!(!again.swapped && again.version == done.version, "{again:?}");
+    let created = store.compare_and_set("cas-new", 0, &"new").await.unwrap();
+    assert!(created.swapped, "version 0 creates an absent key: {created:?}");
+
+    // Set-if-absent as a lock: one holder, refused with the holder's
+    // version, released by it only, free once it expires.
+    let lock = store
+        .set_if_absent("lock", &"me", Some(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    assert!(lock.swapped);
+    let other = store.set_if_absent("lock", &"you", None).await.unwrap();
+    assert!(!other.swapped && other.version == lock.version, "{other:?}");
+    assert!(!store.delete_version("lock", lock.version + 1000).await.unwrap());
+    assert!(store.delete_version("lock", lock.version).await.unwrap());
+    let brief = store
+        .set_if_absent("lock", &"brief", Some(Duration::from_millis(200)))
+        .await
+        .unwrap();
+    assert!(brief.swapped);
+    eventually_async("the lock expires and is taken again", || async {
+        let r = store.set_if_absent("lock", &"next", None).await.unwrap();
+        r.swapped.then_some(()).ok_or(r)
+    })
+    .await;
+
+    // List by prefix, in key order, paged; keys only; expired keys left out.
+    for i in 0..5 {
+        store.set(&format!("list:{i}"), &i, None).await.unwrap();
+    }
+    store
+        .set("list:gone", &0, Some(Duration::from_millis(1)))
+        .await
+        .unwrap();
+    store.set("listless", &0, None).await.unwrap();
+    let mut pages = Vec::new();
+    let mut after = None;
+    loop {
+        let page = store
+            .list(&List {
+                prefix: "list:".into(),
+                limit: Some(2),
+                after: after.clone(),
+                ..List::default()
+            })
+            .await
+            .unwrap();
+        let keys: Vec<String> = page.entries.iter().map(|e| e.key.clone()).collect();
+        let values: Vec<i64> = page.entries.iter().map(|e| e.value.decode().unwrap()).collect();
+        pages.push((keys, values));
+        match page.next {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    assert_eq!(
+        pages,
+        [
+            (vec!["list:0".to_owned(), "list:1".to_owned()], vec![0, 1]),
+            (vec!["list:2".to_owned(), "list:3".to_owned()], vec![2, 3]),
+            (vec!["list:4".to_owned()], vec![4]),
+        ]
+    );
+    let keys_only = store
+        .list(&List {
+            prefix: "list:".into(),
+            keys_only: true,
+            after: Some("list:3".into()),
+            ..List::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(keys_only.entries.len(), 1);
+    assert_eq!(keys_only.entries[0].key, "list:4");
+    assert_eq!(keys_only.entries[0].value.as_str(), "null", "keys only");
+    assert_eq!(keys_only.next, None);
+
+    // Watch: each change under the prefix once, in order — set, delete,
+    // expiry — and nothing outside it; unwatched once.
+    let mut changes = store.changes("w:").await.unwrap();
+    let set = store.set("w:1", &json!({"n": 1}), None).await.unwrap();
+    store.set("x:1", &1, None).await.unwrap();
+    assert!(store.delete("w:1").await.unwrap());
+    let brief = store
+        .set("w:2", &2, Some(Duration::from_millis(100)))
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        let push = tokio::time::timeout(PATIENCE, changes.next())
+            .await
+            .expect("each change is told")
+            .unwrap();
+        let c: Changed = push.data_as().unwrap();
+        assert_eq!(c.watch, "w:");
+        seen.push((
+            c.key,
+            c.op,
+            c.version,
+            c.value.decode::<serde_json::Value>().unwrap(),
+        ));
+    }
+    assert_eq!(
+        seen,
+        [
+            ("w:1".to_owned(), Op::Set, set, json!({"n": 1})),
+            ("w:1".to_owned(), Op::Delete, set, json!(null)),
+            ("w:2".to_owned(), Op::Set, brief, json!(2)),
+            ("w:2".to_owned(), Op::Expire, brief, json!(null)),
+        ]
+    );
+    assert!(store.unwatch("w:").await.unwrap());
+    assert!(!store.unwatch("w:").await.unwrap());
+
+    // Bad input: the same statuses and reasons.
+    let (status, problem) = refusal(store.set(&"k".repeat(65), &1, None).await);
+    assert_eq!(status, 413);
+    assert!(problem.contains("max_key_bytes"), "{problem}");
+    let (status, problem) = refusal(store.set("", &1, None).await);
+    assert_eq!(status, 422);
+    assert!(problem.contains("must not be empty"), "{problem}");
+
+    // The SDK's `cx.store()` through `basics`' routes.
+    let r = get(g.addr, "/kv/nothing").unwrap();
+    assert_eq!(r.status, 404, "{}", r.text());
+    assert!(r.text().contains("no key `nothing`"), "{}", r.text());
+    let r = request(g.addr, "PUT", "/kv/doc", br#"{"title":"x"}"#).unwrap();
+    assert!(r.status == 200 || r.status == 204, "{} {}", r.status, r.text());
+    let r = get(g.addr, "/kv/doc").unwrap();
+    assert_eq!((r.status, r.json()), (200, json!({"title": "x"})));
+    let r = request(g.addr, "POST", "/kv/hits/incr", br#"{"by":3}"#).unwrap();
+    assert_eq!((r.status, r.json()), (200, json!({"value": 3})), "{}", r.text());
+    let r = request(g.addr, "POST", "/kv/doc/incr", br#"{"by":1}"#).unwrap();
+    assert_eq!(r.status, 409, "{}", r.text());
+    assert!(r.text().contains("not an integer"), "{}", r.text());
+    drop(client);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_contract_holds_on_sqlite() {
+    let g = contract_group("store-contract-sqlite", None);
+    store_contract(&g).await;
+    stop(g).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_contract_holds_on_jetstream() {
+    let scratch = scratch_dir("store-contract-js");
+    let js = Server::alone("contract", scratch.path());
+    let g = contract_group("store-contract-js", Some(&js));
+    until_served(&g).await;
+    store_contract(&g).await;
+    stop(g).await;
+    drop(js);
 }
 
 /// `switchyard store export|import` with `args`; its stderr on success.
@@ -309,20 +455,8 @@ fn store_cli(args: &[&str]) -> String {
 async fn export_and_import_move_a_store_from_sqlite_to_a_bucket_and_back() {
     let scratch = scratch_dir("js-move");
     let dir = scratch.path();
-    let js = {
-        // One server is enough here: replicas = 1.
-        let mut s = Server {
-            child: None,
-            name: format!("move-{}", std::process::id()),
-            port: free_port(),
-            routes_port: 0,
-            store: dir.join("js"),
-            routes: String::new(),
-            cluster: String::new(),
-        };
-        s.spawn();
-        s
-    };
+    // One server is enough here: replicas = 1.
+    let js = Server::alone("move", dir);
     let store_only = "[auth]\nexpose = [\"store.*\"]\n[[managers]]\nname = \"store\"\nbuiltin = \"store\"\n";
     let sqlite_cfg = dir.join("sqlite.toml");
     std::fs::write(&sqlite_cfg, store_only).unwrap();

@@ -416,7 +416,7 @@ fn entry(key: String, rec: Option<Rec>) -> Result<Entry, Error> {
 const RETRIES: usize = 64;
 
 fn contended(key: &str) -> Failure {
-    Failure::Down(format!("`{key}` changed under {RETRIES} tries in a row"))
+    Failure::Down(format!("`{}` changed under {RETRIES} tries in a row", shown(key)))
 }
 
 impl JsStore {
@@ -514,15 +514,16 @@ impl JsStore {
                     Some(rec) => {
                         let old = serde_json::from_str::<i64>(&rec.value).map_err(|_| {
                             Error::conflict(format!(
-                                "the value of `{k}` is not an integer, it cannot be incremented"
+                                "the value of `{}` is not an integer, it cannot be incremented",
+                                shown(&k)
                             ))
                         })?;
                         (old, rec.expires)
                     }
                 };
-                let value = old
-                    .checked_add(by)
-                    .ok_or_else(|| Error::conflict(format!("incrementing `{k}` by {by} overflows")))?;
+                let value = old.checked_add(by).ok_or_else(|| {
+                    Error::conflict(format!("incrementing `{}` by {by} overflows", shown(&k)))
+                })?;
                 let expiry = if ttl.is_some() { expires(ttl, now) } else { expiry };
                 let text = value.to_string();
                 if let Wrote::Done(version) =
