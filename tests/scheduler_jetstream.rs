@@ -141,6 +141,17 @@ fn sent(groups: &[&Group], id: &str) -> usize {
 
 const HOLDS: &str = "this group holds the lease";
 
+/// Which of `groups` took the lease (one, once it is taken).
+fn lease_holder(groups: &[Group]) -> usize {
+    eventually("a group takes the lease", PATIENCE, || {
+        let holding: Vec<usize> = (0..groups.len()).filter(|&i| groups[i].has_line(HOLDS)).collect();
+        match holding[..] {
+            [i] => Ok(i),
+            _ => Err(holding),
+        }
+    })
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_due_job_fires_once_across_groups_and_on_another_group_when_its_holder_is_killed() {
     let js = JsCluster::start("js-sched");
@@ -162,13 +173,7 @@ async fn a_due_job_fires_once_across_groups_and_on_another_group_when_its_holder
     for g in &groups {
         until_served(g).await;
     }
-    let holder = eventually("a group takes the lease", PATIENCE, || {
-        let holding: Vec<usize> = (0..groups.len()).filter(|&i| groups[i].has_line(HOLDS)).collect();
-        match holding[..] {
-            [i] => Ok(i),
-            _ => Err(holding),
-        }
-    });
+    let holder = lease_holder(&groups);
     let mut clients = Vec::new();
     let mut subs = Vec::new();
     for g in &groups {
@@ -465,13 +470,7 @@ async fn a_cleanly_stopped_holder_releases_the_lease_and_another_group_fires_at_
     for g in &groups {
         until_served(g).await;
     }
-    let holder = eventually("a group takes the lease", PATIENCE, || {
-        let holding: Vec<usize> = (0..groups.len()).filter(|&i| groups[i].has_line(HOLDS)).collect();
-        match holding[..] {
-            [i] => Ok(i),
-            _ => Err(holding),
-        }
-    });
+    let holder = lease_holder(&groups);
     let mut stopped = groups.remove(holder);
     let survivor = groups.remove(0);
     let client = Client::connect(&ws(&survivor)).await.unwrap();
@@ -521,19 +520,7 @@ async fn a_cleanly_stopped_holder_releases_the_lease_and_another_group_fires_at_
 #[test]
 fn scheduler_jetstream_settings_are_checked_before_anything_starts() {
     let scratch = scratch_dir("js-sched-check");
-    let path = scratch.path().join("switchyard.toml");
-    let check = |toml: &str| {
-        std::fs::write(&path, toml).unwrap();
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
-            .args(["check", "-c"])
-            .arg(&path)
-            .output()
-            .unwrap();
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    };
+    let check = |toml: &str| check_config(scratch.path(), toml);
     let (code, text) = check(
         "[[managers]]\nname = \"scheduler\"\nbuiltin = \"scheduler\"\n\
          [managers.config]\nbackend = \"jetstream\"\n",

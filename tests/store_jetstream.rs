@@ -582,19 +582,7 @@ async fn export_and_import_move_a_store_from_sqlite_to_a_bucket_and_back() {
 #[test]
 fn jetstream_settings_are_checked_before_anything_starts() {
     let scratch = scratch_dir("js-check");
-    let path = scratch.path().join("switchyard.toml");
-    let check = |toml: &str| {
-        std::fs::write(&path, toml).unwrap();
-        let out = Command::new(env!("CARGO_BIN_EXE_switchyard"))
-            .args(["check", "-c"])
-            .arg(&path)
-            .output()
-            .unwrap();
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    };
+    let check = |toml: &str| check_config(scratch.path(), toml);
     let (code, text) = check(
         "[[managers]]\nname = \"store\"\nbuiltin = \"store\"\n\
          [managers.config]\nbackend = \"jetstream\"\ncluster = { nats = \"nats://127.0.0.1:1\" }\n",

@@ -158,6 +158,22 @@ impl JsCluster {
     }
 }
 
+/// `switchyard check` of the configuration `toml` (written under `dir`):
+/// its exit code and stderr.
+pub fn check_config(dir: &std::path::Path, toml: &str) -> (Option<i32>, String) {
+    let path = dir.join("switchyard.toml");
+    std::fs::write(&path, toml).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args(["check", "-c"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 /// The WebSocket endpoint of `g`.
 pub fn ws(g: &Group) -> String {
     format!("ws://{}/ws", g.addr)

@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::kv::Operation;
+use async_nats::jetstream::kv::{self, Operation};
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use switchyard_manager::scheduler::{JobInfo, Jobs, ListJobs, Missed, Schedule, Scheduled, Update, When};
@@ -219,13 +219,24 @@ fn lock(index: &SharedIndex) -> MutexGuard<'_, Index> {
     index.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Keeps `index` equal to the jobs in the bucket for as long as the process
-/// lives: followed again after any interruption, and whenever the link
-/// comes back up (a watch may have stalled through the outage).
-async fn follow(b: Bucket, link: Arc<Link>, index: SharedIndex) {
-    let key_prefix = format!("{JOBS}k.");
+/// Hands every change of `key` (a KV key, or a wildcard) in `b` to
+/// `on_entry` for as long as the process lives: followed again after any
+/// interruption, and whenever the link comes back up (a watch may have
+/// stalled through the outage). `history`: the current entries first.
+async fn follow_key(
+    b: Bucket,
+    link: Arc<Link>,
+    key: String,
+    history: bool,
+    mut on_entry: impl FnMut(kv::Entry) + Send,
+) {
     loop {
-        if let Ok(mut entries) = b.kv.watch_with_history(format!("{key_prefix}>")).await {
+        let watch = if history {
+            b.kv.watch_with_history(&key).await
+        } else {
+            b.kv.watch(&key).await
+        };
+        if let Ok(mut entries) = watch {
             loop {
                 let entry = tokio::select! {
                     next = entries.next() => match next {
@@ -234,48 +245,47 @@ async fn follow(b: Bucket, link: Arc<Link>, index: SharedIndex) {
                     },
                     () = link.revived() => break,
                 };
-                let Some(id) = entry.key.strip_prefix(key_prefix.as_str()).and_then(decode) else {
-                    continue;
-                };
-                let mut index = lock(&index);
-                match entry.operation {
-                    Operation::Put => {
-                        if let Ok(record) = serde_json::from_slice::<Record>(&entry.value) {
-                            index.put(&id, entry.revision, &record);
-                        }
-                    }
-                    Operation::Delete | Operation::Purge => index.remove(&id, entry.revision),
-                }
+                on_entry(entry);
             }
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
 
-/// Tells `released` whenever the lease is deleted (its holder gave it up
-/// on a planned stop), so that this group looks at it at once instead of
-/// at its next quarter of `lease_ms` (decision 0141). Followed again after
-/// any interruption; a release missed meanwhile costs the wait for the
-/// lease to lapse, as a holder's death does.
-async fn follow_releases(b: Bucket, link: Arc<Link>, released: Arc<AtomicBool>) {
-    let key = key_subject("", LEASE);
-    loop {
-        if let Ok(mut entries) = b.kv.watch(&key).await {
-            loop {
-                let entry = tokio::select! {
-                    next = entries.next() => match next {
-                        Some(Ok(entry)) => entry,
-                        _ => break,
-                    },
-                    () = link.revived() => break,
-                };
-                if matches!(entry.operation, Operation::Delete | Operation::Purge) {
-                    released.store(true, Ordering::Release);
+/// Keeps `index` equal to the jobs in the bucket for as long as the
+/// process lives.
+async fn follow(b: Bucket, link: Arc<Link>, index: SharedIndex) {
+    let key_prefix = format!("{JOBS}k.");
+    let jobs = format!("{key_prefix}>");
+    follow_key(b, link, jobs, true, move |entry| {
+        let Some(id) = entry.key.strip_prefix(key_prefix.as_str()).and_then(decode) else {
+            return;
+        };
+        let mut index = lock(&index);
+        match entry.operation {
+            Operation::Put => {
+                if let Ok(record) = serde_json::from_slice::<Record>(&entry.value) {
+                    index.put(&id, entry.revision, &record);
                 }
             }
+            Operation::Delete | Operation::Purge => index.remove(&id, entry.revision),
         }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    })
+    .await;
+}
+
+/// Tells `released` whenever the lease is deleted (its holder gave it up
+/// on a planned stop), so that this group looks at it at once instead of
+/// at its next quarter of `lease_ms` (decision 0141). A release missed
+/// while the watch is interrupted costs the wait for the lease to lapse,
+/// as a holder's death does.
+async fn follow_releases(b: Bucket, link: Arc<Link>, released: Arc<AtomicBool>) {
+    follow_key(b, link, key_subject("", LEASE), false, move |entry| {
+        if matches!(entry.operation, Operation::Delete | Operation::Purge) {
+            released.store(true, Ordering::Release);
+        }
+    })
+    .await;
 }
 
 /// The lease, as this group knows it.
