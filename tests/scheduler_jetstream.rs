@@ -494,16 +494,16 @@ async fn a_cleanly_stopped_holder_releases_the_lease_and_another_group_fires_at_
     })
     .await
     .unwrap();
+    // Well within the lease: only the release lets the survivor take it.
+    eventually("the survivor takes the released lease", PATIENCE, || {
+        survivor.has_line(HOLDS).then_some(()).ok_or("not yet")
+    });
     // Its log may still be draining after its exit.
     eventually("the stopping holder says it released the lease", PATIENCE, || {
         stopped
             .has_line("released the lease of")
             .then_some(())
             .ok_or("not said")
-    });
-    // Well within the lease: only the release lets the survivor take it.
-    eventually("the survivor takes the released lease", PATIENCE, || {
-        survivor.has_line(HOLDS).then_some(()).ok_or("not yet")
     });
     schedule(&survivor, &job("after-stop", Duration::from_millis(1000))).await;
     let seen = firings(&mut sub, &["after-stop", "before-stop"], Duration::from_secs(1)).await;
