@@ -48,7 +48,8 @@ struct Cluster {
     shared: HashSet<EventType>,
     /// Each other group's manifest, by its id, and when it last came:
     /// their routes are served here too, their types are worth a call.
-    remote: BTreeMap<String, (Manifest, std::time::Instant)>,
+    /// On tokio's clock, so paused time moves it (decision 0151).
+    remote: BTreeMap<String, (Manifest, tokio::time::Instant)>,
     link: ClusterLink,
     /// What this group last told the cluster it serves.
     told: Option<Manifest>,
@@ -683,7 +684,7 @@ impl Table {
     /// Another group's routes and types, bounded ([`bounded`]).
     pub(crate) fn set_remote(&mut self, group: String, manifest: Manifest) {
         let Some(cluster) = &mut self.cluster else { return };
-        let now = std::time::Instant::now();
+        let now = tokio::time::Instant::now();
         let (manifest, cut) = bounded(&group, manifest);
         if let Some((known, seen)) = cluster.remote.get_mut(&group)
             && *known == manifest
@@ -762,7 +763,7 @@ impl Table {
         if state == LinkState::Connected && cluster.link.state != LinkState::Connected {
             // Nothing could be heard while the link was down: the others
             // get a full expiry period from now to be heard again.
-            let now = std::time::Instant::now();
+            let now = tokio::time::Instant::now();
             for (_, seen) in cluster.remote.values_mut() {
                 *seen = now;
             }
@@ -774,7 +775,7 @@ impl Table {
     /// Forgets the groups not heard from for `MANIFEST_EXPIRY` while the
     /// link was up: they left (a group that is merely restarting sends a
     /// new manifest as soon as it is back).
-    pub(crate) fn expire_remote(&mut self, now: std::time::Instant) {
+    pub(crate) fn expire_remote(&mut self, now: tokio::time::Instant) {
         let Some(cluster) = &mut self.cluster else { return };
         if cluster.link.state != LinkState::Connected {
             return;
@@ -1556,6 +1557,25 @@ mod tests {
             table.complete(answer, id);
             let next = answers.next_event().await;
             assert_eq!((next.correlation, next.status), (2, 200));
+        }
+
+        /// Another group that stops sending its manifest is forgotten
+        /// [`MANIFEST_EXPIRY`] after the last one, on the clock handed in.
+        #[tokio::test]
+        async fn a_silent_group_is_forgotten_when_its_manifest_expires() {
+            let (mut table, _answers) = table_with_broker(&["m"], 8);
+            let (port, _link) = mpsc::channel(16);
+            table.set_cluster(port, HashSet::new());
+            table.set_cluster_link(LinkState::Connected);
+            let heard = tokio::time::Instant::now();
+            table.set_remote("g1".into(), manifest(vec![entry("pay", "p.Pay", "GET", "/pay")]));
+            assert_eq!(table.remote_link().map(|l| l.peers), Some(1));
+
+            table.expire_remote(heard + MANIFEST_EXPIRY - std::time::Duration::from_millis(1));
+            assert_eq!(table.remote_link().map(|l| l.peers), Some(1));
+            // Read after the manifest was kept: at least MANIFEST_EXPIRY later.
+            table.expire_remote(tokio::time::Instant::now() + MANIFEST_EXPIRY);
+            assert_eq!(table.remote_link().map(|l| l.peers), Some(0));
         }
     }
 }
