@@ -15,15 +15,17 @@ command -v h2load >/dev/null || { echo "h2load not found: apt-get install nghttp
 [ -n "${NO_BUILD:-}" ] || cargo build --release -q -p switchyard
 dir=$(mktemp -d)
 log="$dir/up.log"
-"$target/release/switchyard" up --bind 127.0.0.1:0 --runtime-dir "$dir/run" --data-dir "$dir/data" >"$log" 2>&1 &
+"$target/release/switchyard" up --bind 127.0.0.1:0 --runtime-dir "$dir/run" --data-dir "$dir/data" --ready-file "$dir/ready.json" >"$log" 2>&1 &
 sup=$!
 trap 'kill $sup 2>/dev/null; wait $sup 2>/dev/null; rm -rf "$dir"' EXIT
 i=0
-until grep -q 'listening on' "$log" 2>/dev/null; do
+# `--ready-file` appears whole once the group serves (decision 0150).
+until [ -s "$dir/ready.json" ]; do
     i=$((i + 1)); [ $i -lt 300 ] || { cat "$log"; exit 1; }
+    kill -0 $sup 2>/dev/null || { cat "$log"; exit 1; }
     sleep 0.1
 done
-addr=$(sed -n 's/.*listening on http:\/\/\([^ ]*\).*/\1/p' "$log")
+addr=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["http"])' "$dir/ready.json")
 
 # The group's PSS in MiB: the supervisor and every child it reports.
 pss() {

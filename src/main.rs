@@ -80,6 +80,12 @@ enum Command {
         /// overriding `data.dir` (default: see docs/configuration.md).
         #[arg(long)]
         data_dir: Option<PathBuf>,
+        /// Once the group serves, write this file (atomically) as JSON:
+        /// the pid and every bound address (`http`, `grpc`, `http3`,
+        /// `admin`). Removed on exit. Under systemd, `NOTIFY_SOCKET` also
+        /// gets `READY=1`.
+        #[arg(long)]
+        ready_file: Option<PathBuf>,
         /// Internal (`switchyard upgrade`): the socket the upgrading
         /// supervisor hands its listening sockets over.
         #[arg(long, hide = true)]
@@ -104,6 +110,9 @@ enum Command {
         /// Directory of the built-in Store's and Scheduler's database.
         #[arg(long)]
         data_dir: Option<PathBuf>,
+        /// Once the group serves, write this file as JSON (as `up` does).
+        #[arg(long)]
+        ready_file: Option<PathBuf>,
     },
     /// Re-read the configuration of a running group and apply it without
     /// failing a request (also SIGHUP): changed managers are replaced
@@ -380,6 +389,7 @@ fn main() -> ExitCode {
             data_dir,
             admin_bind,
             upgrade_fd,
+            ready_file,
         } => {
             // First, so that a failure below still closes it (the old
             // supervisor then reads end-of-file and serves on).
@@ -393,6 +403,7 @@ fn main() -> ExitCode {
                 data_dir,
                 admin_bind,
                 admin_bound: None,
+                ready_file,
             };
             match load_or_exit(&source) {
                 Ok(config) => supervisor::main(config, source, runtime_dir, handover),
@@ -404,6 +415,7 @@ fn main() -> ExitCode {
             bind,
             runtime_dir,
             data_dir,
+            ready_file,
         } => {
             let config = config.or_else(|| {
                 let here = PathBuf::from("switchyard.toml");
@@ -415,6 +427,7 @@ fn main() -> ExitCode {
                 data_dir,
                 admin_bind: None,
                 admin_bound: None,
+                ready_file,
             };
             // The plugins are built before the configuration is checked
             // (which loads them): a fresh `switchyard new` crate serves

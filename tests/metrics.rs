@@ -11,11 +11,10 @@ use std::time::Duration;
 use common::{Group, PATIENCE, eventually, get};
 
 /// Starts the demo group with `--admin-bind 127.0.0.1:0`; returns it and
-/// the admin address `up` printed.
+/// the admin address it bound (from its readiness file).
 fn group_with_admin(tag: &'static str) -> (Group, SocketAddr) {
-    let mut group = Group::builder(tag).arg("--admin-bind").arg("127.0.0.1:0").start();
-    let line = group.wait_line("admin on http://");
-    let addr = line.rsplit("http://").next().unwrap().trim().parse().unwrap();
+    let group = Group::builder(tag).arg("--admin-bind").arg("127.0.0.1:0").start();
+    let addr = group.ready.admin.expect("the admin endpoint is on");
     (group, addr)
 }
 

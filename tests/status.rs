@@ -1,5 +1,6 @@
 //! `switchyard status` shows each process's load: requests in flight and
-//! jobs queued for workers, as the processes report them.
+//! jobs queued for workers, as the processes report them; and what
+//! `--ready-file` says of a group once it serves.
 
 mod common;
 
@@ -89,4 +90,29 @@ fn a_command_whose_reader_leaves_ends_quietly() {
 /// SIGPIPE's number on Linux.
 fn libc_sigpipe() -> i32 {
     nix::sys::signal::Signal::SIGPIPE as i32
+}
+
+/// `--ready-file`: once the group serves, every door it bound (port 0
+/// resolved) and its pid, as JSON; gone when the group has stopped.
+#[test]
+fn the_ready_file_names_every_door_and_goes_with_the_group() {
+    let mut g = Group::builder("ready-file")
+        .arg("--admin-bind")
+        .arg("127.0.0.1:0")
+        .start();
+    let ready = g.ready.clone();
+    assert_eq!(ready.pid, g.supervisor_pid());
+    assert!(!ready.tls);
+    assert_eq!(ready.http, g.addr);
+    assert_ne!(ready.http.port(), 0);
+    assert_eq!((ready.grpc, ready.http3), (None, None));
+    assert_eq!(ready.runtime_dir, g.runtime_dir);
+    assert_eq!(get(ready.http, "/hello/Ada").unwrap().status, 200);
+    let admin = ready.admin.expect("--admin-bind");
+    assert_eq!(get(admin, "/metrics").unwrap().status, 200);
+    // The human lines are still printed, for people.
+    assert!(g.has_line(&format!("switchyard listening on http://{}", ready.http)));
+
+    assert!(g.terminate().success());
+    assert!(!g.ready_file.exists(), "removed on exit");
 }

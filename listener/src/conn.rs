@@ -30,7 +30,11 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// The runtime's clock, so that a test with paused time moves it
+// (docs/decisions/0151-which-clock.md).
+use tokio::time::Instant;
 
 use bytes::{Buf, Bytes};
 use futures_util::task::AtomicWaker;
@@ -658,6 +662,54 @@ mod tests {
         let ended = ws.last_activity.load(Ordering::Relaxed);
         assert_eq!(ws.verdict(ended + 999, &l), None);
         assert_eq!(ws.verdict(ended + 1000, &l), Some(Close::Idle));
+    }
+
+    /// The sweeper itself, on paused time: each limit closes its
+    /// connection within a sweep of being reached, not before.
+    #[tokio::test(start_paused = true)]
+    async fn the_sweeper_closes_idle_silent_and_stalled_connections_on_time() {
+        let ms = Duration::from_millis;
+        let connections = Connections::start(Limits {
+            max_connections: 8,
+            ..limits()
+        });
+        // The sweep interval: a quarter of the shortest limit (250 ms).
+        let sweep = ms(250);
+        // Let the sweeper start its clock.
+        tokio::time::sleep(ms(1)).await;
+        let (silent, _silent) = connections.admit().unwrap();
+        let (served, _served) = connections.admit().unwrap();
+        // As a read and a finished response body stamp them.
+        let received = |conn: &Conn| conn.last_activity.store(now(), Ordering::Relaxed);
+        served.request_started();
+        served.active.fetch_sub(1, Ordering::Relaxed);
+        received(&served);
+        let (slow_reader, _slow) = connections.admit().unwrap();
+        slow_reader.request_started();
+        slow_reader.wrote(false);
+        let (trickling, _trickling) = connections.admit().unwrap();
+
+        // Just short of idle (1 s): all stay.
+        tokio::time::sleep(ms(1000) - sweep).await;
+        for conn in [&silent, &served, &slow_reader, &trickling] {
+            assert_eq!(conn.close_reason(), None);
+        }
+        received(&trickling);
+        tokio::time::sleep(sweep * 2).await;
+        assert_eq!(silent.close_reason(), Some(Close::Idle));
+        assert_eq!(served.close_reason(), Some(Close::Idle));
+        // Bytes every half second keep a connection from idling ...
+        for _ in 0..4 {
+            assert_eq!(trickling.close_reason(), None);
+            received(&trickling);
+            tokio::time::sleep(ms(500)).await;
+        }
+        // ... but not past the first-request bound (3 s) without a whole
+        // request head.
+        assert_eq!(trickling.close_reason(), Some(Close::NoRequest));
+        // A request in progress whose writes block with no progress is a
+        // stall after 2 s, however busy it is otherwise.
+        assert_eq!(slow_reader.close_reason(), Some(Close::Stalled));
     }
 
     #[tokio::test]

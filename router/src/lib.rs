@@ -352,7 +352,7 @@ async fn deadline_sweeper(shared: Shared) {
         tick.tick().await;
         let mut table = shared.lock();
         table.expire(switchyard_proto::event::now_micros());
-        table.expire_remote(std::time::Instant::now());
+        table.expire_remote(tokio::time::Instant::now());
         // Also the gauges `switchyard status` shows.
         let (in_flight, queued) = table.gauges();
         switchyard_proto::supervision::GAUGES.set(in_flight, queued);

@@ -48,7 +48,8 @@ struct Cluster {
     shared: HashSet<EventType>,
     /// Each other group's manifest, by its id, and when it last came:
     /// their routes are served here too, their types are worth a call.
-    remote: BTreeMap<String, (Manifest, std::time::Instant)>,
+    /// On tokio's clock, so paused time moves it (decision 0151).
+    remote: BTreeMap<String, (Manifest, tokio::time::Instant)>,
     link: ClusterLink,
     /// What this group last told the cluster it serves.
     told: Option<Manifest>,
@@ -683,7 +684,7 @@ impl Table {
     /// Another group's routes and types, bounded ([`bounded`]).
     pub(crate) fn set_remote(&mut self, group: String, manifest: Manifest) {
         let Some(cluster) = &mut self.cluster else { return };
-        let now = std::time::Instant::now();
+        let now = tokio::time::Instant::now();
         let (manifest, cut) = bounded(&group, manifest);
         if let Some((known, seen)) = cluster.remote.get_mut(&group)
             && *known == manifest
@@ -762,7 +763,7 @@ impl Table {
         if state == LinkState::Connected && cluster.link.state != LinkState::Connected {
             // Nothing could be heard while the link was down: the others
             // get a full expiry period from now to be heard again.
-            let now = std::time::Instant::now();
+            let now = tokio::time::Instant::now();
             for (_, seen) in cluster.remote.values_mut() {
                 *seen = now;
             }
@@ -774,7 +775,7 @@ impl Table {
     /// Forgets the groups not heard from for `MANIFEST_EXPIRY` while the
     /// link was up: they left (a group that is merely restarting sends a
     /// new manifest as soon as it is back).
-    pub(crate) fn expire_remote(&mut self, now: std::time::Instant) {
+    pub(crate) fn expire_remote(&mut self, now: tokio::time::Instant) {
         let Some(cluster) = &mut self.cluster else { return };
         if cluster.link.state != LinkState::Connected {
             return;
@@ -1326,5 +1327,255 @@ mod tests {
         }
         assert_eq!(departed.len(), MAX_DEPARTED);
         assert_eq!(departed.back().unwrap(), &format!("m@g{}", MAX_DEPARTED + 4));
+    }
+
+    /// Routing, balancing, a dead instance and deadlines, on a table with
+    /// real frame links (socket pairs) and the clock handed in: `expire`
+    /// takes the time, so no test here waits for one.
+    mod routing {
+        use bytes::Bytes;
+        use switchyard_proto::transport::{FrameReader, spawn_writer};
+        use switchyard_proto::{DEFAULT_MAX_FRAME, Kind};
+        use tokio::net::UnixStream;
+
+        use super::*;
+
+        /// Frames the table sends, as the peer reads them.
+        struct Peer(FrameReader<UnixStream>);
+
+        impl Peer {
+            /// The next request or response, past route tables and cancels.
+            async fn next_event(&mut self) -> Envelope {
+                loop {
+                    let env = self.next().await;
+                    if env.kind != Kind::Control {
+                        return env;
+                    }
+                }
+            }
+
+            async fn next(&mut self) -> Envelope {
+                // Frames written before the call are already in the socket:
+                // the wait is only for the writer task to flush them.
+                tokio::time::timeout(std::time::Duration::from_secs(30), self.0.next())
+                    .await
+                    .expect("a frame")
+                    .unwrap()
+                    .expect("the link is open")
+            }
+        }
+
+        fn link() -> (FrameSink, Peer) {
+            let (ours, theirs) = UnixStream::pair().unwrap();
+            let (sink, _writer) = spawn_writer(ours, 64, DEFAULT_MAX_FRAME);
+            (sink, Peer(FrameReader::new(theirs, DEFAULT_MAX_FRAME)))
+        }
+
+        fn manager(name: &str, ty: &str) -> ManagerDescription {
+            ManagerDescription {
+                name: name.into(),
+                pid: 1,
+                handles: vec![HandledType {
+                    name: ty.into(),
+                    event_type: EventType::of(ty),
+                    route: None,
+                    needs: Default::default(),
+                    public: true,
+                }],
+                subscribes: vec![],
+                notifications: vec![],
+            }
+        }
+
+        /// A listener's request for `ty`, named as listeners name it.
+        fn request(ty: &str, correlation: u64) -> Envelope {
+            let mut env = Envelope::request(EventType::of(ty), correlation, Bytes::new());
+            env.origin = Origin::Pipe(1);
+            env.meta.push(META_EVENT, ty);
+            env
+        }
+
+        /// The instance request `correlation` (of pipe 1) is in flight at.
+        fn serving(table: &Table, correlation: u64) -> Option<u64> {
+            table
+                .in_flight
+                .get(&(Origin::Pipe(1), correlation))
+                .map(|f| f.instance)
+        }
+
+        fn table_with_broker(declared: &[&str], max_outstanding: u32) -> (Table, Peer) {
+            let mut table = Table::new(declared.iter().map(|d| d.to_string()).collect(), max_outstanding);
+            let (broker, answers) = link();
+            table.set_broker(Some(broker));
+            (table, answers)
+        }
+
+        #[tokio::test]
+        async fn a_request_goes_to_its_types_manager_and_its_answer_back() {
+            let (mut table, mut answers) = table_with_broker(&["a", "b"], 8);
+            let (sink_a, mut at_a) = link();
+            let (sink_b, mut at_b) = link();
+            let a = table.add_instance(manager("a", "t.A"), sink_a).unwrap();
+            table.add_instance(manager("b", "t.B"), sink_b).unwrap();
+
+            table.route_request(request("t.B", 1));
+            table.route_request(request("t.A", 2));
+            assert_eq!(at_b.next_event().await.correlation, 1);
+            let sent = at_a.next_event().await;
+            assert_eq!(sent.correlation, 2);
+            assert_eq!(serving(&table, 2), Some(a));
+
+            table.complete(
+                Envelope::response_to(&sent, 201, Default::default(), Bytes::new()),
+                a,
+            );
+            let answer = answers.next_event().await;
+            assert_eq!((answer.correlation, answer.status), (2, 201));
+            assert_eq!(Hop::of(&answer.meta), None, "the handler's own answer");
+            assert_eq!(serving(&table, 2), None);
+
+            // No manager declares it: 404, made by the router.
+            table.route_request(request("t.Nobody", 3));
+            let refused = answers.next_event().await;
+            assert_eq!((refused.correlation, refused.status), (3, 404));
+            assert_eq!(Hop::of(&refused.meta), Some(Hop::Router));
+        }
+
+        #[tokio::test]
+        async fn the_instance_with_fewest_outstanding_requests_gets_the_next() {
+            let (mut table, _answers) = table_with_broker(&["m"], 8);
+            let (sink_1, _at_1) = link();
+            let (sink_2, _at_2) = link();
+            let one = table.add_instance(manager("m", "t.M"), sink_1).unwrap();
+            let two = table.add_instance(manager("m", "t.M"), sink_2).unwrap();
+
+            // Ties alternate.
+            table.route_request(request("t.M", 1));
+            table.route_request(request("t.M", 2));
+            let first = serving(&table, 1).unwrap();
+            let second = serving(&table, 2).unwrap();
+            assert_eq!(
+                [first, second].iter().collect::<HashSet<_>>(),
+                [one, two].iter().collect()
+            );
+            // One more each, then `first` finishes two: it has fewer, and
+            // takes the next two whichever way the tie-break cursor points.
+            table.route_request(request("t.M", 3));
+            table.route_request(request("t.M", 4));
+            let on_first: Vec<u64> = (1..=4).filter(|&c| serving(&table, c) == Some(first)).collect();
+            assert_eq!(on_first.len(), 2);
+            let mut done = Envelope::request(EventType::of("t.M"), 0, Bytes::new());
+            done.kind = Kind::Response;
+            done.origin = Origin::Pipe(1);
+            for &c in &on_first {
+                done.correlation = c;
+                table.complete(done.clone(), first);
+            }
+            table.route_request(request("t.M", 5));
+            table.route_request(request("t.M", 6));
+            assert_eq!(serving(&table, 5), Some(first));
+            assert_eq!(serving(&table, 6), Some(first));
+        }
+
+        #[tokio::test]
+        async fn an_instance_at_capacity_refuses_with_503() {
+            let (mut table, mut answers) = table_with_broker(&["m"], 1);
+            let (sink, _at) = link();
+            table.add_instance(manager("m", "t.M"), sink).unwrap();
+            table.route_request(request("t.M", 1));
+            table.route_request(request("t.M", 2));
+            let refused = answers.next_event().await;
+            assert_eq!((refused.correlation, refused.status), (2, 503));
+            assert_eq!(Hop::of(&refused.meta), Some(Hop::Router));
+        }
+
+        #[tokio::test]
+        async fn a_dead_instances_requests_are_answered_503_and_its_type_waits_for_it() {
+            let (mut table, mut answers) = table_with_broker(&["m"], 8);
+            let (sink, _at) = link();
+            let id = table.add_instance(manager("m", "t.M"), sink).unwrap();
+            table.route_request(request("t.M", 1));
+            table.route_request(request("t.M", 2));
+
+            assert_eq!(table.remove_instance(id), 2);
+            let mut failed: Vec<(u64, u16)> = Vec::new();
+            for _ in 0..2 {
+                let answer = answers.next_event().await;
+                assert_eq!(Hop::of(&answer.meta), Some(Hop::Router));
+                failed.push((answer.correlation, answer.status));
+            }
+            failed.sort();
+            assert_eq!(failed, [(1, 503), (2, 503)]);
+            assert!(table.in_flight.is_empty());
+
+            // Declared and down (restarting): 503 with a retry-after, not 404.
+            table.route_request(request("t.M", 3));
+            let refused = answers.next_event().await;
+            assert_eq!((refused.correlation, refused.status), (3, 503));
+            assert_eq!(refused.meta.get("retry-after"), Some("1"));
+        }
+
+        #[tokio::test]
+        async fn a_request_past_its_deadline_is_answered_504_and_cancelled_at_its_instance() {
+            let (mut table, mut answers) = table_with_broker(&["m"], 8);
+            let (sink, mut at) = link();
+            let id = table.add_instance(manager("m", "t.M"), sink).unwrap();
+            let mut due = request("t.M", 1);
+            due.deadline = Deadline(5_000_000);
+            table.route_request(due);
+            // No deadline: never expires.
+            table.route_request(request("t.M", 2));
+            assert_eq!(at.next_event().await.correlation, 1);
+            assert_eq!(at.next_event().await.correlation, 2);
+
+            table.expire(4_999_999);
+            assert_eq!(serving(&table, 1), Some(id));
+            table.expire(5_000_000);
+            assert_eq!(serving(&table, 1), None);
+            assert_eq!(serving(&table, 2), Some(id));
+            assert_eq!(table.instances[&id].outstanding, 1);
+            let late = answers.next_event().await;
+            assert_eq!((late.correlation, late.status), (1, 504));
+            assert_eq!(Hop::of(&late.meta), Some(Hop::Router));
+            // The handler is told to stop.
+            let cancel = loop {
+                let env = at.next().await;
+                if env.kind == Kind::Control && matches!(env.decode_control(), Ok(Control::Cancel)) {
+                    break env;
+                }
+            };
+            assert_eq!((cancel.origin, cancel.correlation), (Origin::Pipe(1), 1));
+
+            // Its answer, coming after all, is dropped: the client has its
+            // 504. The next thing the broker sees is request 2's answer.
+            let mut answer = Envelope::request(EventType::of("t.M"), 1, Bytes::new());
+            answer.kind = Kind::Response;
+            answer.origin = Origin::Pipe(1);
+            answer.status = 200;
+            table.complete(answer.clone(), id);
+            answer.correlation = 2;
+            table.complete(answer, id);
+            let next = answers.next_event().await;
+            assert_eq!((next.correlation, next.status), (2, 200));
+        }
+
+        /// Another group that stops sending its manifest is forgotten
+        /// [`MANIFEST_EXPIRY`] after the last one, on the clock handed in.
+        #[tokio::test]
+        async fn a_silent_group_is_forgotten_when_its_manifest_expires() {
+            let (mut table, _answers) = table_with_broker(&["m"], 8);
+            let (port, _link) = mpsc::channel(16);
+            table.set_cluster(port, HashSet::new());
+            table.set_cluster_link(LinkState::Connected);
+            let heard = tokio::time::Instant::now();
+            table.set_remote("g1".into(), manifest(vec![entry("pay", "p.Pay", "GET", "/pay")]));
+            assert_eq!(table.remote_link().map(|l| l.peers), Some(1));
+
+            table.expire_remote(heard + MANIFEST_EXPIRY - std::time::Duration::from_millis(1));
+            assert_eq!(table.remote_link().map(|l| l.peers), Some(1));
+            // Read after the manifest was kept: at least MANIFEST_EXPIRY later.
+            table.expire_remote(tokio::time::Instant::now() + MANIFEST_EXPIRY);
+            assert_eq!(table.remote_link().map(|l| l.peers), Some(0));
+        }
     }
 }

@@ -29,11 +29,13 @@
 //! - `quic_port`: HTTP/3's UDP sockets, one per listener process, steered
 //!   by connection id.
 //! - `systemd`: `sd_notify` readiness, reload, stop and watchdog.
+//! - `ready_file`: `--ready-file`, the bound addresses as JSON once ready.
 //! - this module: the event loop, restart policy, reload and shutdown.
 
 mod child;
 pub(crate) mod events;
 mod quic_port;
+mod ready_file;
 pub(crate) mod reload;
 pub(crate) mod runtime_dir;
 mod signals;
@@ -75,6 +77,8 @@ pub(crate) struct Source {
     /// upgrade's new supervisor binds beside this one. Not applied by
     /// [`Source::load`].
     pub(crate) admin_bound: Option<SocketAddr>,
+    /// `--ready-file`: written once the group serves (`ready_file`).
+    pub(crate) ready_file: Option<PathBuf>,
 }
 
 impl Source {
@@ -261,14 +265,27 @@ pub(crate) fn main(
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(up(config, source, runtime_dir, handover)) {
+    let ready_file = source.ready_file.clone();
+    // A file left by a group that was killed would read as ready before
+    // this one is. In an upgrade the old group's file stays true until
+    // this one replaces it.
+    if let Some(path) = &ready_file
+        && handover.is_none()
+    {
+        ready_file::remove_stale(path);
+    }
+    let code = match runtime.block_on(up(config, source, runtime_dir, handover)) {
         Ok(code) => code,
         Err(err) => {
             tracing::error!("{err:#}");
             tracing::info!(cause = "start-up failed", "stopped");
             ExitCode::FAILURE
         }
+    };
+    if let Some(path) = ready_file {
+        ready_file::remove_if_ours(&path);
     }
+    code
 }
 
 /// The admin endpoint's socket, when `[admin] bind` asks for one. Bound
@@ -696,6 +713,21 @@ impl Supervisor {
                 self.events.clone(),
             ))
         });
+        if let Some(path) = &self.source.ready_file {
+            let doors = ready_file::Doors {
+                tls: self.config.listener.tls.is_some(),
+                http: at.http,
+                grpc: at.grpc,
+                http3: at.quic,
+                admin: self.source.admin_bound,
+                runtime_dir: self.dir.path(),
+            };
+            // A group that serves but cannot say so would leave its
+            // waiter hanging: the failure is loud, the group serves on.
+            if let Err(err) = ready_file::write(path, &doors) {
+                tracing::error!(%err, path = %path.display(), "cannot write the ready file");
+            }
+        }
         self.systemd.ready(&format!("serving on {}", at.http));
         // `switchyard dev`: rebuilds and reloads from now on.
         crate::dev::start(self.dir.path());

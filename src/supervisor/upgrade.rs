@@ -121,6 +121,10 @@ impl Sending {
         if let Some(admin) = source.admin_bound {
             cmd.arg("--admin-bind").arg(admin.to_string());
         }
+        // The new supervisor announces itself in the same file.
+        if let Some(path) = &source.ready_file {
+            cmd.arg("--ready-file").arg(path);
+        }
         cmd.arg("--upgrade-fd")
             .arg(theirs.as_raw_fd().to_string())
             // systemd's watchdog names the old supervisor; the new one

@@ -22,6 +22,8 @@ pub mod raw_codec;
 
 pub use nix::sys::signal::Signal;
 use nix::unistd::Pid;
+pub use switchyard_manager_host::testing::Ready;
+use switchyard_manager_host::testing::wait_ready;
 use tempfile::TempDir;
 
 /// How long any wait in a test may take before it counts as a failure. Not a
@@ -94,6 +96,10 @@ pub fn scratch_dir(tag: &str) -> TempDir {
 pub struct Group {
     child: Option<Child>,
     pub addr: SocketAddr,
+    /// What the group wrote to its `--ready-file` once it served.
+    pub ready: Ready,
+    /// `<scratch>/ready.json`, removed by the supervisor when it exits.
+    pub ready_file: PathBuf,
     /// `<scratch>/rt`, made and removed by the supervisor.
     pub runtime_dir: PathBuf,
     /// The runtime dir is the test's own (`GroupBuilder::runtime_dir`): not
@@ -232,6 +238,9 @@ impl GroupBuilder {
         if let Some(path) = &self.config_file {
             cmd.arg("-c").arg(path);
         }
+        // In the scratch dir, which is the group's user's too.
+        let ready_file = scratch.path().join("ready.json");
+        cmd.arg("--ready-file").arg(&ready_file);
         cmd.args(&self.args);
         // A test may choose its own log filter (`env("SWITCHYARD_LOG", ..)`).
         cmd.env("SWITCHYARD_LOG", "info");
@@ -248,8 +257,9 @@ impl GroupBuilder {
         let (tx, line_events) = mpsc::channel();
         let store = lines.clone();
         let err_store = lines.clone();
-        // Disconnected once stderr is drained.
+        // Each disconnected once its pipe is drained.
         let (stderr_open, stderr_drained) = mpsc::channel::<()>();
+        let (stdout_open, stdout_drained) = mpsc::channel::<()>();
         std::thread::spawn(move || {
             let _open = stderr_open;
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
@@ -258,6 +268,7 @@ impl GroupBuilder {
             }
         });
         std::thread::spawn(move || {
+            let _open = stdout_open;
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
                 eprintln!("group| {line}");
                 store.lock().unwrap().push(line.clone());
@@ -269,39 +280,44 @@ impl GroupBuilder {
         let mut group = Group {
             child: Some(child),
             addr: "127.0.0.1:1".parse().unwrap(),
+            ready: Ready {
+                pid: 0,
+                tls: false,
+                http: "127.0.0.1:1".parse().unwrap(),
+                grpc: None,
+                http3: None,
+                admin: None,
+                runtime_dir: PathBuf::new(),
+            },
+            ready_file: ready_file.clone(),
             runtime_dir,
             lines,
             line_events,
             scratch,
         };
         let patience = self.ready_within;
-        let deadline = Instant::now() + patience;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match group.line_events.recv_timeout(left) {
-                // `http://ADDR`, or `https://ADDR` with `[listener.tls]`.
-                Ok(line) if line.contains("listening on http") => {
-                    let addr = line
-                        .split("://")
-                        .nth(1)
-                        .unwrap()
-                        .split_whitespace()
-                        .next()
-                        .unwrap();
-                    group.addr = addr.parse().unwrap();
-                    return Ok(group);
-                }
-                Ok(_) => {}
-                // The output closed: the supervisor exited.
-                Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    let status = group.child.as_mut().unwrap().wait().unwrap();
-                    group.child = None;
-                    // stderr may still be draining into the log.
-                    let _ = stderr_drained.recv_timeout(PATIENCE);
-                    let out = group.lines.lock().unwrap().join("\n");
-                    return Err(format!("{status}\n{out}"));
-                }
-                Err(mpsc::RecvTimeoutError::Timeout) => panic!("not ready within {patience:?}"),
+        match wait_ready(group.child.as_mut().unwrap(), &ready_file, patience) {
+            Ok(ready) => {
+                group.addr = ready.http;
+                group.ready = ready;
+                Ok(group)
+            }
+            Err(err) if err.kind() == std::io::ErrorKind::TimedOut => panic!("{err}"),
+            // The supervisor exited (or wrote nonsense): what it printed says why.
+            Err(err) => {
+                let status = match group.child.as_mut().unwrap().try_wait().unwrap() {
+                    Some(status) => status,
+                    None => {
+                        let _ = group.child.as_mut().unwrap().kill();
+                        group.child.as_mut().unwrap().wait().unwrap()
+                    }
+                };
+                group.child = None;
+                // The pipes may still be draining into the log.
+                let _ = stdout_drained.recv_timeout(PATIENCE);
+                let _ = stderr_drained.recv_timeout(PATIENCE);
+                let out = group.lines.lock().unwrap().join("\n");
+                Err(format!("{err}: {status}\n{out}"))
             }
         }
     }

@@ -25,6 +25,7 @@ use anyhow::{Context, bail};
 use clap::Parser;
 use hdrhistogram::Histogram;
 use switchyard_client::Client;
+use switchyard_manager_host::testing::wait_ready;
 
 #[derive(Parser)]
 #[command(
@@ -275,6 +276,7 @@ impl Group {
     fn start(bin: &Path, dir: &Path, config: &str) -> anyhow::Result<Group> {
         let config_path = dir.join("switchyard.toml");
         std::fs::write(&config_path, config)?;
+        let ready_file = dir.join("ready.json");
         let mut child = Command::new(bin)
             .args(["up", "--bind", "127.0.0.1:0", "-c"])
             .arg(&config_path)
@@ -282,24 +284,21 @@ impl Group {
             .arg(dir.join("run"))
             .arg("--data-dir")
             .arg(dir.join("data"))
+            .arg("--ready-file")
+            .arg(&ready_file)
             .env("SWITCHYARD_LOG", "warn")
-            .stdout(Stdio::piped())
+            .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
             .with_context(|| format!("cannot run {}", bin.display()))?;
-        let stdout = child.stdout.take().context("stdout")?;
-        let mut lines = BufReader::new(stdout).lines();
-        let addr = loop {
-            let Some(line) = lines.next() else {
-                bail!("the group exited before it was ready");
-            };
-            let line = line?;
-            if let Some(rest) = line.split("listening on http://").nth(1) {
-                break rest.split_whitespace().next().context("address")?.parse()?;
+        let addr = match wait_ready(&mut child, &ready_file, Duration::from_secs(60)) {
+            Ok(ready) => ready.http,
+            Err(err) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                bail!("the group did not become ready: {err}");
             }
         };
-        // Keep draining its output.
-        std::thread::spawn(move || lines.for_each(drop));
         Ok(Group { child, addr })
     }
 }

@@ -21,7 +21,11 @@ use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// The runtime's clock, so that a test with paused time moves it
+// (docs/decisions/0151-which-clock.md).
+use tokio::time::Instant;
 
 use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -115,7 +119,7 @@ impl<S> FrameGuard<S> {
         };
         let timer = self
             .timer
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(due.into())));
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(due)));
         timer.as_mut().poll(cx).is_ready()
     }
 
@@ -275,6 +279,36 @@ mod tests {
 
     fn guard() -> FrameGuard<()> {
         FrameGuard::new((), Duration::from_secs(3600))
+    }
+
+    /// On paused time: a message that spans reads must end within
+    /// `message_timeout` of its first header, even if the client then
+    /// sends nothing; between messages a session may wait as long as it likes.
+    #[tokio::test(start_paused = true)]
+    async fn a_message_left_unfinished_times_out_at_its_deadline() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let timeout = Duration::from_secs(30);
+        let (mut client, server) = tokio::io::duplex(1024);
+        let mut guard = FrameGuard::new(server, timeout);
+        let mut buf = [0u8; 1024];
+
+        // A whole message, then silence: no deadline runs.
+        client.write_all(&frame(0x1, true, b"whole")).await.unwrap();
+        assert!(guard.read(&mut buf).await.unwrap() > 0);
+        let quiet = tokio::time::timeout(timeout * 4, guard.read(&mut buf)).await;
+        assert!(quiet.is_err(), "an idle session between messages is not late");
+
+        // The first fragment of a message, then silence.
+        let began = Instant::now();
+        client.write_all(&frame(0x1, false, b"half")).await.unwrap();
+        assert!(guard.read(&mut buf).await.unwrap() > 0);
+        let late = guard.read(&mut buf).await.unwrap_err();
+        assert_eq!(late.kind(), io::ErrorKind::TimedOut);
+        let waited = began.elapsed();
+        assert!(
+            waited >= timeout && waited < timeout + Duration::from_millis(2),
+            "{waited:?}"
+        );
     }
 
     #[test]

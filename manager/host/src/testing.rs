@@ -1,6 +1,10 @@
 //! A real group for integration tests of a plugin: the `switchyard` binary
 //! started on an ephemeral port with a private runtime directory, waited on
-//! until it reports ready, stopped with SIGTERM when dropped.
+//! until it reports ready (`--ready-file`, read by [`wait_ready`]), stopped
+//! with SIGTERM when dropped. Under `[listener.tls]` it speaks HTTPS.
+//!
+//! [`wait_ready`] is also the readiness wait of the server's own
+//! integration tests: one harness, one way to know the group serves.
 //!
 //! [`Group::start_crate`] builds the plugin crate under test first (in the
 //! test's own profile) and serves that build, so an edited handler is what
@@ -9,6 +13,7 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
+use std::process::ExitStatus;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc;
@@ -27,9 +32,11 @@ use std::time::{Duration, Instant};
 /// ```
 pub struct Group {
     child: Child,
-    /// Where the group listens.
+    /// Where the group listens (HTTPS under `[listener.tls]`).
     pub addr: SocketAddr,
+    ready: Ready,
     runtime_dir: PathBuf,
+    ready_file: PathBuf,
     /// Every line the group printed so far is collected here as it arrives.
     lines: mpsc::Receiver<String>,
 }
@@ -165,11 +172,18 @@ impl Group {
             std::process::id(),
             STARTED.fetch_add(1, Ordering::Relaxed)
         ));
+        // Beside the runtime directory, not in it: the supervisor makes
+        // that one itself and removes it on exit.
+        let mut ready_file = runtime_dir.clone().into_os_string();
+        ready_file.push(".ready.json");
+        let ready_file = PathBuf::from(ready_file);
         let mut child = Command::new(&bin)
             .args(["up", "--bind", "127.0.0.1:0", "-c"])
             .arg(config)
             .arg("--runtime-dir")
             .arg(&runtime_dir)
+            .arg("--ready-file")
+            .arg(&ready_file)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -183,34 +197,28 @@ impl Group {
                 let _ = tx.send(line);
             }
         });
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match lines.recv_timeout(left) {
-                Ok(line) if line.contains("listening on http://") => {
-                    let addr = line
-                        .split("http://")
-                        .nth(1)
-                        .and_then(|rest| rest.split_whitespace().next())
-                        .and_then(|a| a.parse().ok())
-                        .ok_or_else(|| std::io::Error::other(format!("bad readiness line: {line}")))?;
-                    return Ok(Group {
-                        child,
-                        addr,
-                        runtime_dir,
-                        lines,
-                    });
-                }
-                Ok(_) => {}
-                Err(_) => {
-                    let _ = child.kill();
-                    let status = child.wait()?;
-                    return Err(std::io::Error::other(format!(
-                        "the group did not become ready ({status})"
-                    )));
-                }
+        match wait_ready(&mut child, &ready_file, Duration::from_secs(60)) {
+            Ok(ready) => Ok(Group {
+                child,
+                addr: ready.http,
+                ready,
+                runtime_dir,
+                ready_file,
+                lines,
+            }),
+            Err(err) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                let _ = std::fs::remove_file(&ready_file);
+                Err(err)
             }
         }
+    }
+
+    /// What the group announced when it became ready: every address it
+    /// bound, whether it speaks TLS, its supervisor's pid.
+    pub fn ready(&self) -> &Ready {
+        &self.ready
     }
 
     /// `GET path` → (status, body), on a fresh connection.
@@ -218,7 +226,8 @@ impl Group {
         self.request("GET", path, "")
     }
 
-    /// A request with a JSON body → (status, body).
+    /// A request with a JSON body → (status, body); over TLS when the group
+    /// serves HTTPS.
     pub fn request(&self, method: &str, path: &str, json: &str) -> std::io::Result<(u16, String)> {
         let mut stream = TcpStream::connect(self.addr)?;
         stream.set_read_timeout(Some(Duration::from_secs(30)))?;
@@ -227,13 +236,22 @@ impl Group {
         } else {
             "content-type: application/json\r\n"
         };
-        write!(
-            stream,
-            "{method} {path} HTTP/1.1\r\nhost: test\r\nconnection: close\r\n{content_type}content-length: {}\r\n\r\n{json}",
+        let head = format!(
+            "{method} {path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n{content_type}content-length: {}\r\n\r\n",
             json.len()
-        )?;
+        );
         let mut raw = Vec::new();
-        stream.read_to_end(&mut raw)?;
+        if self.ready.tls {
+            let mut session = tls::client()?;
+            let mut tls = rustls::Stream::new(&mut session, &mut stream);
+            tls.write_all(head.as_bytes())?;
+            tls.write_all(json.as_bytes())?;
+            tls::read_to_end(&mut tls, &mut raw)?;
+        } else {
+            stream.write_all(head.as_bytes())?;
+            stream.write_all(json.as_bytes())?;
+            stream.read_to_end(&mut raw)?;
+        }
         let text = String::from_utf8_lossy(&raw);
         let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
         let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
@@ -263,5 +281,193 @@ impl Drop for Group {
         let _ = self.child.kill();
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.runtime_dir);
+        // Gone already unless the group had to be killed.
+        let _ = std::fs::remove_file(&self.ready_file);
+    }
+}
+
+/// What `switchyard up --ready-file PATH` writes once the group serves
+/// (docs/decisions/0150-readiness-file.md).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ready {
+    /// The supervisor's pid.
+    pub pid: u32,
+    /// `[listener.tls]` is on: `http` and `grpc` speak HTTPS.
+    pub tls: bool,
+    /// The listener's address.
+    pub http: SocketAddr,
+    /// `listener.grpc_bind`, when set.
+    pub grpc: Option<SocketAddr>,
+    /// HTTP/3's UDP address, when on.
+    pub http3: Option<SocketAddr>,
+    /// The admin endpoint, when on.
+    pub admin: Option<SocketAddr>,
+    /// The group's runtime directory.
+    pub runtime_dir: PathBuf,
+}
+
+impl Ready {
+    /// Parses the file's text; `None` for anything else.
+    pub fn parse(text: &str) -> Option<Ready> {
+        let v: serde_json::Value = serde_json::from_str(text).ok()?;
+        if v["ready"] != true {
+            return None;
+        }
+        let addr = |key: &str| -> Option<Option<SocketAddr>> {
+            match &v[key] {
+                serde_json::Value::Null => Some(None),
+                other => other.as_str()?.parse().ok().map(Some),
+            }
+        };
+        Some(Ready {
+            pid: u32::try_from(v["pid"].as_u64()?).ok()?,
+            tls: match v["scheme"].as_str()? {
+                "https" => true,
+                "http" => false,
+                _ => return None,
+            },
+            http: addr("http")??,
+            grpc: addr("grpc")?,
+            http3: addr("http3")?,
+            admin: addr("admin")?,
+            runtime_dir: PathBuf::from(v["runtime_dir"].as_str()?),
+        })
+    }
+}
+
+/// Waits until `child`, a `switchyard up` (or `dev`) started with
+/// `--ready-file ready_file`, has written that file, and returns what it
+/// says. Fails when the child exits first (the error says how) or when
+/// `patience` runs out (`ErrorKind::TimedOut`).
+///
+/// The one readiness wait of every harness that starts the binary: the
+/// file appears whole (renamed into place), so a file that is there is
+/// complete.
+pub fn wait_ready(child: &mut Child, ready_file: &Path, patience: Duration) -> std::io::Result<Ready> {
+    let deadline = Instant::now() + patience;
+    loop {
+        match std::fs::read_to_string(ready_file) {
+            Ok(text) => {
+                return Ready::parse(&text).ok_or_else(|| {
+                    std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        format!("{} is not a readiness file: {text}", ready_file.display()),
+                    )
+                });
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        if let Some(status) = child.try_wait()? {
+            return Err(NotReady::Exited(status).into());
+        }
+        if Instant::now() >= deadline {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("the group was not ready within {patience:?}"),
+            ));
+        }
+        // A supervisor starts in tens of milliseconds at best; a shorter
+        // poll would only cost the machine the test runs on.
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Why [`wait_ready`] gave up on a child that exited.
+#[derive(Debug)]
+pub enum NotReady {
+    /// The group stopped before it served (a configuration it refused,
+    /// a port in use): its exit status.
+    Exited(ExitStatus),
+}
+
+impl std::fmt::Display for NotReady {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NotReady::Exited(status) => write!(f, "the group exited before it was ready ({status})"),
+        }
+    }
+}
+
+impl std::error::Error for NotReady {}
+
+impl From<NotReady> for std::io::Error {
+    fn from(err: NotReady) -> std::io::Error {
+        std::io::Error::other(err)
+    }
+}
+
+/// The harness's TLS client. It does not authenticate the group: the
+/// group is the one this process just started on a loopback port, and its
+/// certificate is the test's own business (tests of certificates bring
+/// their own client).
+mod tls {
+    use std::io::Read;
+    use std::sync::Arc;
+
+    use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+    use rustls::crypto::{CryptoProvider, verify_tls12_signature, verify_tls13_signature};
+    use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+    use rustls::{DigitallySignedStruct, SignatureScheme};
+
+    #[derive(Debug)]
+    struct AnyCertificate(Arc<CryptoProvider>);
+
+    impl ServerCertVerifier for AnyCertificate {
+        fn verify_server_cert(
+            &self,
+            _end_entity: &CertificateDer<'_>,
+            _intermediates: &[CertificateDer<'_>],
+            _server_name: &ServerName<'_>,
+            _ocsp: &[u8],
+            _now: UnixTime,
+        ) -> Result<ServerCertVerified, rustls::Error> {
+            Ok(ServerCertVerified::assertion())
+        }
+
+        // The handshake's signatures are still checked: the key is the
+        // certificate's.
+        fn verify_tls12_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            verify_tls12_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+        }
+
+        fn verify_tls13_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            verify_tls13_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+        }
+
+        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+            self.0.signature_verification_algorithms.supported_schemes()
+        }
+    }
+
+    pub(super) fn client() -> std::io::Result<rustls::ClientConnection> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ClientConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(std::io::Error::other)?
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(AnyCertificate(provider)))
+            .with_no_client_auth();
+        let name = ServerName::try_from("localhost").map_err(std::io::Error::other)?;
+        rustls::ClientConnection::new(Arc::new(config), name).map_err(std::io::Error::other)
+    }
+
+    /// Reads the answer until the server closes; a close without
+    /// `close_notify` after a complete answer is the end too.
+    pub(super) fn read_to_end(stream: &mut impl Read, out: &mut Vec<u8>) -> std::io::Result<()> {
+        match stream.read_to_end(out) {
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && !out.is_empty() => Ok(()),
+            other => other.map(|_| ()),
+        }
     }
 }
