@@ -4,7 +4,9 @@
 //! Each body is over the shared-memory threshold (64 KiB), so every frame
 //! carries a descriptor; with a hundred of them in flight a process reads
 //! behind its peers, and its links must hold that backlog instead of
-//! closing with everything in flight. Zero non-2xx, on both transports.
+//! closing with everything in flight. Zero non-2xx, on both transports,
+//! with answers straight back (the default, decision 0143) and, once, back
+//! through the router.
 
 mod common;
 
@@ -33,8 +35,12 @@ const H2_DOWNLOAD: usize = 256 * 1024;
 const UPLOAD: usize = 256 * 1024;
 const NOTIFICATION: usize = 96 * 1024;
 
-fn config(transport: &str) -> String {
-    format!("[group]\ntransport = \"{transport}\"\n\n[listener.ws]\nnotify = true\n")
+/// `return_path`: `None` for the default (direct).
+fn config(transport: &str, return_path: Option<&str>) -> String {
+    let return_path = return_path
+        .map(|p| format!("return_path = \"{p}\"\n"))
+        .unwrap_or_default();
+    format!("[group]\ntransport = \"{transport}\"\n{return_path}\n[listener.ws]\nnotify = true\n")
 }
 
 /// `CLIENTS` threads, started together, each running `ROUNDS` requests;
@@ -170,8 +176,10 @@ fn assert_none_failed(what: &str, total: usize, failed: &[String]) {
     );
 }
 
-fn bodies_in_flight_never_drop_the_links(tag: &'static str, transport: &str) {
-    let g = Group::builder(tag).config(&config(transport)).start();
+fn bodies_in_flight_never_drop_the_links(tag: &'static str, transport: &str, return_path: Option<&str>) {
+    let g = Group::builder(tag)
+        .config(&config(transport, return_path))
+        .start();
     let rt = runtime();
 
     let failed = h2_hammer(
@@ -190,8 +198,9 @@ fn bodies_in_flight_never_drop_the_links(tag: &'static str, transport: &str) {
 
     large_notifications_all_arrive(&rt, &g);
 
-    // The links held: no process of the group logged a link it dropped.
-    for needle in ["descriptors", "went down while handling"] {
+    // The links held: no process of the group logged a link it dropped
+    // (a return link's reader either side names a bad frame).
+    for needle in ["descriptors", "went down while handling", "bad frame"] {
         let lines = g.lines_with(needle);
         assert!(lines.is_empty(), "{needle}: {:?}", &lines[..lines.len().min(3)]);
     }
@@ -262,10 +271,15 @@ fn large_notifications_all_arrive(rt: &tokio::runtime::Runtime, g: &Group) {
 
 #[test]
 fn bodies_in_flight_never_drop_ring_links() {
-    bodies_in_flight_never_drop_the_links("bodies-ring", "ring");
+    bodies_in_flight_never_drop_the_links("bodies-ring", "ring", None);
 }
 
 #[test]
 fn bodies_in_flight_never_drop_socket_links() {
-    bodies_in_flight_never_drop_the_links("bodies-socket", "socket");
+    bodies_in_flight_never_drop_the_links("bodies-socket", "socket", None);
+}
+
+#[test]
+fn bodies_in_flight_never_drop_socket_links_on_the_router_path() {
+    bodies_in_flight_never_drop_the_links("bodies-socket-router", "socket", Some("router"));
 }

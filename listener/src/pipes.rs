@@ -743,7 +743,10 @@ async fn read_return_link(pool: &Arc<Pool>, key: (u32, u64), serial: u64, socket
     };
     let _counted = Counted::new();
     // The sink stays here with the link: the instance sees the link end
-    // only when this process or its own end does.
+    // only when this process or its own end does. Our pipes are the first
+    // frame on it, and the instance's word that we took the link: an
+    // offer we refuse is closed unread, which on the socket transport
+    // looks like an open link until then.
     pool.tell_pipes(&sink);
     if let Some(link) = lock(&pool.links).get_mut(&key).filter(|l| l.serial == serial) {
         link.sink = Some(sink.clone());

@@ -35,11 +35,10 @@ use crate::{Envelope, Error, EventType, Kind, Origin, Payload, Result};
 pub enum ReturnPath {
     /// From the manager straight into its return link to the listener;
     /// the router is told in batches which requests are done.
+    #[default]
     Direct,
     /// Back the way the request came: manager → router → broker →
-    /// listener. The default until the direct path holds under the
-    /// concurrent large-body test (decision 0143, "Status").
-    #[default]
+    /// listener.
     Router,
 }
 

@@ -12,8 +12,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use switchyard_proto::control::Control;
-use switchyard_proto::transport::FrameSink;
+use switchyard_proto::transport::{FrameReader, FrameSink};
 use switchyard_proto::{Envelope, Kind, Origin, link, returns};
+use tokio::net::unix::OwnedReadHalf;
 
 /// How long a pipe whose listener did not take the offer goes without a
 /// new one: a listener that refuses links (or is gone) gets one offer per
@@ -116,9 +117,9 @@ impl Returns {
         Ok(Sent::Held)
     }
 
-    /// Opens our end once the listener opens its, sends the answers that
-    /// waited, and holds the link until the listener closes it (it
-    /// exited) or already had one from us.
+    /// Opens our end once the listener has taken the link (its first
+    /// frame on it names its pipes), sends the answers that waited, and
+    /// holds the link until the listener closes it (it exited).
     async fn open(
         self,
         pipe: u64,
@@ -127,7 +128,7 @@ impl Returns {
         capacity: usize,
         max_frame: usize,
     ) {
-        let (mut reader, sink) = match link::open(socket, capacity, max_frame).await {
+        let (mut reader, sink, told) = match accepted(socket, capacity, max_frame).await {
             Ok(link) => link,
             Err(err) => {
                 tracing::debug!(%err, pipe, "return link not taken");
@@ -157,6 +158,9 @@ impl Returns {
             let n = inner.next;
             inner.links.insert(n, sink.clone());
             inner.pipes.insert(pipe, n);
+            for told in told {
+                inner.pipes.insert(told, n);
+            }
             inner.refused.remove(&pipe);
             let held = inner.offers.remove(&pipe).unwrap_or_default();
             drop(inner);
@@ -222,6 +226,45 @@ impl Inner {
     }
 }
 
+/// How long an offered link waits for the listener to take it: as long
+/// as a ring link waits for its peer's ring.
+const ACCEPT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Opens our end of an offered link and waits for the listener's first
+/// frame on it, the pipes the link answers for: only then is the link
+/// taken. A listener that refuses an offer (it has a link from this
+/// instance already, holds the most it may, or answers through the router)
+/// closes its end unread; on the socket transport our end opens all the
+/// same, so without this word the answers written into it would be lost
+/// with it.
+async fn accepted(
+    socket: tokio::net::UnixStream,
+    capacity: usize,
+    max_frame: usize,
+) -> Result<(FrameReader<OwnedReadHalf>, FrameSink, Vec<u64>), switchyard_proto::Error> {
+    let (mut reader, sink) = link::open(socket, capacity, max_frame).await?;
+    let first = tokio::time::timeout(ACCEPT_TIMEOUT, reader.next())
+        .await
+        .map_err(|_| {
+            switchyard_proto::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the listener never took the return link",
+            ))
+        })??;
+    match first {
+        Some(env) if env.kind == Kind::Control => match env.decode_control()? {
+            Control::ReturnPipes { pipes } => Ok((reader, sink, pipes)),
+            _ => Err(switchyard_proto::Error::Malformed(
+                "a return link's first frame does not name the listener's pipes",
+            )),
+        },
+        Some(_) => Err(switchyard_proto::Error::Malformed(
+            "a return link's first frame does not name the listener's pipes",
+        )),
+        None => Err(switchyard_proto::Error::Closed),
+    }
+}
+
 fn send_or_log(router: &FrameSink, answer: Envelope) {
     if let Err(refused) = router.send(answer) {
         tracing::warn!(%refused, "answer to the router dropped");
@@ -249,5 +292,97 @@ pub(crate) fn pipe_of(origin: Origin) -> Option<u64> {
     match origin {
         Origin::Pipe(pipe) => Some(pipe),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use switchyard_proto::link::{Transport, set_transport};
+    use switchyard_proto::transport::spawn_writer;
+    use switchyard_proto::{DEFAULT_MAX_FRAME, EventType, Meta};
+
+    /// The instance's link to the router, and the router's end of it.
+    fn router() -> (FrameSink, FrameReader<OwnedReadHalf>) {
+        let (ours, theirs) = tokio::net::UnixStream::pair().unwrap();
+        let (sink, _writer) = spawn_writer(ours, 64, DEFAULT_MAX_FRAME);
+        let (read, _write) = theirs.into_split();
+        (sink, FrameReader::new(read, DEFAULT_MAX_FRAME))
+    }
+
+    fn answer(pipe: u64, correlation: u64) -> Envelope {
+        let mut request = Envelope::request(EventType::of("t"), correlation, Bytes::new());
+        request.origin = Origin::Pipe(pipe);
+        Envelope::response_to(&request, 200, Meta::default(), Bytes::from_static(b"ok"))
+    }
+
+    async fn next(reader: &mut FrameReader<OwnedReadHalf>) -> Envelope {
+        tokio::time::timeout(Duration::from_secs(30), reader.next())
+            .await
+            .expect("a frame in time")
+            .unwrap()
+            .expect("the link stays open")
+    }
+
+    /// A listener refuses an offer by closing its end unread (a second
+    /// offer of an instance it has a link from, one over its bound): the
+    /// answer that waited for that link comes back through the router, on
+    /// either transport. On the socket transport our end opens without the
+    /// listener, and the answer used to be written into the closed link.
+    async fn a_refused_offer_sends_its_answers_through_the_router() {
+        let returns = Returns::default();
+        let (sink, mut router) = router();
+        let sent = returns.send(7, answer(7, 41), &sink, 64, DEFAULT_MAX_FRAME);
+        assert!(matches!(sent, Ok(Sent::Held)), "the answer waits for the link");
+        let offer = next(&mut router).await;
+        assert!(returns::is_offer(&offer));
+        let (socket, _instance) = returns::accept(offer).unwrap();
+        drop(socket);
+        let back = next(&mut router).await;
+        assert_eq!((back.kind, back.correlation), (Kind::Response, 41));
+        assert_eq!(back.origin, Origin::Pipe(7));
+    }
+
+    /// A listener that takes the offer names its pipes first: the answer
+    /// that waited goes on the link, for another pipe it named too, and the
+    /// router is told both are done.
+    async fn a_taken_offer_carries_the_answers_of_every_pipe_named() {
+        let returns = Returns::default();
+        let (sink, mut router) = router();
+        let sent = returns.send(7, answer(7, 41), &sink, 64, DEFAULT_MAX_FRAME);
+        assert!(matches!(sent, Ok(Sent::Held)));
+        let (socket, _instance) = returns::accept(next(&mut router).await).unwrap();
+        let (mut link, listener) = link::open(socket, 64, DEFAULT_MAX_FRAME).await.unwrap();
+        let pipes = Control::ReturnPipes { pipes: vec![7, 8] };
+        listener.send(Envelope::control(&pipes).unwrap()).unwrap();
+        let first = next(&mut link).await;
+        assert_eq!((first.kind, first.correlation), (Kind::Response, 41));
+        let told = next(&mut router).await;
+        let Ok(Control::Completed { requests }) = told.decode_control() else {
+            panic!("expected completions, got {told:?}")
+        };
+        assert_eq!(requests, vec![(7, 41)]);
+        // Pipe 8 was named with the link: its answers go straight there.
+        let sent = returns.send(8, answer(8, 42), &sink, 64, DEFAULT_MAX_FRAME);
+        assert!(matches!(sent, Ok(Sent::Direct)));
+        assert_eq!(next(&mut link).await.correlation, 42);
+    }
+
+    /// Both transports in one test: the transport is a process-wide
+    /// setting, so they take turns rather than run side by side.
+    #[test]
+    fn offers_refused_and_taken_on_both_transports() {
+        for transport in [Transport::Socket, Transport::Ring] {
+            set_transport(transport);
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(a_refused_offer_sends_its_answers_through_the_router());
+            runtime.block_on(a_taken_offer_carries_the_answers_of_every_pipe_named());
+        }
+        set_transport(Transport::default());
     }
 }

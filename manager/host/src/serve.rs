@@ -138,6 +138,7 @@ pub async fn run(
         cancelled: HashSet::new(),
         returns: Returns::default(),
         completed: Vec::new(),
+        completions_due: None,
     };
     loop {
         let link = tokio::select! {
@@ -161,6 +162,11 @@ pub async fn run(
                     .await?
                 {
                     Served::Stopped => {
+                        // The router closes what was answered straight
+                        // back, not 503 it as this instance's leftovers.
+                        if !sink.is_closed() {
+                            host.tell_completed(&sink);
+                        }
                         // The answers just given are still queued: the
                         // writer ends once they are written, when its last
                         // sink is gone.
@@ -245,7 +251,19 @@ struct Host {
     /// Requests answered through [`returns`](Self::returns) since the
     /// router was last told, as (pipe, correlation).
     completed: Vec<(u64, u64)>,
+    /// When the router must be told of `completed` at the latest.
+    completions_due: Option<tokio::time::Instant>,
 }
+
+/// How long the router may go untold of answers given straight back
+/// (decision 0149): a step that sends the router nothing else holds its
+/// completions this long for the steps after it, so one record, and one
+/// wake-up of the router, closes several requests. The router's view of an
+/// instance's load lags by at most this.
+const COMPLETIONS_WITHIN: Duration = Duration::from_millis(1);
+
+/// Completions held past this many go at once, whatever the time.
+const COMPLETIONS_AT_ONCE: usize = 64;
 
 /// The connection to the router.
 struct Link<'a> {
@@ -279,6 +297,8 @@ impl Host {
         tokio::pin!(timer);
         let mut idle = tokio::time::interval(IDLE_STEP);
         idle.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        let tell = tokio::time::sleep_until(tokio::time::Instant::now());
+        tokio::pin!(tell);
         loop {
             if drain_acknowledged && self.requests.is_empty() && self.calls.is_empty() {
                 tracing::info!("drained: every request answered");
@@ -327,6 +347,7 @@ impl Host {
                         return Ok(if drain_until.is_some() { Served::Stopped } else { Served::RouterLost });
                     }
                 },
+                () = &mut tell, if self.completions_due.is_some() => self.tell_completed(sink),
                 _ = WAKE.notified() => inputs.push(ToPlugin::Wake),
                 _ = idle.tick() => inputs.push(ToPlugin::Wake),
                 Some(done) = results.recv() => {
@@ -454,6 +475,11 @@ impl Host {
             {
                 timer.as_mut().reset(due);
             }
+            if let Some(due) = self.completions_due
+                && tell.deadline() != due
+            {
+                tell.as_mut().reset(due);
+            }
             let queued = self.pool.queued();
             GAUGES.set(self.requests.len() + self.calls.len(), queued);
             let out = JOBS_OUT.load(std::sync::atomic::Ordering::Relaxed);
@@ -516,6 +542,7 @@ impl Host {
     }
 
     fn dispatch(&mut self, outputs: Vec<FromPlugin>, config: &Config, sink: &FrameSink) {
+        let mut to_router = false;
         for output in outputs {
             let env = match output {
                 FromPlugin::Response {
@@ -685,12 +712,28 @@ impl Host {
                     continue;
                 }
             };
-            if let Err(refused) = sink.send(env) {
-                tracing::warn!(%refused, "frame to router dropped");
+            match sink.send(env) {
+                Ok(()) => to_router = true,
+                Err(refused) => tracing::warn!(%refused, "frame to router dropped"),
             }
         }
-        // One record per step for every answer that went straight back:
-        // the router's in-flight table and balancing stay right.
+        // The answers that went straight back are told to the router in
+        // one record: with this step's other frames to it when it has
+        // any, else within COMPLETIONS_WITHIN, so the router's in-flight
+        // table and balancing stay right (decision 0149).
+        if self.completed.is_empty() {
+            return;
+        }
+        if to_router || self.completed.len() >= COMPLETIONS_AT_ONCE {
+            self.tell_completed(sink);
+        } else if self.completions_due.is_none() {
+            self.completions_due = Some(tokio::time::Instant::now() + COMPLETIONS_WITHIN);
+        }
+    }
+
+    /// Tells the router of every request answered straight back so far.
+    fn tell_completed(&mut self, sink: &FrameSink) {
+        self.completions_due = None;
         crate::returns::completed(sink, std::mem::take(&mut self.completed));
     }
 
@@ -698,6 +741,9 @@ impl Host {
     /// successor (it failed them), and the plugin's pending calls fail now.
     fn router_lost(&mut self, plugin: &mut Plugin) -> Result<(), LoadError> {
         self.requests.clear();
+        // The router failed its requests already; the next one knows none.
+        self.completed.clear();
+        self.completions_due = None;
         request_ids().clear();
         if self.calls.is_empty() {
             return Ok(());
