@@ -237,7 +237,7 @@ mod tests {
     fn the_store_events_keep_their_names_and_read_the_identity() {
         assert_eq!(<Get as crate::Event>::NAME, "store.Get");
         assert_eq!(<Changed as crate::Event>::NAME, "store.Changed");
-        assert!(<Set as crate::Event>::REQUEST.identity);
-        assert!(!<Changed as crate::Event>::REQUEST.identity);
+        const { assert!(<Set as crate::Event>::REQUEST.identity) };
+        const { assert!(!<Changed as crate::Event>::REQUEST.identity) };
     }
 }
