@@ -8,8 +8,9 @@
 //! of its own (`[[managers]] builtin = "store"`), supervised and restarted
 //! like a plugin, reached through the router by every manager and by
 //! WebSocket and gRPC clients. Their protocol — the events and replies —
-//! is defined once, in the SDK (`switchyard_manager::store`,
-//! `switchyard_manager::scheduler`); this crate only serves it. The data
+//! is defined once, in `switchyard-events` (re-exported by the SDK as
+//! `switchyard_manager::store`, `switchyard_manager::scheduler`, decision
+//! 0144); this crate only serves it. The data
 //! lives in the database, not in memory, so millions of keys or jobs take
 //! flat memory and survive a `kill -9` and a restart of the group.
 //!

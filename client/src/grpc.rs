@@ -119,7 +119,7 @@ impl GrpcClient {
     /// Sends `event` as a request of its type and decodes the reply as its
     /// [`Call::Reply`].
     pub async fn request<E: Call>(&self, event: &E) -> Result<E::Reply, ClientError> {
-        self.call(E::NAME, event).await
+        self.call(E::EVENT_NAME, event).await
     }
 
     /// The generated client, for what the typed API does not cover.

@@ -44,8 +44,9 @@ mod state;
 
 pub use grpc::{GrpcClient, GrpcClientBuilder, GrpcSession, GrpcSubscription};
 pub use state::{Caller, Scheduler, Store};
-/// The Store's and the Scheduler's events, as the SDK defines them.
-pub use switchyard_manager::{scheduler, store};
+/// The Store's and the Scheduler's events (`switchyard-events`, which the
+/// SDK re-exports too).
+pub use switchyard_events::{DeclaredReply, EventName, scheduler, store};
 /// The generated gRPC messages and client of `switchyard.v1.Events`.
 pub use switchyard_proto::grpc as proto;
 
@@ -93,7 +94,7 @@ pub enum ClientError {
 
 /// An event type whose reply type is known, so that [`Client::request`]
 /// and [`GrpcClient::request`] infer what they decode. The type's name is
-/// its [`Event::NAME`](switchyard_manager::Event::NAME). An event declared
+/// its [`EventName`], which `#[derive(Event)]` implements. An event declared
 /// with `#[event(reply = R)]` is one already; for an event that names no
 /// reply, the crate that defines it says what it answers:
 ///
@@ -102,7 +103,7 @@ pub enum ClientError {
 ///     type Reply = Ticket;
 /// }
 /// ```
-pub trait Call: switchyard_manager::Event {
+pub trait Call: EventName + Serialize {
     /// What the handler of this event answers.
     type Reply: DeserializeOwned;
 }
@@ -111,10 +112,10 @@ pub trait Call: switchyard_manager::Event {
 /// with that reply: nothing to write by hand.
 impl<E> Call for E
 where
-    E: switchyard_manager::DeclaredReply,
-    <E as switchyard_manager::DeclaredReply>::Reply: DeserializeOwned,
+    E: DeclaredReply + Serialize,
+    <E as DeclaredReply>::Reply: DeserializeOwned,
 {
-    type Reply = <E as switchyard_manager::DeclaredReply>::Reply;
+    type Reply = <E as DeclaredReply>::Reply;
 }
 
 /// What a client presents to a group with `[auth]` (docs/security.md):
@@ -360,7 +361,7 @@ impl Client {
     /// Sends `event` as a request of its type and decodes the answer as
     /// its [`Call::Reply`]: `let ticket = client.request(&CreateTicket { .. }).await?`.
     pub async fn request<E: Call>(&self, event: &E) -> Result<E::Reply, ClientError> {
-        self.call(E::NAME, event).await
+        self.call(E::EVENT_NAME, event).await
     }
 
     /// Emits a notification of type `ty` with `event` as its JSON data into

@@ -1,18 +1,18 @@
 //! The built-in Store and Scheduler from a client: `client.store()` and
-//! `client.scheduler()`, on either client, with the events the SDK defines
-//! (`switchyard_manager::store`, `switchyard_manager::scheduler`, re-exported
-//! here), sent as JSON.
+//! `client.scheduler()`, on either client, with the events of
+//! `switchyard-events` (re-exported here as [`store`](crate::store) and
+//! [`scheduler`](crate::scheduler)), sent as JSON.
 
 use std::future::Future;
 use std::time::Duration;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use switchyard_manager::Event;
-use switchyard_manager::scheduler::{
+use switchyard_events::EventName;
+use switchyard_events::scheduler::{
     Cancel, Cancelled, Found, GetJob, JobInfo, Jobs, ListJobs, Schedule, Scheduled, Update,
 };
-use switchyard_manager::store::{
+use switchyard_events::store::{
     CompareAndSet, Counter, Delete, Deleted, Entry, Get, Increment, JsonText, List, Listed, Set, SetIfAbsent,
     Swapped, Unwatch, Unwatched, Watch, Watching, Written,
 };
@@ -22,39 +22,39 @@ use crate::{Client, ClientError, GrpcClient};
 /// A client that makes typed JSON calls: [`Client`] and [`GrpcClient`].
 pub trait Caller: Sync {
     /// Sends `event` as a request of its type and decodes the answer.
-    fn request<E: Event + Sync, R: DeserializeOwned>(
+    fn request<E: EventName + Serialize + Sync, R: DeserializeOwned>(
         &self,
         event: &E,
     ) -> impl Future<Output = Result<R, ClientError>> + Send;
 }
 
 impl Caller for Client {
-    fn request<E: Event + Sync, R: DeserializeOwned>(
+    fn request<E: EventName + Serialize + Sync, R: DeserializeOwned>(
         &self,
         event: &E,
     ) -> impl Future<Output = Result<R, ClientError>> + Send {
-        self.call(E::NAME, event)
+        self.call(E::EVENT_NAME, event)
     }
 }
 
 impl Caller for GrpcClient {
-    fn request<E: Event + Sync, R: DeserializeOwned>(
+    fn request<E: EventName + Serialize + Sync, R: DeserializeOwned>(
         &self,
         event: &E,
     ) -> impl Future<Output = Result<R, ClientError>> + Send {
-        self.call(E::NAME, event)
+        self.call(E::EVENT_NAME, event)
     }
 }
 
 fn encode<T: Serialize + ?Sized>(value: &T) -> Result<JsonText, ClientError> {
-    JsonText::parse(serde_json::to_string(value)?).map_err(|e| ClientError::Decode(e.message))
+    JsonText::parse(serde_json::to_string(value)?).map_err(|e| ClientError::Decode(e.to_string()))
 }
 
 fn ms(d: Option<Duration>) -> Option<u64> {
     d.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1))
 }
 
-/// The group's Store, from a client (see `switchyard_manager::store`).
+/// The group's Store, from a client (see [`store`](crate::store)).
 pub struct Store<'a, C> {
     client: &'a C,
 }
@@ -67,12 +67,11 @@ impl<C: Caller> Store<'_, C> {
         if !entry.found {
             return Ok(None);
         }
-        entry.value.decode().map(Some).map_err(|e| {
-            ClientError::Decode(format!(
-                "the stored value of `{key}` is not a `{}`: {e}",
-                std::any::type_name::<T>()
-            ))
-        })
+        entry
+            .value
+            .decode_stored(key)
+            .map(Some)
+            .map_err(|e| ClientError::Decode(e.to_string()))
     }
 
     /// The whole entry: value, version, expiry.
@@ -192,7 +191,7 @@ impl Store<'_, Client> {
         let sub = self
             .client
             .subscribe_filtered(
-                <switchyard_manager::store::Changed as Event>::NAME,
+                <switchyard_events::store::Changed as EventName>::EVENT_NAME,
                 Some(changes_filter(prefix)),
             )
             .await?;
@@ -207,7 +206,7 @@ impl Store<'_, GrpcClient> {
         let sub = self
             .client
             .subscribe_filtered(
-                <switchyard_manager::store::Changed as Event>::NAME,
+                <switchyard_events::store::Changed as EventName>::EVENT_NAME,
                 Some(changes_filter(prefix)),
             )
             .await?;
@@ -216,13 +215,13 @@ impl Store<'_, GrpcClient> {
     }
 }
 
-/// The group's Scheduler, from a client (see `switchyard_manager::scheduler`).
+/// The group's Scheduler, from a client (see [`scheduler`](crate::scheduler)).
 pub struct Scheduler<'a, C> {
     client: &'a C,
 }
 
 impl<C: Caller> Scheduler<'_, C> {
-    /// Schedules a job (made with `switchyard_manager::scheduler::Job`).
+    /// Schedules a job (made with [`Job`](crate::scheduler::Job)).
     pub async fn schedule(&self, job: &Schedule) -> Result<Scheduled, ClientError> {
         self.client.request(job).await
     }

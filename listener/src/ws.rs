@@ -85,9 +85,11 @@ use write_through;
 
 mod deflate;
 mod frames;
+mod refused;
 
 use deflate::Inflate;
-use frames::{FrameGuard, Refused, fragments, refusal};
+use frames::{FrameGuard, fragments};
+use refused::{Refused, refusal};
 
 /// The event `/ws/echo` messages become.
 pub(crate) const ECHO_EVENT: &str = "demo.WsEcho";

@@ -106,7 +106,7 @@ pub fn export(
             for row in rows.into_iter().take(1000) {
                 let line = Line {
                     key: row.key.clone(),
-                    value: JsonText::parse(row.value.unwrap_or_default()).map_err(failed)?,
+                    value: JsonText::parse(row.value.unwrap_or_default()).map_err(|e| failed(e.into()))?,
                     expires_at_ms: row.expires,
                 };
                 writeln!(
@@ -144,7 +144,8 @@ pub fn export(
         let value: Vec<u8> = row.get(1).map_err(bad)?;
         let line = Line {
             key: String::from_utf8_lossy(&key).into_owned(),
-            value: JsonText::parse(String::from_utf8_lossy(&value).into_owned()).map_err(failed)?,
+            value: JsonText::parse(String::from_utf8_lossy(&value).into_owned())
+                .map_err(|e| failed(e.into()))?,
             expires_at_ms: row.get(2).map_err(bad)?,
         };
         writeln!(

@@ -49,7 +49,7 @@ impl Event for KvPut {
         }
         let text = std::str::from_utf8(request.body)
             .map_err(|_| Error::bad_request("the body is not UTF-8 JSON"))?;
-        let value = JsonText::parse(text).map_err(|e| Error::bad_request(e.message))?;
+        let value = JsonText::parse(text).map_err(|e| Error::bad_request(e.to_string()))?;
         Ok(KvPut {
             key: key_of(request)?,
             value,

@@ -32,7 +32,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_tungstenite::tungstenite::protocol::frame::FrameHeader;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
 
-use super::frames::Refused;
+use super::refused::Refused;
 
 /// Inflated bytes per frame handed to tungstenite.
 pub(crate) const CHUNK: usize = 32 * 1024;

@@ -33,35 +33,11 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
 use tokio_tungstenite::tungstenite::protocol::frame::{Frame, FrameHeader};
 
-/// Empty continuation frames one message may carry; more fail the read.
-pub(crate) const MAX_EMPTY_FRAGMENTS: u32 = 16;
+pub(crate) use super::refused::MAX_EMPTY_FRAGMENTS;
+use super::refused::Refused;
 
 /// The largest frame the listener writes.
 pub(crate) const FRAGMENT: usize = 64 * 1024;
-
-/// The read errors [`FrameGuard`] fails with.
-#[derive(Debug, thiserror::Error, PartialEq, Eq, Clone, Copy)]
-pub(crate) enum Refused {
-    #[error("more than {MAX_EMPTY_FRAGMENTS} empty continuation frames in one message")]
-    EmptyFragments,
-    #[error("a message was not finished within its deadline")]
-    Unfinished,
-    /// permessage-deflate: a message inflates past the message limit.
-    #[error("a compressed message inflates past the message limit")]
-    TooBig,
-    /// permessage-deflate: a compressed message that does not inflate.
-    #[error("a compressed message is not valid deflate data")]
-    Corrupt,
-    /// permessage-deflate: RSV1 where the extension does not allow it, or
-    /// a compressed frame unmasked.
-    #[error("a frame the compression extension does not allow")]
-    Protocol,
-}
-
-/// Which of [`FrameGuard`]'s refusals a read error is, if any.
-pub(crate) fn refusal(err: &io::Error) -> Option<Refused> {
-    err.get_ref()?.downcast_ref::<Refused>().copied()
-}
 
 /// Where the guard is in the byte stream.
 enum At {

@@ -8,7 +8,7 @@ use proc_macro2::TokenStream as Tokens;
 use quote::quote;
 use syn::{Data, DeriveInput, Fields, LitInt, LitStr, parse_macro_input, spanned::Spanned};
 
-/// Implements `switchyard_manager::Event`.
+/// Implements `switchyard_manager::Event` and `switchyard_manager::EventName`.
 ///
 /// ```ignore
 /// #[derive(Serialize, Deserialize, Event)]
@@ -289,6 +289,11 @@ fn expand_event(input: &DeriveInput) -> syn::Result<Tokens> {
     };
     Ok(quote! {
         #returns
+        // The name again for what links the shared event vocabulary
+        // without the SDK: a client's typed calls (decision 0144).
+        impl #impl_generics ::switchyard_manager::EventName for #ident #ty_generics #where_clause {
+            const EVENT_NAME: &'static str = #name;
+        }
         impl #impl_generics ::switchyard_manager::Event for #ident #ty_generics #where_clause {
             const NAME: &'static str = #name;
             const ROUTE: ::core::option::Option<(&'static str, &'static str)> = #route;

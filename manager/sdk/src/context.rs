@@ -25,7 +25,13 @@ pub(crate) struct CallSlot {
     pub(crate) waker: Option<Waker>,
 }
 
-/// What every context of one manager instance shares.
+/// Where a manager's log lines go as they are written (the host's log,
+/// through the runtime).
+pub(crate) type LogSink = std::sync::Arc<dyn Fn(LogLevel, u64, &str) + Send + Sync>;
+
+/// What every context of one manager instance shares: its calls and
+/// outputs, config, templates. The middleware chain is the runtime's
+/// (`runtime::Hooks`): contexts sit below it.
 pub(crate) struct Shared {
     pub(crate) outbox: RefCell<Vec<FromPlugin>>,
     pub(crate) calls: RefCell<HashMap<u64, CallSlot>>,
@@ -35,14 +41,10 @@ pub(crate) struct Shared {
     pub(crate) instance: u32,
     /// Where log lines go at once; without one they are queued as
     /// [`FromPlugin::Log`] outputs (in-process tests).
-    pub(crate) log: Option<crate::runtime::LogSink>,
+    pub(crate) log: Option<LogSink>,
     /// Response bodies at least this large go into `segments`.
     pub(crate) shm_threshold: usize,
     pub(crate) segments: RefCell<switchyard_proto::pool::SegmentPool>,
-    /// The manager's middleware, outermost first.
-    pub(crate) middleware: RefCell<Vec<Box<dyn crate::middleware::Erased>>>,
-    /// Requests in progress whose answer goes through `after` hooks.
-    pub(crate) after: RefCell<HashMap<u64, crate::runtime::After>>,
     /// Whether 5xx messages may reach clients.
     pub(crate) expose_errors: bool,
     /// The manager's templates (docs/web.md).
@@ -349,18 +351,6 @@ impl Context {
             _reply: std::marker::PhantomData,
         };
         async move { job.await.map_err(Error::from) }
-    }
-
-    /// The group's Store (the built-in `store` manager): shared key/value
-    /// state that survives restarts. See [`crate::store`].
-    pub fn store(&self) -> crate::store::Store {
-        crate::store::Store::new(self.clone())
-    }
-
-    /// The group's Scheduler (the built-in `scheduler` manager): timed
-    /// events. See [`crate::scheduler`].
-    pub fn scheduler(&self) -> crate::scheduler::Scheduler {
-        crate::scheduler::Scheduler::new(self.clone())
     }
 
     /// Emits a notification of the type named `event_type` with a JSON

@@ -190,14 +190,36 @@ impl RequestInfo {
 )]
 pub trait Returns<R>: Event {}
 
-/// The one reply an event declares with `#[event(reply = R)]`, by name:
-/// what a typed client (`switchyard_client::Call`) decodes its answer as.
-/// Implemented by the derive alongside [`Returns`]; an event that names no
-/// reply has none.
-pub trait DeclaredReply: Returns<Self::Reply> {
-    /// The reply its handler returns.
-    type Reply;
+/// Makes the built-in Store's and Scheduler's events (plain serde types of
+/// `switchyard-events`, which cannot derive [`Event`] for want of this
+/// crate) events as the derive would: named by their `EventName`, any
+/// reply a caller annotates, the identity read where the built-in checks
+/// it, schemas from `schemars`.
+macro_rules! builtin_events {
+    (@reads identity) => {
+        $crate::event::RequestInfo { identity: true, ..$crate::event::RequestInfo::NONE }
+    };
+    (@reads notification) => {
+        $crate::event::RequestInfo::NONE
+    };
+    ($($($ty:ident),+ => $reads:ident;)+) => {
+        $($(
+            impl $crate::event::Event for $ty {
+                const NAME: &'static str = <$ty as ::switchyard_events::EventName>::EVENT_NAME;
+                const REQUEST: $crate::event::RequestInfo = builtin_events!(@reads $reads);
+
+                fn schema(
+                    generator: &mut $crate::schema::SchemaGenerator,
+                ) -> $crate::schema::EventSchema {
+                    $crate::schema::EventSchema::of::<$ty>(generator)
+                }
+            }
+
+            impl<R> $crate::event::Returns<R> for $ty {}
+        )+)+
+    };
 }
+pub(crate) use builtin_events;
 
 /// Where a field bound with `#[from(...)]` takes its value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -33,13 +33,17 @@
 //! - `web`: the representation a request gets by `Accept` (JSON, HTML
 //!   through the event's template, bincode; 406 otherwise) and the
 //!   templates (minijinja) that render HTML.
-//! - [`store`], [`scheduler`]: the events of the built-in Store and
-//!   Scheduler managers and their typed handles (`cx.store()`,
-//!   `cx.scheduler()`), shared with `switchyard-client`.
+//! - [`store`], [`scheduler`]: the built-in Store's and Scheduler's events
+//!   (defined in `switchyard-events`, which `switchyard-client` shares,
+//!   and re-exported with [`EventName`] and [`DeclaredReply`]; decision
+//!   0144), made events here, and their typed handles (`cx.store()`,
+//!   `cx.scheduler()`).
 //! - [`testing`]: [`TestManager`](testing::TestManager) drives a manager
 //!   through the same ABI functions the host calls, in the test's thread.
 
-// The derives name `::switchyard_manager`, also inside this crate.
+// The derives name `::switchyard_manager`; only this crate's tests use
+// them inside it.
+#[cfg(test)]
 extern crate self as switchyard_manager;
 
 pub mod scheduler;
@@ -69,9 +73,7 @@ pub use switchyard_manager_abi as abi;
 pub use context::{Context, DEFAULT_CALL_TIMEOUT};
 /// The `cookie` crate, for [`Response::with_cookie`] and [`Reply::with_cookie`].
 pub use cookie;
-pub use event::{
-    DeclaredReply, Event, FORM, Identity, Invalid, Request, RequestInfo, Returns, Source, bound, validate,
-};
+pub use event::{Event, FORM, Identity, Invalid, Request, RequestInfo, Returns, Source, bound, validate};
 pub use middleware::{Flow, Incoming, Middleware, Replacement, RequestHead};
 pub use multipart::{Multipart, MultipartLimits, Part};
 pub use registry::{Config, Handler, Manager, Registry, State, TICK_PERIOD, marker};
@@ -86,6 +88,7 @@ pub use schema::JsonSchema;
 /// (or `#[schemars(crate = "switchyard_manager::schemars")]` on the type).
 pub use schemars;
 pub use stream::{BodyReader, BodyWriter, MAX_STREAMS, STREAM_IDLE_TIMEOUT, Streamed};
+pub use switchyard_events::{DeclaredReply, EventName};
 pub use switchyard_manager_abi::messages::LogLevel;
 pub use switchyard_manager_macros::{Event, Reply};
 pub use switchyard_proto::{EventType, Hop};

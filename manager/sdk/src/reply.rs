@@ -398,6 +398,19 @@ impl Reply for Response {
     }
 }
 
+/// A value that is not the JSON it should be: 422 when the text came in
+/// that way, 500 when the program made or expected something else.
+impl From<switchyard_events::JsonError> for Error {
+    fn from(e: switchyard_events::JsonError) -> Error {
+        match e {
+            switchyard_events::JsonError::NotJson(_) => Error::unprocessable(e.to_string()),
+            switchyard_events::JsonError::Encode(_) | switchyard_events::JsonError::Mismatch { .. } => {
+                Error::internal(e.to_string())
+            }
+        }
+    }
+}
+
 impl Reply for () {
     fn describe(_: &mut crate::schema::SchemaGenerator) -> Option<switchyard_proto::api::ReplyDoc> {
         Some(crate::schema::reply(204, "", None))

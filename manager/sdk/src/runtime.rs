@@ -21,7 +21,7 @@ use switchyard_proto::{EventType, Meta};
 
 use crate::context::{Context, DEFAULT_CALL_TIMEOUT, Shared};
 use crate::event::Request;
-use crate::middleware::{Flow, Incoming, Replacement, RequestHead, replacement_meta};
+use crate::middleware::{Erased, Flow, Incoming, Replacement, RequestHead, replacement_meta};
 use crate::registry::{Config, JobFn, LocalFuture, Manager, Registry, RequestHandler, State};
 use crate::reply::{Error, Format, Response, invalid_header};
 use switchyard_manager_abi::messages::{
@@ -29,7 +29,7 @@ use switchyard_manager_abi::messages::{
 };
 
 /// Where a plugin's log lines go (the host's logger, across the ABI).
-pub(crate) type LogSink = Arc<dyn Fn(LogLevel, u64, &str) + Send + Sync>;
+pub(crate) use crate::context::LogSink;
 
 /// Asks the host to step the runtime soon (from any thread).
 pub(crate) type WakeHost = Arc<dyn Fn() + Send + Sync>;
@@ -113,6 +113,15 @@ pub(crate) struct After {
     format: Format,
 }
 
+/// The manager's middleware and the requests whose answer still goes
+/// through their `after` hooks: the runtime's alone (a [`Context`] never
+/// runs middleware), handed to the tasks that answer requests.
+struct Hooks {
+    /// The middleware, outermost first.
+    chain: RefCell<Vec<Box<dyn Erased>>>,
+    after: RefCell<HashMap<u64, After>>,
+}
+
 /// How a request's `before` hooks ended, when not by passing it on.
 enum Stopped {
     Answer(Result<Response, Error>),
@@ -128,6 +137,7 @@ pub(crate) struct Runtime<M: Manager> {
     /// The context of work that is not a request (timers, notifications).
     no_request: Rc<Meta>,
     shared: Rc<Shared>,
+    hooks: Rc<Hooks>,
     tasks: HashMap<u64, Task>,
     next_task: u64,
     ready: Arc<ReadyQueue>,
@@ -210,11 +220,13 @@ impl<M: Manager> Runtime<M> {
                 SEGMENT_POOL_BYTES,
                 SEGMENT_LEASE,
             )),
-            middleware: RefCell::new(std::mem::take(&mut registry.middleware)),
-            after: RefCell::new(HashMap::new()),
             expose_errors: args.expose_errors,
             templates: crate::web::Templates::new(web.as_ref(), registry.routes()),
             html: RefCell::new(HashMap::new()),
+        });
+        let hooks = Rc::new(Hooks {
+            chain: RefCell::new(std::mem::take(&mut registry.middleware)),
+            after: RefCell::new(HashMap::new()),
         });
         let names = registry
             .handles
@@ -238,6 +250,7 @@ impl<M: Manager> Runtime<M> {
             names,
             no_request: Rc::new(Meta::default()),
             shared,
+            hooks,
             tasks: HashMap::new(),
             next_task: 0,
             ready: Arc::new(ReadyQueue {
@@ -354,7 +367,7 @@ impl<M: Manager> Runtime<M> {
     }
 
     fn respond(&self, correlation: u64, result: Result<Response, Error>) {
-        respond(&self.shared, correlation, result);
+        respond(&self.shared, &self.hooks, correlation, result);
     }
 
     fn on_request(
@@ -404,7 +417,7 @@ impl<M: Manager> Runtime<M> {
             Err(not_acceptable) => return self.respond(correlation, Ok(not_acceptable)),
         };
         let mut meta = Rc::new(meta);
-        if !self.shared.middleware.borrow().is_empty() {
+        if !self.hooks.chain.borrow().is_empty() {
             match self.before(correlation, event_type, &mut meta, &body, caller, format) {
                 None => {}
                 Some(Stopped::Answer(answer)) => return self.respond(correlation, answer),
@@ -432,7 +445,7 @@ impl<M: Manager> Runtime<M> {
         let mut through = 0;
         let mut stopped = None;
         {
-            let mut chain = self.shared.middleware.borrow_mut();
+            let mut chain = self.hooks.chain.borrow_mut();
             for middleware in chain.iter_mut() {
                 let mut incoming = Incoming {
                     event_type,
@@ -466,7 +479,7 @@ impl<M: Manager> Runtime<M> {
             }
         }
         if through > 0 {
-            self.shared.after.borrow_mut().insert(
+            self.hooks.after.borrow_mut().insert(
                 correlation,
                 After {
                     through,
@@ -505,7 +518,7 @@ impl<M: Manager> Runtime<M> {
             replacement.body,
             DEFAULT_CALL_TIMEOUT,
         );
-        let shared = self.shared.clone();
+        let (shared, hooks) = (self.shared.clone(), self.hooks.clone());
         self.spawn(
             correlation,
             Box::pin(async move {
@@ -522,7 +535,7 @@ impl<M: Manager> Runtime<M> {
                     body,
                     stream: None,
                 };
-                respond(&shared, correlation, Ok(response));
+                respond(&shared, &hooks, correlation, Ok(response));
             }),
         );
     }
@@ -558,12 +571,12 @@ impl<M: Manager> Runtime<M> {
                 let state = State(self.state.clone());
                 match catch_unwind(AssertUnwindSafe(|| handler(state, &request, cx))) {
                     Ok(Ok(future)) => {
-                        let shared = self.shared.clone();
+                        let (shared, hooks) = (self.shared.clone(), self.hooks.clone());
                         self.spawn(
                             correlation,
                             Box::pin(async move {
                                 let result = future.await;
-                                respond(&shared, correlation, result);
+                                respond(&shared, &hooks, correlation, result);
                             }),
                         );
                     }
@@ -721,7 +734,7 @@ impl<M: Manager> Runtime<M> {
         if self.uploading.contains(&correlation) {
             self.abandoned.insert(correlation);
         }
-        self.shared.after.borrow_mut().remove(&correlation);
+        self.hooks.after.borrow_mut().remove(&correlation);
         self.shared.html.borrow_mut().remove(&correlation);
     }
 
@@ -814,8 +827,8 @@ pub(crate) fn run_job<M: Manager>(job_type: EventType, input: &[u8]) -> JobOutpu
 /// Runs the `after` hooks of the middleware that let the request
 /// through, innermost first; a panicking one turns the answer into a 500
 /// and the rest still run.
-fn after(shared: &Rc<Shared>, correlation: u64, response: &mut Response) {
-    let Some(after) = shared.after.borrow_mut().remove(&correlation) else {
+fn after(shared: &Rc<Shared>, hooks: &Hooks, correlation: u64, response: &mut Response) {
+    let Some(after) = hooks.after.borrow_mut().remove(&correlation) else {
         return;
     };
     let mut cx = Context {
@@ -825,7 +838,7 @@ fn after(shared: &Rc<Shared>, correlation: u64, response: &mut Response) {
         request: after.head.meta.clone(),
         client: false,
     };
-    let mut chain = shared.middleware.borrow_mut();
+    let mut chain = hooks.chain.borrow_mut();
     let through = after.through.min(chain.len());
     for middleware in chain[..through].iter_mut().rev() {
         let ran = catch_unwind(AssertUnwindSafe(|| {
@@ -843,10 +856,10 @@ fn after(shared: &Rc<Shared>, correlation: u64, response: &mut Response) {
     }
 }
 
-fn respond(shared: &Rc<Shared>, correlation: u64, result: Result<Response, Error>) {
+fn respond(shared: &Rc<Shared>, hooks: &Hooks, correlation: u64, result: Result<Response, Error>) {
     let expose_errors = shared.expose_errors;
     let mut response = result.unwrap_or_else(|err| err.to_response(expose_errors));
-    after(shared, correlation, &mut response);
+    after(shared, hooks, correlation, &mut response);
     let templated = shared.html.borrow_mut().remove(&correlation);
     if let Some(template) = templated {
         if let Some(template) = template {

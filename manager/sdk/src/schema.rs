@@ -51,6 +51,23 @@ impl EventSchema {
             params: Vec::new(),
         }
     }
+
+    /// A type described by its own [`JsonSchema`] (its doc comment is the
+    /// description): the built-ins' events, which are not derived.
+    pub fn of<T: JsonSchema>(generator: &mut SchemaGenerator) -> EventSchema {
+        let schema = T::json_schema(generator);
+        let description = schema
+            .get("description")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        EventSchema {
+            description,
+            schema,
+            whole_body: false,
+            params: Vec::new(),
+        }
+    }
 }
 
 /// What a [`Reply`](crate::Reply) says of its body.

@@ -110,7 +110,7 @@ impl<F: Future> Future for Scoped<F> {
 
 /// Where a record made outside any handler goes (in `create`, a timer, a
 /// job's thread): the host's log without a request.
-type Fallback = crate::runtime::LogSink;
+type Fallback = crate::context::LogSink;
 
 static FALLBACK: std::sync::OnceLock<Fallback> = std::sync::OnceLock::new();
 
