@@ -85,7 +85,9 @@ impl RequestId {
             return None;
         }
         // Visible ASCII is UTF-8.
-        std::str::from_utf8(text).ok().map(|s| RequestId::Given(Arc::from(s)))
+        std::str::from_utf8(text)
+            .ok()
+            .map(|s| RequestId::Given(Arc::from(s)))
     }
 
     /// Writes the id's text into `out` and returns it (no allocation): a
@@ -155,8 +157,9 @@ impl<'de> Deserialize<'de> for RequestId {
         }
         match Owned::deserialize(d)? {
             Owned::Made(v) => Ok(RequestId::Made(v)),
-            Owned::Given(bytes) => RequestId::given(&bytes.0)
-                .ok_or_else(|| serde::de::Error::custom("a request id that is not 1 to 128 visible ASCII characters")),
+            Owned::Given(bytes) => RequestId::given(&bytes.0).ok_or_else(|| {
+                serde::de::Error::custom("a request id that is not 1 to 128 visible ASCII characters")
+            }),
         }
     }
 }
@@ -212,7 +215,11 @@ struct TraceWire(u128, u64, u8);
 
 impl From<TraceContext> for TraceWire {
     fn from(t: TraceContext) -> TraceWire {
-        TraceWire(u128::from_be_bytes(t.trace_id), u64::from_be_bytes(t.span_id), t.flags)
+        TraceWire(
+            u128::from_be_bytes(t.trace_id),
+            u64::from_be_bytes(t.span_id),
+            t.flags,
+        )
     }
 }
 
@@ -255,7 +262,8 @@ impl TraceContext {
         let value = value.trim_ascii();
         let version = value.get(..2)?;
         let version = hex_byte(version)?;
-        if version == 0xff || value.len() < Self::TEXT_LEN || (version == 0 && value.len() != Self::TEXT_LEN) {
+        if version == 0xff || value.len() < Self::TEXT_LEN || (version == 0 && value.len() != Self::TEXT_LEN)
+        {
             return None;
         }
         if value.len() > Self::TEXT_LEN && value[Self::TEXT_LEN] != b'-' {
@@ -439,13 +447,16 @@ mod tests {
 
     #[test]
     fn made_request_ids_are_distinct_and_printable() {
-        let ids: std::collections::HashSet<String> = (0..10_000).map(|_| RequestId::make().to_string()).collect();
+        let ids: std::collections::HashSet<String> =
+            (0..10_000).map(|_| RequestId::make().to_string()).collect();
         assert_eq!(ids.len(), 10_000);
         for id in ids.iter().take(10) {
             assert_eq!(id.len(), 26, "{id}");
             assert!(RequestId::given(id.as_bytes()).is_some());
         }
-        let other = std::thread::spawn(|| RequestId::make().to_string()).join().unwrap();
+        let other = std::thread::spawn(|| RequestId::make().to_string())
+            .join()
+            .unwrap();
         assert!(!ids.contains(&other));
         assert_eq!(RequestId::given(b"my-trace-1").unwrap().to_string(), "my-trace-1");
         for bad in [&b""[..], b"a b", b"\xc3\xa9", &[b'x'; 129]] {
@@ -455,7 +466,8 @@ mod tests {
 
     #[test]
     fn contexts_that_could_not_be_made_are_refused_when_read() {
-        let encode = |wire: &(u8, &[u8])| crate::codec::encode(&RequestIdWire::Given(wire.1)).map(|b| (wire.0, b));
+        let encode =
+            |wire: &(u8, &[u8])| crate::codec::encode(&RequestIdWire::Given(wire.1)).map(|b| (wire.0, b));
         for bad in [&b"a b"[..], b"", b"\n", &[b'x'; 129]] {
             let (_, bytes) = encode(&(0, bad)).unwrap();
             assert!(crate::codec::decode::<RequestId>(&bytes).is_err(), "{bad:?}");

@@ -20,7 +20,8 @@ use switchyard_proto::control::{
 use switchyard_proto::control::{WsBinaryRequest, pattern_prefix};
 use switchyard_proto::frame::{self, DEFAULT_MAX_FRAME};
 use switchyard_proto::{
-    Deadline, Envelope, EventType, Kind, Meta, Origin, Payload, RequestContext, RequestId, TraceContext, codec,
+    Deadline, Envelope, EventType, Kind, Meta, Origin, Payload, RequestContext, RequestId, TraceContext,
+    codec,
 };
 
 #[path = "support/counting.rs"]

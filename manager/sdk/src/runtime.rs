@@ -215,6 +215,7 @@ impl<M: Manager> Runtime<M> {
             expose_errors: args.expose_errors,
             templates: crate::web::Templates::new(web.as_ref(), registry.routes()),
             html: RefCell::new(HashMap::new()),
+            naming: RefCell::new(HashMap::new()),
         });
         let names = registry
             .handles
@@ -264,7 +265,14 @@ impl<M: Manager> Runtime<M> {
                     body,
                     stream,
                     caller,
+                    context,
                 } => {
+                    if !context.is_empty() {
+                        self.shared
+                            .naming
+                            .borrow_mut()
+                            .insert(correlation, Rc::new(crate::context::Naming::new(context)));
+                    }
                     let stream = stream.map(handover::adopt_stream);
                     self.on_request(correlation, event_type, meta, body, stream, caller)
                 }
@@ -339,12 +347,16 @@ impl<M: Manager> Runtime<M> {
     }
 
     fn context(&self, correlation: u64, format: Format, request: Rc<Meta>, caller: Caller) -> Context {
+        let naming = (correlation != 0)
+            .then(|| self.shared.naming.borrow().get(&correlation).cloned())
+            .flatten();
         Context {
             shared: self.shared.clone(),
             correlation,
             format,
             request,
             client: caller == Caller::Client,
+            naming,
         }
     }
 
@@ -440,6 +452,7 @@ impl<M: Manager> Runtime<M> {
                     meta: &mut *meta,
                     body,
                     caller,
+                    naming: cx.naming.clone(),
                 };
                 let flow = catch_unwind(AssertUnwindSafe(|| middleware.before(&mut incoming, &mut cx)));
                 match flow {
@@ -475,6 +488,7 @@ impl<M: Manager> Runtime<M> {
                         name: name.map(str::to_owned),
                         meta: meta.clone(),
                         caller,
+                        naming: cx.naming.clone(),
                     },
                     format,
                 },
@@ -723,6 +737,7 @@ impl<M: Manager> Runtime<M> {
         }
         self.shared.after.borrow_mut().remove(&correlation);
         self.shared.html.borrow_mut().remove(&correlation);
+        self.shared.naming.borrow_mut().remove(&correlation);
     }
 
     fn spawn(&mut self, correlation: u64, future: LocalFuture<()>) {
@@ -824,6 +839,7 @@ fn after(shared: &Rc<Shared>, correlation: u64, response: &mut Response) {
         format: after.format,
         request: after.head.meta.clone(),
         client: false,
+        naming: after.head.naming.clone(),
     };
     let mut chain = shared.middleware.borrow_mut();
     let through = after.through.min(chain.len());
@@ -848,6 +864,7 @@ fn respond(shared: &Rc<Shared>, correlation: u64, result: Result<Response, Error
     let mut response = result.unwrap_or_else(|err| err.to_response(expose_errors));
     after(shared, correlation, &mut response);
     let templated = shared.html.borrow_mut().remove(&correlation);
+    shared.naming.borrow_mut().remove(&correlation);
     if let Some(template) = templated {
         if let Some(template) = template {
             response = shared.templates.html(template, response, |message| {
@@ -1019,6 +1036,7 @@ mod tests {
             body: Bytes::from(switchyard_proto::codec::encode(&Later {}).unwrap()),
             stream: None,
             caller: switchyard_manager_abi::messages::Caller::Manager,
+            context: Default::default(),
         }
     }
 
@@ -1162,6 +1180,7 @@ mod tests {
             body: Bytes::from(switchyard_proto::codec::encode(&Later {}).unwrap()),
             stream: None,
             caller: switchyard_manager_abi::messages::Caller::Manager,
+            context: Default::default(),
         };
         assert!(runtime.step(vec![request]).is_empty(), "the handler waits");
         assert_eq!(asked.load(Ordering::SeqCst), 0, "nothing woke it yet");
