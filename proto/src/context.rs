@@ -151,6 +151,7 @@ impl Serialize for RequestId {
 impl<'de> Deserialize<'de> for RequestId {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<RequestId, D::Error> {
         #[derive(Deserialize)]
+        #[serde(rename = "RequestIdWire")]
         enum Owned {
             Made(u128),
             Given(serde_bytes_vec::Bytes),
