@@ -261,8 +261,8 @@ async fn pipe(
                     env.origin = Origin::Pipe(id);
                     if env.kind == Kind::Request {
                         tracing::debug!(
-                            request_id = env.meta.request_id(),
-                            trace_id = env.meta.trace_id(),
+                            request_id = env.context.request_id_field(),
+                            trace_id = env.context.trace_id_field(),
                             pipe = id,
                             "request to the router"
                         );
@@ -285,8 +285,8 @@ async fn pipe(
                             "router is not available"
                         };
                         tracing::debug!(
-                            request_id = envelope.meta.request_id(),
-                            trace_id = envelope.meta.trace_id(),
+                            request_id = envelope.context.request_id_field(),
+                            trace_id = envelope.context.trace_id_field(),
                             detail,
                             "request refused"
                         );
@@ -486,15 +486,15 @@ async fn router(
                     match st.pipes.get(&id) {
                         Some(pipe) => {
                             if let Err(refused) = pipe.sink.send(env) {
-                                let request_id = refused.envelope.meta.request_id();
-                                let trace_id = refused.envelope.meta.trace_id();
+                                let request_id = refused.envelope.context.request_id_field();
+                                let trace_id = refused.envelope.context.trace_id_field();
                                 tracing::debug!(%refused, id, request_id, trace_id, "response dropped");
                             }
                         }
                         None => tracing::debug!(
                             id,
-                            request_id = env.meta.request_id(),
-                            trace_id = env.meta.trace_id(),
+                            request_id = env.context.request_id_field(),
+                            trace_id = env.context.trace_id_field(),
                             "response to a gone pipe dropped"
                         ),
                     }

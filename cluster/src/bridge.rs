@@ -223,7 +223,7 @@ async fn run(core: Arc<Core>, mut rx: mpsc::Receiver<ToRemote>, mut events: mpsc
                     let reply = core.pending().remove(&env.correlation);
                     match reply {
                         Some((subject, _)) => { tokio::spawn(reply_to(core.clone(), subject, env)); }
-                        None => tracing::debug!(request_id = env.meta.request_id(), "reply to a cluster call that gave up"),
+                        None => tracing::debug!(request_id = env.context.request_id_field(), "reply to a cluster call that gave up"),
                     }
                 }
                 Some(ToRemote::Notification(env)) => publish_notification(&core, env).await,
@@ -350,6 +350,7 @@ async fn incoming_call(core: &Arc<Core>, msg: Message) {
         deadline: Deadline::after(timeout),
         status: 0,
         token: 0,
+        context: decoded.context,
         meta: decoded.meta,
         payload,
     };
@@ -364,7 +365,8 @@ async fn incoming_call(core: &Arc<Core>, msg: Message) {
 
 /// Sends a local response back to the group that called.
 async fn reply_to(core: Arc<Core>, subject: Subject, env: Envelope) {
-    let request_id = env.meta.request_id().map(str::to_owned);
+    let context = env.context;
+    let request_id = context.request_id_field();
     let (status, meta, body) = match body_of(&core, env.payload) {
         Ok(body) => (env.status, env.meta, body),
         Err((status, detail)) => {
@@ -372,7 +374,7 @@ async fn reply_to(core: Arc<Core>, subject: Subject, env: Envelope) {
             (status, meta, body)
         }
     };
-    let headers = wire::headers(env.event_type, &core.group, &meta, Some(status), None);
+    let headers = wire::headers(env.event_type, &core.group, &meta, &context, Some(status), None);
     if let Err(err) = core.client.publish_with_headers(subject, headers, body).await {
         tracing::warn!(%err, request_id, "reply to the cluster not sent");
     }
@@ -411,7 +413,9 @@ const HEADROOM: usize = 4096;
 /// Calls the cluster for a request no local manager takes; always answers
 /// the router.
 async fn call(core: Arc<Core>, env: Envelope) {
-    let stub = stub(env.event_type, env.origin, env.correlation);
+    let mut stub = stub(env.event_type, env.origin, env.correlation);
+    // Answers name the request too, for the lines the router writes.
+    stub.context = env.context.clone();
     let answer = |status: u16, detail: &str| {
         let mut refusal = Refusal::new(Hop::Cluster, status, detail.to_owned());
         if status == 503 {
@@ -419,7 +423,7 @@ async fn call(core: Arc<Core>, env: Envelope) {
         }
         refusal.answer(&stub)
     };
-    let request_id = env.meta.request_id().map(str::to_owned);
+    let request_id = env.context.request_id_field();
     if core.client.connection_state() != State::Connected {
         let e = answer(503, "the cluster link is down; no other group can be reached");
         return core.to_router(FromRemote::Response(e)).await;
@@ -442,7 +446,14 @@ async fn call(core: Arc<Core>, env: Envelope) {
             return core.to_router(FromRemote::Response(e)).await;
         }
     };
-    let headers = wire::headers(env.event_type, &core.group, &env.meta, None, Some(timeout));
+    let headers = wire::headers(
+        env.event_type,
+        &core.group,
+        &env.meta,
+        &env.context,
+        None,
+        Some(timeout),
+    );
     let request = async_nats::Request::new()
         .headers(headers)
         .payload(body)
@@ -504,7 +515,7 @@ async fn publish_notification(core: &Core, env: Envelope) {
         Ok(body) => body,
         Err((_, detail)) => return tracing::warn!("notification not sent to other groups: its {detail}"),
     };
-    let headers = wire::headers(env.event_type, &core.group, &env.meta, None, None);
+    let headers = wire::headers(env.event_type, &core.group, &env.meta, &env.context, None, None);
     let subject = note_subject(&core.cluster, env.event_type);
     if let Err(err) = core.client.publish_with_headers(subject, headers, body).await {
         tracing::warn!(%err, "notification not sent to other groups");
@@ -541,6 +552,7 @@ async fn notifications(core: Arc<Core>) {
         };
         let mut env = Envelope::notification(decoded.event_type, Bytes::new());
         env.meta = decoded.meta;
+        env.context = decoded.context;
         env.payload = payload;
         core.to_router(FromRemote::Notification(env)).await;
     }

@@ -12,8 +12,7 @@ use std::time::Duration;
 
 use async_nats::HeaderMap;
 use async_nats::header::HeaderValue;
-use switchyard_proto::event::META_REQUEST_ID;
-use switchyard_proto::{EventType, Meta};
+use switchyard_proto::{EventType, Meta, RequestContext, RequestId, TraceContext};
 
 /// The event type id, 16 hex digits.
 pub(crate) const TYPE: &str = "Switchyard-Type";
@@ -29,9 +28,8 @@ pub(crate) const STATUS: &str = "Switchyard-Status";
 pub(crate) const META: &str = "Switchyard-Meta";
 /// The request id, apart, for whoever watches the subjects.
 pub(crate) const REQUEST_ID: &str = "Switchyard-Request-Id";
-/// W3C trace context, when the client sent one.
+/// W3C trace context, when the request has one.
 pub(crate) const TRACEPARENT: &str = "traceparent";
-const META_TRACEPARENT: &str = ":h:traceparent";
 
 pub(crate) fn call_subject(cluster: &str, ty: EventType) -> String {
     format!("{cluster}.call.{:016x}", ty.0)
@@ -46,6 +44,7 @@ pub(crate) fn headers(
     ty: EventType,
     origin: &str,
     meta: &Meta,
+    context: &RequestContext,
     status: Option<u16>,
     timeout: Option<Duration>,
 ) -> HeaderMap {
@@ -66,12 +65,11 @@ pub(crate) fn headers(
             h.insert(META, value);
         }
     }
-    for (key, header) in [(META_REQUEST_ID, REQUEST_ID), (META_TRACEPARENT, TRACEPARENT)] {
-        if let Some(v) = meta.get(key)
-            && let Ok(value) = HeaderValue::from_str(v)
-        {
-            h.insert(header, value);
-        }
+    if let Some(id) = &context.request_id {
+        h.insert(REQUEST_ID, id.to_string());
+    }
+    if let Some(trace) = &context.trace {
+        h.insert(TRACEPARENT, trace.to_string());
     }
     h
 }
@@ -82,6 +80,9 @@ pub(crate) struct Decoded {
     pub(crate) event_type: EventType,
     pub(crate) origin: String,
     pub(crate) meta: Meta,
+    /// The request id as the other group printed it, and its trace with a
+    /// span of this group's.
+    pub(crate) context: RequestContext,
     pub(crate) status: Option<u16>,
     pub(crate) timeout: Option<Duration>,
 }
@@ -110,6 +111,10 @@ pub(crate) fn decode(headers: Option<&HeaderMap>) -> Result<Decoded, &'static st
         event_type,
         origin: get(ORIGIN).unwrap_or_default().to_owned(),
         meta,
+        context: RequestContext {
+            request_id: get(REQUEST_ID).and_then(|id| RequestId::given(id.as_bytes())),
+            trace: get(TRACEPARENT).and_then(|tp| TraceContext::continue_from(tp.as_bytes())),
+        },
         status,
         timeout,
     })
@@ -122,12 +127,27 @@ mod tests {
     #[test]
     fn headers_round_trip() {
         let mut meta = Meta::default();
-        meta.push(META_REQUEST_ID, "abc");
         meta.push("note", "two\nlines");
+        let context = RequestContext {
+            request_id: RequestId::given(b"abc"),
+            trace: Some(TraceContext::make()),
+        };
         let ty = EventType::of("demo.Payload");
-        let h = headers(ty, "g1", &meta, Some(201), Some(Duration::from_millis(1500)));
+        let h = headers(
+            ty,
+            "g1",
+            &meta,
+            &context,
+            Some(201),
+            Some(Duration::from_millis(1500)),
+        );
         assert_eq!(h.get(REQUEST_ID).unwrap().as_str(), "abc");
         let d = decode(Some(&h)).unwrap();
+        assert_eq!(d.context.request_id, context.request_id);
+        assert_eq!(
+            d.context.trace.map(|t| t.trace_id),
+            context.trace.map(|t| t.trace_id)
+        );
         assert_eq!(d.event_type, ty);
         assert_eq!(d.origin, "g1");
         assert_eq!(d.meta, meta);

@@ -10,22 +10,18 @@
 //! (docs/http.md, decision 0041).
 
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
 
 use http::{HeaderMap, HeaderName};
 use ipnet::IpNet;
-use switchyard_proto::Meta;
 use switchyard_proto::control::RequestNeeds;
 use switchyard_proto::event::{
     META_CLIENT, META_COOKIE_PREFIX, META_HEADER_PREFIX, META_IDENTITY, META_METHOD, META_PATH,
-    META_REQUEST_ID, META_SCOPE_PREFIX, META_TIMING, META_TRACEPARENT,
+    META_SCOPE_PREFIX, META_TIMING,
 };
+use switchyard_proto::{Envelope, RequestContext, RequestId, TraceContext};
 
 use crate::identity::{AuthMethod, Identity};
 use crate::routes::Routes;
-
-/// Longest request id taken from a client, in bytes.
-pub(crate) const MAX_REQUEST_ID: usize = 128;
 
 /// `[request_id]`: take or make an id per request, carried through every
 /// hop into the logs and back in the reply.
@@ -57,11 +53,10 @@ pub(crate) struct Client {
     /// The client's address: the peer's, or behind trusted proxies the one
     /// they forwarded.
     pub(crate) ip: Option<IpAddr>,
-    /// The request id, when `[request_id]` is on.
-    pub(crate) request_id: Option<Arc<str>>,
-    /// The request's W3C `traceparent` (the listener's span), when
-    /// `[tracing]` is on (`trace`).
-    pub(crate) traceparent: Option<Arc<str>>,
+    /// The request id (when `[request_id]` is on) and W3C trace context
+    /// (the listener's span, when `[tracing]` is on): made here once,
+    /// printed only where shown (decision 0146).
+    pub(crate) context: RequestContext,
     /// Whether the manager is asked to time the request
     /// (`[tracing] server_timing`).
     pub(crate) timing: bool,
@@ -79,8 +74,10 @@ impl Client {
     ) -> Client {
         Client {
             ip: peer.map(|p| client_ip(p.ip(), headers, trusted, header)),
-            request_id: ids.enabled.then(|| take_or_make(headers, ids)),
-            traceparent: tracing.enabled.then(|| crate::trace::take_or_make(headers)),
+            context: RequestContext {
+                request_id: ids.enabled.then(|| take_or_make(headers, ids)),
+                trace: tracing.enabled.then(|| crate::trace::take_or_make(headers)),
+            },
             timing: tracing.enabled && tracing.server_timing,
         }
     }
@@ -90,48 +87,25 @@ impl Client {
     pub(crate) fn next_request(&self) -> Client {
         Client {
             ip: self.ip,
-            request_id: self.request_id.as_ref().map(|_| new_request_id()),
-            traceparent: self.traceparent.as_deref().map(crate::trace::next_span),
+            context: RequestContext {
+                request_id: self.context.request_id.as_ref().map(|_| RequestId::make()),
+                trace: self.context.trace.map(TraceContext::child),
+            },
             timing: self.timing,
         }
     }
 }
 
-/// The client's request id if it is acceptable, else a new one.
-fn take_or_make(headers: &HeaderMap, ids: &RequestIdConfig) -> Arc<str> {
+/// The client's request id if it is acceptable (1 to 128 visible ASCII
+/// characters), else a new one.
+fn take_or_make(headers: &HeaderMap, ids: &RequestIdConfig) -> RequestId {
     if ids.accept_incoming
         && let Some(value) = headers.get(&ids.header)
-        && valid_request_id(value.as_bytes())
-        && let Ok(text) = value.to_str()
+        && let Some(id) = RequestId::given(value.as_bytes())
     {
-        return Arc::from(text);
+        return id;
     }
-    new_request_id()
-}
-
-/// 1 to [`MAX_REQUEST_ID`] visible ASCII characters: nothing that could
-/// break a log line or a header.
-pub(crate) fn valid_request_id(id: &[u8]) -> bool {
-    (1..=MAX_REQUEST_ID).contains(&id.len()) && id.iter().all(|b| (0x21..=0x7e).contains(b))
-}
-
-/// A new request id: 26 characters of Crockford base32, a ULID's layout
-/// (48 bits of milliseconds since the epoch, then 80 random bits), so ids
-/// sort by time and never collide in practice.
-pub(crate) fn new_request_id() -> Arc<str> {
-    const ALPHABET: &[u8; 32] = b"0123456789ABCDEFGHJKMNPQRSTVWXYZ";
-    let millis = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis());
-    let random = (u128::from(fastrand::u64(..)) << 16) | u128::from(fastrand::u16(..));
-    let value = ((millis & ((1 << 48) - 1)) << 80) | random;
-    let mut text = [0u8; 26];
-    for (i, c) in text.iter_mut().enumerate() {
-        let shift = 5 * (25 - i);
-        *c = ALPHABET[((value >> shift) & 31) as usize];
-    }
-    // Crockford base32 is ASCII.
-    Arc::from(std::str::from_utf8(&text).unwrap_or_default())
+    RequestId::make()
 }
 
 /// Which header the trusted proxies name the client in
@@ -269,8 +243,7 @@ impl Opener {
             headers: kept,
             client: extensions.get::<Client>().cloned().unwrap_or(Client {
                 ip: None,
-                request_id: None,
-                traceparent: None,
+                context: RequestContext::default(),
                 timing: false,
             }),
             identity: extensions.get::<Identity>().cloned(),
@@ -290,17 +263,14 @@ impl Opener {
     }
 }
 
-/// Adds the request's context to an event's meta: its request id, and
-/// what `needs` declares (nothing else).
-pub(crate) fn push(meta: &mut Meta, needs: Option<&RequestNeeds>, front: &Front<'_>) {
-    if let Some(id) = &front.client.request_id {
-        meta.push(META_REQUEST_ID, &**id);
-    }
-    if let Some(tp) = &front.client.traceparent {
-        meta.push(META_TRACEPARENT, &**tp);
-        if front.client.timing {
-            meta.push(META_TIMING, "1");
-        }
+/// Adds the request's context to an event: its request id and trace
+/// context (typed, copied as bytes), and in its meta what `needs`
+/// declares (nothing else).
+pub(crate) fn push(env: &mut Envelope, needs: Option<&RequestNeeds>, front: &Front<'_>) {
+    env.context = front.client.context.clone();
+    let meta = &mut env.meta;
+    if front.client.timing && front.client.context.trace.is_some() {
+        meta.push(META_TIMING, "1");
     }
     let Some(needs) = needs else { return };
     if needs.method
@@ -456,26 +426,29 @@ mod tests {
     #[test]
     fn request_ids_are_taken_when_sane_else_made() {
         let cfg = RequestIdConfig::default();
-        let id = take_or_make(&headers(&[("x-request-id", "abc-123")]), &cfg);
-        assert_eq!(&*id, "abc-123");
+        let id = take_or_make(&headers(&[("x-request-id", "abc-123")]), &cfg).to_string();
+        assert_eq!(id, "abc-123");
         for bad in ["a b", &"x".repeat(129), "é"] {
             let mut map = HeaderMap::new();
             map.insert(
                 "x-request-id",
                 http::HeaderValue::from_bytes(bad.as_bytes()).unwrap(),
             );
-            let id = take_or_make(&map, &cfg);
-            assert_ne!(&*id, bad);
+            let id = take_or_make(&map, &cfg).to_string();
+            assert_ne!(id, bad);
             assert_eq!(id.len(), 26, "{id}");
         }
         let no = RequestIdConfig {
             accept_incoming: false,
             ..RequestIdConfig::default()
         };
-        assert_ne!(&*take_or_make(&headers(&[("x-request-id", "abc")]), &no), "abc");
-        let (a, b) = (new_request_id(), new_request_id());
+        assert_ne!(
+            take_or_make(&headers(&[("x-request-id", "abc")]), &no).to_string(),
+            "abc"
+        );
+        let (a, b) = (RequestId::make(), RequestId::make());
         assert_ne!(a, b);
-        assert!(valid_request_id(a.as_bytes()));
+        assert!(RequestId::given(a.to_string().as_bytes()).is_some());
     }
 
     #[test]
@@ -489,8 +462,10 @@ mod tests {
         ]);
         let client = Client {
             ip: Some(ip("192.0.2.1")),
-            request_id: Some("r1".into()),
-            traceparent: None,
+            context: RequestContext {
+                request_id: RequestId::given(b"r1"),
+                trace: None,
+            },
             timing: false,
         };
         let identity = Identity {
@@ -510,9 +485,13 @@ mod tests {
             client: &client,
             identity: Some(&identity),
         };
-        let mut meta = Meta::default();
-        push(&mut meta, None, &front);
-        assert_eq!(meta.0, vec![(META_REQUEST_ID.to_owned(), "r1".to_owned())]);
+        let mut env = Envelope::request(switchyard_proto::EventType::of("t.X"), 1, bytes::Bytes::new());
+        push(&mut env, None, &front);
+        assert!(env.meta.0.is_empty(), "{:?}", env.meta);
+        assert_eq!(
+            env.context.request_id.map(|id| id.to_string()).as_deref(),
+            Some("r1")
+        );
         let needs = RequestNeeds {
             method: true,
             client: true,
@@ -521,8 +500,9 @@ mod tests {
             scope: vec!["roles".into()],
             ..RequestNeeds::default()
         };
-        let mut meta = Meta::default();
-        push(&mut meta, Some(&needs), &front);
+        let mut env = Envelope::request(switchyard_proto::EventType::of("t.X"), 1, bytes::Bytes::new());
+        push(&mut env, Some(&needs), &front);
+        let meta = env.meta;
         assert_eq!(meta.get(":method"), Some("GET"));
         assert_eq!(meta.get(":path"), None);
         assert_eq!(meta.get(":client"), Some("192.0.2.1"));

@@ -61,8 +61,7 @@ pub(crate) async fn serve(
         &config.request_id,
         &config.tracing,
     );
-    let request_id = client.request_id.clone();
-    let traceparent = client.traceparent.clone();
+    let context = client.context.clone();
     // Rate limits count the client behind a trusted proxy, not the proxy.
     let client_ip = client
         .ip
@@ -80,18 +79,19 @@ pub(crate) async fn serve(
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
-    // Every line this request causes here names it.
-    let trace_id = traceparent.as_deref().and_then(|tp| tp.get(3..35));
-    let span = match (&request_id, trace_id) {
-        (None, None) => tracing::Span::none(),
-        // As `Display`: the fmt layer writes a span's fields out when the
-        // span is made, and `Debug` escapes a string character by character
-        // (measurable in the listener's profile, BENCHMARKS.md 2026-12-01). Both are visible ASCII already.
-        (id, trace_id) => tracing::info_span!(
+    // Every line this request causes here names it. The span exists only
+    // when info lines are written (`info_span!` checks the level first),
+    // and its fields are `Display` values of the context's bytes: the fmt
+    // layer writes them out when the span is made, so with the level off
+    // no id or trace id is ever formatted (decision 0147).
+    let span = if context.is_empty() {
+        tracing::Span::none()
+    } else {
+        tracing::info_span!(
             "request",
-            request_id = id.as_deref().map(tracing::field::display),
-            trace_id = trace_id.map(tracing::field::display)
-        ),
+            request_id = context.request_id_field(),
+            trace_id = context.trace_id_field()
+        )
     };
     let reply = async {
         let reply = serve_request(state, grpc, grpc_only, conn, client_ip, req, &mut stats).await;
@@ -106,17 +106,22 @@ pub(crate) async fn serve(
     if config.metrics {
         stats.record(status, elapsed);
     }
-    if let Some(id) = &request_id
-        && let Ok(value) = HeaderValue::from_str(id)
+    // Written from the context's bytes into the header value, the one
+    // copy a header needs.
+    if let Some(id) = &context.request_id
+        && let Ok(value) =
+            HeaderValue::from_bytes(id.write(&mut [0; switchyard_proto::context::MAX_REQUEST_ID]))
     {
         reply
             .headers_mut()
             .insert(config.request_id.header.clone(), value);
     }
     if config.tracing.server_timing
-        && let Some(tp) = &traceparent
+        && let Some(trace) = &context.trace
     {
-        if let Ok(value) = HeaderValue::from_str(tp) {
+        if let Ok(value) =
+            HeaderValue::from_str(trace.write(&mut [0; switchyard_proto::TraceContext::TEXT_LEN]))
+        {
             reply.headers_mut().insert("traceparent", value);
         }
         let timing = server_timing(elapsed, reply.extensions().get::<ManagerTime>().copied());
@@ -125,6 +130,8 @@ pub(crate) async fn serve(
         }
     }
     if let (Some(log), Some((method, uri, ip))) = (&state.access, logged) {
+        let request_id = context.request_id.as_ref().map(ToString::to_string);
+        let trace_id = context.trace.map(|t| t.trace_id().to_string());
         let bytes = match reply.body() {
             Either::Left(Either::Left(whole)) => http_body::Body::size_hint(whole).exact(),
             Either::Left(Either::Right(pipe)) => pipe.remaining,
@@ -138,7 +145,7 @@ pub(crate) async fn serve(
             bytes,
             duration: elapsed,
             request_id: request_id.as_deref(),
-            trace_id,
+            trace_id: trace_id.as_deref(),
         });
     }
     reply

@@ -91,7 +91,7 @@ pub(crate) fn request_meta(
             client,
             identity: parts.extensions.get::<Identity>(),
         };
-        context::push(&mut env.meta, needs, &front);
+        context::push(env, needs, &front);
     }
     if let Some(ct) = parts
         .headers
@@ -203,7 +203,7 @@ pub(crate) async fn call(
     env.deadline = Deadline::after(timeout);
     env.meta.push(META_EVENT, ty);
     let needs = routes.needs(env.event_type);
-    context::push(&mut env.meta, needs.as_deref(), front);
+    context::push(&mut env, needs.as_deref(), front);
     if let Some(ct) = content_type {
         env.meta.push("content-type", ct);
         // A bincode request gets a bincode answer; anything else, JSON.

@@ -154,8 +154,10 @@ async fn fire(state: &State, env: Envelope) {
             };
             let client = Client {
                 ip: None,
-                request_id: env.meta.request_id().map(Arc::from),
-                traceparent: None,
+                context: switchyard_proto::RequestContext {
+                    request_id: env.context.request_id.clone(),
+                    trace: None,
+                },
                 timing: false,
             };
             let headers = HeaderMap::new();

@@ -64,7 +64,8 @@
 //!   - `metrics`: request counters per route for the admin endpoint's
 //!     `/metrics` (atomics found with the route, nothing per request).
 //!   - `access`: the access log, written by a thread of its own.
-//!   - `trace`: W3C `traceparent`, taken or made, carried in the meta.
+//!   - `trace`: W3C `traceparent`, taken or made, carried in the
+//!     envelope's typed context (decision 0146).
 //!   - `pipes`: the pool of return pipes to the broker, the pending map and
 //!     the sessions (WebSocket, gRPC streams) with their subscriptions.
 //!   - `routes`: the route table, merged from the router's announcements.

@@ -97,6 +97,7 @@ impl Envelope {
             deadline: Deadline::NONE,
             status: 0,
             token: 0,
+            context: Default::default(),
             meta: Meta::default(),
             payload: Payload::Inline(Bytes::from(crate::codec::encode(message)?)),
         })
@@ -587,51 +588,39 @@ impl Roster {
     }
 }
 
-/// Meta keys a manager may set on the requests and notifications it
-/// sends although they begin with `:`: they name the request being
-/// served, for the log lines and traces its calls cause, and grant
-/// nothing. Every other `:` key is request context only the listener
-/// sets ([`crate::event::is_context_key`]), and the router strips it
-/// from what a manager sends.
-pub const MANAGER_CONTEXT_KEYS: [&str; 2] = [crate::event::META_REQUEST_ID, crate::event::META_TRACEPARENT];
-
 /// Removes from `meta` the request context only the listener may set:
-/// every `:` key but [`MANAGER_CONTEXT_KEYS`]. Returns how many entries
-/// went.
+/// every `:` key. A manager names the request it serves in the
+/// envelope's typed context instead (decision 0146), which grants
+/// nothing. Returns how many entries went.
 pub fn strip_listener_context(meta: &mut crate::Meta) -> usize {
     let before = meta.0.len();
-    meta.0.retain(|(key, _)| {
-        !crate::event::is_context_key(key) || MANAGER_CONTEXT_KEYS.contains(&key.as_str())
-    });
+    meta.0.retain(|(key, _)| !crate::event::is_context_key(key));
     before - meta.0.len()
 }
 
 #[cfg(test)]
 mod trust_tests {
     use super::*;
-    use crate::event::{META_IDENTITY, META_REQUEST_ID, META_TRACEPARENT};
+    use crate::event::META_IDENTITY;
 
     #[test]
-    fn only_the_request_naming_keys_survive_from_a_manager() {
+    fn no_listener_context_survives_from_a_manager() {
         let mut meta = crate::Meta::default();
         for key in [
             META_IDENTITY,
             ":s:sub",
             ":client",
             ":h:authorization",
-            META_REQUEST_ID,
-            META_TRACEPARENT,
+            ":request-id",
+            ":traceparent",
             "content-type",
             META_EVENT,
         ] {
             meta.push(key, "v");
         }
-        assert_eq!(strip_listener_context(&mut meta), 4);
+        assert_eq!(strip_listener_context(&mut meta), 6);
         let kept: Vec<&str> = meta.0.iter().map(|(k, _)| k.as_str()).collect();
-        assert_eq!(
-            kept,
-            [META_REQUEST_ID, META_TRACEPARENT, "content-type", META_EVENT]
-        );
+        assert_eq!(kept, ["content-type", META_EVENT]);
     }
 
     #[test]

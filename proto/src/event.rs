@@ -9,6 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
+pub use crate::context::RequestContext;
 pub use crate::pipe::StreamHandle;
 pub use crate::shm::ShmBody;
 
@@ -120,12 +121,9 @@ pub fn now_micros() -> u64 {
 /// request into the event when its type declares it
 /// (`control::RequestNeeds`). They all begin with
 /// `:`, which no HTTP header name can, so a response's meta never turns
-/// one into a header and no client can send one.
-pub const META_REQUEST_ID: &str = ":request-id";
-/// The request's W3C trace context (`traceparent`): taken from the client
-/// or made by the listener, carried through every hop into the log lines
-/// the request causes (docs/operations.md#tracing).
-pub const META_TRACEPARENT: &str = ":traceparent";
+/// one into a header and no client can send one. The request id and trace
+/// context are not among them: they are typed fields of the envelope
+/// ([`Envelope::context`], decision 0146).
 /// Asks the manager that answers to time its handler: the listener sets it
 /// when `[tracing] server_timing` is on.
 pub const META_TIMING: &str = ":timing";
@@ -166,16 +164,6 @@ impl Meta {
     /// Appends an entry.
     pub fn push(&mut self, key: impl Into<String>, value: impl Into<String>) {
         self.0.push((key.into(), value.into()));
-    }
-
-    /// The request id the listener gave the request, if any.
-    pub fn request_id(&self) -> Option<&str> {
-        self.get(META_REQUEST_ID)
-    }
-
-    /// The request's trace id (the 32 hex digits of its `traceparent`), if any.
-    pub fn trace_id(&self) -> Option<&str> {
-        self.get(META_TRACEPARENT).and_then(|tp| tp.get(3..35))
     }
 
     /// Iterates over the entries.
@@ -275,6 +263,9 @@ pub struct Envelope {
     /// them, so an instance can answer only the requests it was sent. 0:
     /// none (every other frame).
     pub token: u64,
+    /// The request id and trace context (decision 0146): made by the
+    /// listener, copied by every hop, printed only where a line shows it.
+    pub context: RequestContext,
     pub meta: Meta,
     pub payload: Payload,
 }
@@ -290,6 +281,7 @@ impl Envelope {
             deadline: Deadline::NONE,
             status: 0,
             token: 0,
+            context: RequestContext::default(),
             meta: Meta::default(),
             payload: Payload::Inline(payload),
         }
@@ -314,6 +306,7 @@ impl Envelope {
             deadline: Deadline::NONE,
             status,
             token: request.token,
+            context: request.context.clone(),
             meta,
             payload: Payload::Inline(body),
         }

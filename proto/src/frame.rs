@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 use std::os::fd::OwnedFd;
 
-use crate::event::{Deadline, Envelope, EventType, Kind, Meta, Origin, Payload};
+use crate::event::{Deadline, Envelope, EventType, Kind, Meta, Origin, Payload, RequestContext};
 use crate::pipe::StreamHandle;
 use crate::shm::ShmBody;
 use crate::{Error, Result, codec};
@@ -67,6 +67,9 @@ struct HeaderRef<'a> {
     token: u64,
     meta: &'a Meta,
     body: BodyHead,
+    // Last: a header from a build without it ends early and is refused
+    // (decision 0146).
+    context: &'a RequestContext,
 }
 
 /// Where the body is. Shared-memory bodies and pipes have their descriptors
@@ -95,6 +98,7 @@ struct HeaderOwned {
     token: u64,
     meta: Meta,
     body: BodyHead,
+    context: RequestContext,
 }
 
 /// Appends the prefix and header of `env` to `out`, and returns the inline
@@ -116,6 +120,7 @@ pub fn encode_head<'e>(env: &'e Envelope, out: &mut BytesMut, max: usize) -> Res
         token: env.token,
         meta: &env.meta,
         body,
+        context: &env.context,
     };
     let start = out.len();
     out.put_bytes(0, PREFIX_LEN);
@@ -212,6 +217,7 @@ pub fn parse(frame: Bytes, fds: &mut VecDeque<OwnedFd>) -> Result<Envelope> {
         deadline: head.deadline,
         status: head.status,
         token: head.token,
+        context: head.context,
         meta: head.meta,
         payload,
     })

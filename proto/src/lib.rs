@@ -55,6 +55,7 @@ pub mod api;
 pub mod backoff;
 mod budget;
 pub mod codec;
+pub mod context;
 pub mod control;
 pub mod event;
 pub mod frame;
@@ -82,6 +83,7 @@ mod error;
 #[cfg(feature = "runtime")]
 mod fdpass;
 
+pub use context::{RequestContext, RequestId, TraceContext};
 pub use error::{Error, Result};
 pub use event::{Deadline, Envelope, EventType, Kind, Meta, Origin, Payload};
 pub use frame::DEFAULT_MAX_FRAME;

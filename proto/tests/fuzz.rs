@@ -19,7 +19,10 @@ use switchyard_proto::control::{
 };
 use switchyard_proto::control::{WsBinaryRequest, pattern_prefix};
 use switchyard_proto::frame::{self, DEFAULT_MAX_FRAME};
-use switchyard_proto::{Deadline, Envelope, EventType, Kind, Meta, Origin, Payload, codec};
+use switchyard_proto::{
+    Deadline, Envelope, EventType, Kind, Meta, Origin, Payload, RequestContext, RequestId, TraceContext,
+    codec,
+};
 
 #[path = "support/counting.rs"]
 mod counting;
@@ -40,6 +43,25 @@ fn short_string() -> impl Strategy<Value = String> {
 
 fn meta() -> impl Strategy<Value = Meta> {
     prop::collection::vec((short_string(), ".{0,16}"), 0..6).prop_map(Meta)
+}
+
+/// A request context as the listener makes them: a made or a client's id,
+/// a trace or none.
+fn request_context() -> impl Strategy<Value = RequestContext> {
+    let id = prop_oneof![
+        Just(None),
+        any::<u128>().prop_map(|v| Some(RequestId::Made(v))),
+        "[!-~]{1,128}".prop_map(|text| RequestId::given(text.as_bytes())),
+    ];
+    let trace = prop_oneof![
+        Just(None),
+        (1..=u128::MAX, 1..=u64::MAX, any::<u8>()).prop_map(|(trace, span, flags)| Some(TraceContext {
+            trace_id: trace.to_be_bytes(),
+            span_id: span.to_be_bytes(),
+            flags,
+        })),
+    ];
+    (id, trace).prop_map(|(request_id, trace)| RequestContext { request_id, trace })
 }
 
 fn envelope() -> impl Strategy<Value = Envelope> {
@@ -64,9 +86,10 @@ fn envelope() -> impl Strategy<Value = Envelope> {
         any::<u16>(),
         meta(),
         prop::collection::vec(any::<u8>(), 0..5000),
+        request_context(),
     )
         .prop_map(
-            |(ty, kind, correlation, origin, deadline, status, meta, body)| Envelope {
+            |(ty, kind, correlation, origin, deadline, status, meta, body, context)| Envelope {
                 event_type: EventType(ty),
                 kind,
                 correlation,
@@ -74,6 +97,7 @@ fn envelope() -> impl Strategy<Value = Envelope> {
                 deadline: Deadline(deadline),
                 status,
                 token: correlation.rotate_left(17),
+                context,
                 meta,
                 payload: Payload::Inline(Bytes::from(body)),
             },
@@ -234,6 +258,30 @@ proptest! {
         prop_assert_eq!(len, bytes.len());
         let back = bounded(&bytes, |b| frame::parse(Bytes::copy_from_slice(b), &mut VecDeque::new())).unwrap();
         prop_assert_eq!(back, env);
+    }
+
+    /// A context is read back as it was written, and bytes that are not
+    /// one (an unknown variant, an id that is not printable, an all-zero
+    /// trace or span id, a truncation) are refused with an error.
+    #[test]
+    fn request_contexts_round_trip_and_garbage_is_refused(
+        context in request_context(),
+        garbage in prop::collection::vec(any::<u8>(), 0..64),
+    ) {
+        let bytes = codec::encode(&context).unwrap();
+        prop_assert_eq!(codec::decode::<RequestContext>(&bytes).unwrap(), context.clone());
+        for cut in 0..bytes.len() {
+            prop_assert!(codec::decode::<RequestContext>(&bytes[..cut]).is_err());
+        }
+        if let Ok(back) = codec::decode::<RequestContext>(&garbage) {
+            // Whatever decodes is a context the listener could have made.
+            if let Some(RequestId::Given(text)) = &back.request_id {
+                prop_assert!(RequestId::given(text.as_bytes()).is_some());
+            }
+            if let Some(trace) = back.trace {
+                prop_assert!(trace.trace_id != [0; 16] && trace.span_id != [0; 8]);
+            }
+        }
     }
 
     #[test]

@@ -476,7 +476,7 @@ impl Table {
     pub(crate) fn route_request(&mut self, env: Envelope) {
         if let Some((status, detail)) = self.misnamed(&env) {
             tracing::warn!(
-                request_id = env.meta.request_id(),
+                request_id = env.context.request_id_field(),
                 origin = ?env.origin,
                 status,
                 %detail,
@@ -490,7 +490,7 @@ impl Table {
         let key = (env.origin, env.correlation);
         let Some(id) = self.pick(env.event_type) else {
             let (status, detail) = self.unroutable(&env);
-            tracing::debug!(request_id = env.meta.request_id(), trace_id = env.meta.trace_id(), status, %detail, "request not routed");
+            tracing::debug!(request_id = env.context.request_id_field(), trace_id = env.context.trace_id_field(), status, %detail, "request not routed");
             let mut refusal = Refusal::new(Hop::Router, status, detail);
             if status == 503 {
                 // Its manager is restarting (or crash-looping): come back.
@@ -500,13 +500,13 @@ impl Table {
         };
         let inst = self.instances.get_mut(&id).expect("picked instances exist");
         tracing::debug!(
-            request_id = env.meta.request_id(), trace_id = env.meta.trace_id(),
+            request_id = env.context.request_id_field(), trace_id = env.context.trace_id_field(),
             manager = %inst.name,
             instance = id,
             "request routed"
         );
         if inst.outstanding >= self.max_outstanding {
-            tracing::debug!(request_id = env.meta.request_id(), trace_id = env.meta.trace_id(), manager = %inst.name, "manager at capacity");
+            tracing::debug!(request_id = env.context.request_id_field(), trace_id = env.context.trace_id_field(), manager = %inst.name, "manager at capacity");
             let refusal =
                 Refusal::unavailable(Hop::Router, format!("manager `{}` is at capacity", inst.name));
             return self.deliver(refusal.answer(&env));
@@ -525,7 +525,7 @@ impl Table {
             }
             Err(refused) => {
                 tracing::debug!(
-                    request_id = refused.envelope.meta.request_id(), trace_id = refused.envelope.meta.trace_id(),
+                    request_id = refused.envelope.context.request_id_field(), trace_id = refused.envelope.context.trace_id_field(),
                     manager = %inst.name,
                     "manager not keeping up; request refused"
                 );
@@ -636,7 +636,7 @@ impl Table {
             return self.deliver(refusal.answer(&env));
         }
         tracing::debug!(
-            request_id = env.meta.request_id(),
+            request_id = env.context.request_id_field(),
             "request routed to the cluster"
         );
         match cluster
@@ -870,7 +870,7 @@ impl Table {
         let Some(flight) = self.in_flight.get(&key) else {
             return tracing::debug!(
                 origin = ?env.origin,
-                request_id = env.meta.request_id(), trace_id = env.meta.trace_id(),
+                request_id = env.context.request_id_field(), trace_id = env.context.trace_id_field(),
                 "late response dropped"
             );
         };
@@ -1069,14 +1069,14 @@ impl Table {
         match sink {
             Some(sink) => {
                 if let Err(refused) = sink.send(env) {
-                    let request_id = refused.envelope.meta.request_id();
-                    let trace_id = refused.envelope.meta.trace_id();
+                    let request_id = refused.envelope.context.request_id_field();
+                    let trace_id = refused.envelope.context.trace_id_field();
                     tracing::warn!(%refused, request_id, trace_id, "response dropped");
                 }
             }
             None => tracing::debug!(
                 origin = ?env.origin,
-                request_id = env.meta.request_id(), trace_id = env.meta.trace_id(),
+                request_id = env.context.request_id_field(), trace_id = env.context.trace_id_field(),
                 "response to a gone origin dropped"
             ),
         }

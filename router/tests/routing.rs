@@ -485,12 +485,19 @@ async fn a_manager_answers_only_its_own_requests_declares_only_its_own_types_and
     call.meta.push(":client", "203.0.113.9");
     // Another manager's name, to reach its Store keys (decision 0114).
     call.meta.push(":manager", "n");
-    call.meta.push(":request-id", "req-1");
+    // A stale meta key of the request id is stripped like any other; the
+    // id travels in the typed context, which grants nothing (decision 0146).
+    call.meta.push(":request-id", "forged");
+    call.context.request_id = switchyard_proto::RequestId::given(b"req-1");
     call.meta.push("content-type", "application/json");
     m.sink.send(call).unwrap();
     let got = n.next().await;
     let keys: Vec<&str> = got.meta.0.iter().map(|(k, _)| k.as_str()).collect();
     // The router names the caller itself, after stripping its claims.
-    assert_eq!(keys, [":request-id", "content-type", ":manager"]);
+    assert_eq!(keys, ["content-type", ":manager"]);
     assert_eq!(got.meta.get(":manager"), Some("m"));
+    assert_eq!(
+        got.context.request_id.map(|id| id.to_string()).as_deref(),
+        Some("req-1")
+    );
 }

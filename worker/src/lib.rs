@@ -32,7 +32,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use switchyard_proto::{EventType, Meta};
+use switchyard_proto::{EventType, RequestContext};
 use tokio::sync::mpsc;
 
 /// Runs one job: its type and bincode input in, a [`JobOutput`] out. Must
@@ -66,12 +66,10 @@ pub struct Job {
     pub body: Bytes,
     /// From submission to result, queueing included.
     pub timeout: Duration,
-    /// The request the job serves, for log lines: its
-    /// [`META_REQUEST_ID`](switchyard_proto::event::META_REQUEST_ID) and
-    /// [`META_TRACEPARENT`](switchyard_proto::event::META_TRACEPARENT)
-    /// entries, empty when it serves none. A process pool sends them with
+    /// The request the job serves, for log lines: its id and trace
+    /// context, empty when it serves none. A process pool sends it with
     /// the job, so the worker's lines name the trace too.
-    pub tags: Meta,
+    pub tags: RequestContext,
 }
 
 impl Job {
@@ -83,13 +81,13 @@ impl Job {
 }
 
 /// The span of job `id` tagged with `tags` (see [`Job::tags`]).
-pub fn job_span(id: u64, job_type: EventType, tags: &Meta) -> tracing::Span {
+pub fn job_span(id: u64, job_type: EventType, tags: &RequestContext) -> tracing::Span {
     tracing::info_span!(
         "job",
         job = id,
         job_type = ?job_type,
-        request_id = tags.request_id(),
-        trace_id = tags.trace_id(),
+        request_id = tags.request_id_field(),
+        trace_id = tags.trace_id_field(),
     )
 }
 

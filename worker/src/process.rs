@@ -165,7 +165,7 @@ fn feed(state: &mut State, worker: u64) {
 
 fn job_frame(job: &Job) -> Envelope {
     let mut env = Envelope::request(job.job_type, job.id, job.body.clone());
-    env.meta = job.tags.clone();
+    env.context = job.tags.clone();
     // A large job crosses in shared memory; if none can be had it goes
     // inline and the frame limit decides.
     if let Ok(payload) = Payload::for_body(job.body.clone(), switchyard_proto::shm::DEFAULT_THRESHOLD) {
@@ -497,7 +497,7 @@ pub async fn serve(
                 if env.kind != Kind::Request {
                     continue;
                 }
-                let span = crate::job_span(env.correlation, env.event_type, &env.meta);
+                let span = crate::job_span(env.correlation, env.event_type, &env.context);
                 let output = span.in_scope(|| {
                     let output = match env.payload.clone().into_bytes() {
                         Ok(body) => runner(env.event_type, &body),

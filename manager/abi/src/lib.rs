@@ -48,7 +48,10 @@ use std::ffi::c_void;
 /// v10: internal events: `HandledType::public` and
 /// `Description::notifications` (decision 0108).
 /// v11: `TypeRole::Form`, a multipart form's event described (decision 0125).
-pub const ABI_VERSION: u32 = 11;
+/// v12: the request id and trace context as a typed
+/// `ToPlugin::Request::context` and `FromPlugin::Call::context` instead of
+/// meta entries (decision 0146).
+pub const ABI_VERSION: u32 = 12;
 
 /// Symbol of `extern "C" fn() -> u32`.
 pub const ABI_SYMBOL: &[u8] = b"switchyard_plugin_abi_version\0";

@@ -6,7 +6,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use switchyard_proto::api::TypeDoc;
 use switchyard_proto::control::{DeclaredType, HandledType, ManagerDescription};
-use switchyard_proto::{EventType, Meta};
+use switchyard_proto::{EventType, Meta, RequestContext};
 
 /// Given to the plugin when an instance is created.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -102,6 +102,9 @@ pub enum ToPlugin {
         /// a client's request never sets an event field bound to a
         /// header, a cookie or the scope from its body (docs/http.md).
         caller: Caller,
+        /// Its id and trace context (decision 0146), printed only if the
+        /// plugin asks.
+        context: RequestContext,
     },
     /// A notification the manager subscribed to.
     Notification {
@@ -165,6 +168,8 @@ pub enum FromPlugin {
         meta: Meta,
         body: Bytes,
         timeout_ms: u64,
+        /// The request the call is made for: the callee's lines name it.
+        context: RequestContext,
     },
     Notify {
         event_type: EventType,

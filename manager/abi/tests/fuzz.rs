@@ -55,15 +55,20 @@ fn to_plugin() -> impl Strategy<Value = ToPlugin> {
             body(),
             prop::option::of(raw_stream()),
             any::<bool>(),
+            any::<u128>(),
         )
             .prop_map(
-                |(correlation, ty, meta, body, stream, client)| ToPlugin::Request {
+                |(correlation, ty, meta, body, stream, client, id)| ToPlugin::Request {
                     correlation,
                     event_type: EventType(ty),
                     meta,
                     body,
                     stream,
                     caller: if client { Caller::Client } else { Caller::Manager },
+                    context: switchyard_proto::RequestContext {
+                        request_id: Some(switchyard_proto::RequestId::Made(id)),
+                        trace: Some(switchyard_proto::TraceContext::make()),
+                    },
                 }
             ),
         (any::<u64>(), meta(), body()).prop_map(|(ty, meta, body)| ToPlugin::Notification {
@@ -118,6 +123,7 @@ fn from_plugin() -> impl Strategy<Value = FromPlugin> {
                 meta,
                 body,
                 timeout_ms,
+                context: switchyard_proto::RequestContext::default(),
             }
         ),
         (any::<u64>(), meta(), body()).prop_map(|(ty, meta, body)| FromPlugin::Notify {

@@ -69,10 +69,22 @@ fn describe() -> String {
     });
 
     let mut tracer = Tracer::new(TracerConfig::default());
+    // A trace context refuses all-zero ids when read, so the tracer is
+    // shown a real one first.
+    let mut samples = serde_reflection::Samples::new();
+    tracer
+        .trace_value(
+            &mut samples,
+            &switchyard_proto::RequestContext {
+                request_id: Some(switchyard_proto::RequestId::Made(1)),
+                trace: Some(switchyard_proto::TraceContext::make()),
+            },
+        )
+        .unwrap();
     tracer.trace_simple_type::<CreateArgs>().unwrap();
     tracer.trace_simple_type::<Description>().unwrap();
-    tracer.trace_simple_type::<ToPlugin>().unwrap();
-    tracer.trace_simple_type::<FromPlugin>().unwrap();
+    tracer.trace_type::<ToPlugin>(&samples).unwrap();
+    tracer.trace_type::<FromPlugin>(&samples).unwrap();
     tracer.trace_simple_type::<JobOutput>().unwrap();
     tracer.trace_simple_type::<LogLevel>().unwrap();
     tracer.trace_simple_type::<RawBody>().unwrap();

@@ -7,7 +7,8 @@
 use std::collections::HashMap;
 
 use switchyard_manager_abi::messages::LogLevel;
-use switchyard_proto::event::{META_TIMING, META_TRACEPARENT};
+use switchyard_proto::RequestContext;
+use switchyard_proto::event::META_TIMING;
 
 /// The request id and trace context of each request in the plugin's hands
 /// that has one, by the local id the plugin knows it by: the plugin's log
@@ -20,48 +21,31 @@ pub(crate) fn request_ids() -> std::sync::MutexGuard<'static, HashMap<u64, Tags>
     REQUEST_IDS.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// What names a request in log lines and its response's meta.
+/// What names a request in log lines and its response.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Tags {
-    pub(crate) request_id: Option<Box<str>>,
-    /// Its W3C `traceparent` (META_TRACEPARENT).
-    traceparent: Option<Box<str>>,
+    /// Its id and trace context, as the envelope carried them.
+    pub(crate) context: RequestContext,
     /// When it arrived, if the listener asked for its time
     /// (`[tracing] server_timing`).
     arrived: Option<std::time::Instant>,
 }
 
 impl Tags {
-    pub(crate) fn of(meta: &switchyard_proto::Meta) -> Option<Tags> {
-        let tags = Tags {
-            request_id: meta.request_id().map(Into::into),
-            traceparent: meta.get(META_TRACEPARENT).map(Into::into),
-            arrived: meta.get(META_TIMING).map(|_| std::time::Instant::now()),
-        };
-        (tags.request_id.is_some() || tags.traceparent.is_some()).then_some(tags)
+    pub(crate) fn of(env: &switchyard_proto::Envelope) -> Option<Tags> {
+        let arrived = env.meta.get(META_TIMING).map(|_| std::time::Instant::now());
+        (!env.context.is_empty() || arrived.is_some()).then(|| Tags {
+            context: env.context.clone(),
+            arrived,
+        })
     }
 
-    pub(crate) fn trace_id(&self) -> Option<&str> {
-        self.traceparent.as_deref().and_then(|tp| tp.get(3..35))
-    }
-
-    /// Adds the request's id and trace context to `meta`.
-    pub(crate) fn name(&self, meta: &mut switchyard_proto::Meta) {
-        if let Some(id) = &self.request_id {
-            meta.push(switchyard_proto::event::META_REQUEST_ID, &**id);
-        }
-        if let Some(tp) = &self.traceparent {
-            meta.push(META_TRACEPARENT, &**tp);
-        }
-    }
-
-    /// Names the request in its response's meta too, for the lines the
-    /// router and broker may write about it; with its manager time when
-    /// asked.
-    pub(crate) fn stamp(&self, meta: &mut switchyard_proto::Meta) {
-        self.name(meta);
+    /// Names the request in its response too, for the lines the router
+    /// and broker may write about it; with its manager time when asked.
+    pub(crate) fn stamp(&self, env: &mut switchyard_proto::Envelope) {
+        env.context = self.context.clone();
         if let Some(arrived) = self.arrived {
-            meta.push(
+            env.meta.push(
                 switchyard_proto::event::META_MANAGER_MICROS,
                 arrived.elapsed().as_micros().to_string(),
             );
@@ -85,8 +69,8 @@ pub(crate) fn log(level: LogLevel, correlation: u64, message: &str) {
         .then(|| request_ids().get(&correlation).cloned())
         .flatten()
         .unwrap_or_default();
-    let request_id = tags.request_id.as_deref();
-    let trace_id = tags.trace_id();
+    let request_id = tags.context.request_id_field();
+    let trace_id = tags.context.trace_id_field();
     match level {
         LogLevel::Error => tracing::error!(correlation, request_id, trace_id, "{message}"),
         LogLevel::Warn => tracing::warn!(correlation, request_id, trace_id, "{message}"),

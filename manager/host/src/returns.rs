@@ -59,6 +59,9 @@ impl Returns {
     /// return link, or holds it for the link being opened; gives it back
     /// when it must go through the router instead, offering a link through
     /// `router` when the pipe's listener has none.
+    // The envelope (with its typed request context, decision 0146) is
+    // given back by move; boxing it would cost an allocation per answer.
+    #[allow(clippy::result_large_err)]
     pub(crate) fn send(
         &self,
         pipe: u64,

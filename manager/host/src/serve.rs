@@ -407,10 +407,10 @@ impl Host {
                         };
                         self.requests
                             .insert(local, (env.origin, env.correlation, env.event_type, token));
-                        if let Some(tags) = Tags::of(&env.meta) {
+                        if let Some(tags) = Tags::of(&env) {
                             tracing::debug!(
-                                request_id = tags.request_id.as_deref(),
-                                trace_id = tags.trace_id(),
+                                request_id = tags.context.request_id_field(),
+                                trace_id = tags.context.trace_id_field(),
                                 correlation = local,
                                 "request to the plugin"
                             );
@@ -429,6 +429,7 @@ impl Host {
                             body,
                             stream,
                             caller,
+                            context: env.context,
                         });
                     }
                     Kind::Response => {
@@ -501,8 +502,8 @@ impl Host {
         self.requests.remove(&local);
         let tags = request_ids().remove(&local).unwrap_or_default();
         tracing::debug!(
-            request_id = tags.request_id.as_deref(),
-            trace_id = tags.trace_id(),
+            request_id = tags.context.request_id_field(),
+            trace_id = tags.context.trace_id_field(),
             correlation = local,
             "request cancelled; dropping its handler"
         );
@@ -534,7 +535,7 @@ impl Host {
                 env.origin = origin;
                 let mut answer = Refusal::new(Hop::ManagerHost, 500, "internal error").answer(&env);
                 if let Some(tags) = request_ids().remove(local) {
-                    tags.stamp(&mut answer.meta);
+                    tags.stamp(&mut answer);
                 }
                 let _ = sink.send(answer);
             }
@@ -564,12 +565,6 @@ impl Host {
                         }
                         continue;
                     };
-                    // The response names its request too, for the lines
-                    // the router and broker may write about it.
-                    let mut meta = meta;
-                    if let Some(tags) = &tags {
-                        tags.stamp(&mut meta);
-                    }
                     let mut env = Envelope::request(event_type, correlation, Bytes::new());
                     env.origin = origin;
                     let payload = match handle {
@@ -588,6 +583,11 @@ impl Host {
                                 .answer(&env)
                         }
                     };
+                    // The response names its request too, for the lines
+                    // the router and broker may write about it.
+                    if let Some(tags) = &tags {
+                        tags.stamp(&mut reply);
+                    }
                     // A listener's request: straight back into the return
                     // link to its listener process (decision 0143).
                     if let (Some(pipe), true) = (crate::returns::pipe_of(origin), token != 0) {
@@ -612,6 +612,7 @@ impl Host {
                     meta,
                     body,
                     timeout_ms,
+                    context,
                 } => {
                     self.calls.insert(call);
                     let mut env = Envelope::request(event_type, call, Bytes::new());
@@ -623,6 +624,7 @@ impl Host {
                         }
                     };
                     env.meta = meta;
+                    env.context = context;
                     env.deadline = Deadline::after(Duration::from_millis(timeout_ms));
                     env
                 }
@@ -686,12 +688,10 @@ impl Host {
                     };
                     // The request's id and trace go with the job, so the
                     // lines a worker writes about it name them too.
-                    let mut tags = switchyard_proto::Meta::default();
-                    if correlation != 0
-                        && let Some(request) = request_ids().get(&correlation)
-                    {
-                        request.name(&mut tags);
-                    }
+                    let tags = (correlation != 0)
+                        .then(|| request_ids().get(&correlation).map(|r| r.context.clone()))
+                        .flatten()
+                        .unwrap_or_default();
                     let submitted = self.pool.submit(Job {
                         id: job,
                         job_type,

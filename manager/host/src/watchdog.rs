@@ -202,6 +202,7 @@ mod tests {
             body: Default::default(),
             stream: None,
             caller: switchyard_manager_abi::messages::Caller::Client,
+            context: Default::default(),
         };
         let mut inputs = vec![request("stuck.Hang"), ToPlugin::Timers { ahead_ms: 0 }];
         inputs.extend((0..10).map(|_| ToPlugin::Wake));

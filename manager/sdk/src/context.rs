@@ -52,6 +52,30 @@ pub(crate) struct Shared {
     /// Requests in progress of templated events: the template when the
     /// answer is HTML, `None` when it is JSON or bincode.
     pub(crate) html: RefCell<HashMap<u64, Option<&'static str>>>,
+    /// Requests in progress that have an id or trace context.
+    pub(crate) naming: RefCell<HashMap<u64, Rc<Naming>>>,
+}
+
+/// A request's id and trace context (decision 0146): the id's text is
+/// made the first time a handler asks for it, never otherwise.
+#[derive(Debug)]
+pub(crate) struct Naming {
+    pub(crate) context: switchyard_proto::RequestContext,
+    id_text: std::cell::OnceCell<Box<str>>,
+}
+
+impl Naming {
+    pub(crate) fn new(context: switchyard_proto::RequestContext) -> Naming {
+        Naming {
+            context,
+            id_text: std::cell::OnceCell::new(),
+        }
+    }
+
+    pub(crate) fn request_id(&self) -> Option<&str> {
+        let id = self.context.request_id.as_ref()?;
+        Some(self.id_text.get_or_init(|| id.to_string().into()))
+    }
 }
 
 impl Shared {
@@ -78,6 +102,8 @@ pub struct Context {
     pub(crate) request: Rc<Meta>,
     /// A client sent the request (through a listener), not a manager.
     pub(crate) client: bool,
+    /// The request's id and trace context, if it has one.
+    pub(crate) naming: Option<Rc<Naming>>,
 }
 
 impl Context {
@@ -96,7 +122,7 @@ impl Context {
     /// request). It is in every log line of the request, this manager's
     /// and the other hops', and calls to other managers carry it on.
     pub fn request_id(&self) -> Option<&str> {
-        self.request.request_id()
+        self.naming.as_deref().and_then(Naming::request_id)
     }
 
     /// The request method, when the event declares `request(method)`.
@@ -266,7 +292,6 @@ impl Context {
             meta.push("accept", BINCODE);
             // The router names the type in its answer when nobody serves it.
             meta.push(switchyard_proto::control::META_EVENT, E::NAME);
-            self.carry_request_id(&mut meta);
             shared.calls.borrow_mut().insert(
                 call,
                 CallSlot {
@@ -280,6 +305,7 @@ impl Context {
                 meta,
                 body: Bytes::from(body.clone()),
                 timeout_ms: timeout.as_millis() as u64,
+                context: self.request_context(),
             });
         }
         CallFuture {
@@ -423,14 +449,13 @@ impl Context {
     pub(crate) fn call_raw(
         &self,
         event_type: EventType,
-        mut meta: Meta,
+        meta: Meta,
         body: Bytes,
         timeout: Duration,
     ) -> RawCallFuture {
         let shared = self.shared.clone();
         let call = shared.next_call.get();
         shared.next_call.set(call + 1);
-        self.carry_request_id(&mut meta);
         shared.calls.borrow_mut().insert(
             call,
             CallSlot {
@@ -444,19 +469,18 @@ impl Context {
             meta,
             body,
             timeout_ms: timeout.as_millis() as u64,
+            context: self.request_context(),
         });
         RawCallFuture { shared, call }
     }
 
     /// A call made for a request names it: the callee's log lines carry
     /// the same request id and trace id.
-    fn carry_request_id(&self, meta: &mut Meta) {
-        if let Some(id) = self.request.request_id() {
-            meta.push(switchyard_proto::event::META_REQUEST_ID, id);
-        }
-        if let Some(tp) = self.request.get(switchyard_proto::event::META_TRACEPARENT) {
-            meta.push(switchyard_proto::event::META_TRACEPARENT, tp);
-        }
+    fn request_context(&self) -> switchyard_proto::RequestContext {
+        self.naming
+            .as_ref()
+            .map(|n| n.context.clone())
+            .unwrap_or_default()
     }
 
     /// Logs at info level, tagged with the request's correlation id.

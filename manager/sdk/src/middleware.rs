@@ -124,6 +124,7 @@ pub struct Incoming<'a> {
     pub(crate) meta: &'a mut Rc<Meta>,
     pub(crate) body: &'a [u8],
     pub(crate) caller: Caller,
+    pub(crate) naming: Option<Rc<crate::context::Naming>>,
 }
 
 /// The request as a middleware's `after` sees it: its event type and
@@ -132,6 +133,7 @@ pub struct RequestHead {
     pub(crate) event_type: EventType,
     pub(crate) name: Option<String>,
     pub(crate) meta: Rc<Meta>,
+    pub(crate) naming: Option<Rc<crate::context::Naming>>,
     pub(crate) caller: Caller,
 }
 
@@ -154,7 +156,9 @@ macro_rules! read_access {
 
         /// The request id (see [`Context::request_id`]).
         pub fn request_id(&self) -> Option<&str> {
-            self.meta.request_id()
+            self.naming
+                .as_deref()
+                .and_then(crate::context::Naming::request_id)
         }
 
         /// The method, when declared.

@@ -223,6 +223,7 @@ impl<M: Manager> Runtime<M> {
             expose_errors: args.expose_errors,
             templates: crate::web::Templates::new(web.as_ref(), registry.routes()),
             html: RefCell::new(HashMap::new()),
+            naming: RefCell::new(HashMap::new()),
         });
         let hooks = Rc::new(Hooks {
             chain: RefCell::new(std::mem::take(&mut registry.middleware)),
@@ -277,7 +278,14 @@ impl<M: Manager> Runtime<M> {
                     body,
                     stream,
                     caller,
+                    context,
                 } => {
+                    if !context.is_empty() {
+                        self.shared
+                            .naming
+                            .borrow_mut()
+                            .insert(correlation, Rc::new(crate::context::Naming::new(context)));
+                    }
                     let stream = stream.map(handover::adopt_stream);
                     self.on_request(correlation, event_type, meta, body, stream, caller)
                 }
@@ -352,12 +360,16 @@ impl<M: Manager> Runtime<M> {
     }
 
     fn context(&self, correlation: u64, format: Format, request: Rc<Meta>, caller: Caller) -> Context {
+        let naming = (correlation != 0)
+            .then(|| self.shared.naming.borrow().get(&correlation).cloned())
+            .flatten();
         Context {
             shared: self.shared.clone(),
             correlation,
             format,
             request,
             client: caller == Caller::Client,
+            naming,
         }
     }
 
@@ -453,6 +465,7 @@ impl<M: Manager> Runtime<M> {
                     meta: &mut *meta,
                     body,
                     caller,
+                    naming: cx.naming.clone(),
                 };
                 let flow = catch_unwind(AssertUnwindSafe(|| middleware.before(&mut incoming, &mut cx)));
                 match flow {
@@ -488,6 +501,7 @@ impl<M: Manager> Runtime<M> {
                         name: name.map(str::to_owned),
                         meta: meta.clone(),
                         caller,
+                        naming: cx.naming.clone(),
                     },
                     format,
                 },
@@ -736,6 +750,7 @@ impl<M: Manager> Runtime<M> {
         }
         self.hooks.after.borrow_mut().remove(&correlation);
         self.shared.html.borrow_mut().remove(&correlation);
+        self.shared.naming.borrow_mut().remove(&correlation);
     }
 
     fn spawn(&mut self, correlation: u64, future: LocalFuture<()>) {
@@ -837,6 +852,7 @@ fn after(shared: &Rc<Shared>, hooks: &Hooks, correlation: u64, response: &mut Re
         format: after.format,
         request: after.head.meta.clone(),
         client: false,
+        naming: after.head.naming.clone(),
     };
     let mut chain = hooks.chain.borrow_mut();
     let through = after.through.min(chain.len());
@@ -861,6 +877,7 @@ fn respond(shared: &Rc<Shared>, hooks: &Hooks, correlation: u64, result: Result<
     let mut response = result.unwrap_or_else(|err| err.to_response(expose_errors));
     after(shared, hooks, correlation, &mut response);
     let templated = shared.html.borrow_mut().remove(&correlation);
+    shared.naming.borrow_mut().remove(&correlation);
     if let Some(template) = templated {
         if let Some(template) = template {
             response = shared.templates.html(template, response, |message| {
@@ -1032,6 +1049,7 @@ mod tests {
             body: Bytes::from(switchyard_proto::codec::encode(&Later {}).unwrap()),
             stream: None,
             caller: switchyard_manager_abi::messages::Caller::Manager,
+            context: Default::default(),
         }
     }
 
@@ -1175,6 +1193,7 @@ mod tests {
             body: Bytes::from(switchyard_proto::codec::encode(&Later {}).unwrap()),
             stream: None,
             caller: switchyard_manager_abi::messages::Caller::Manager,
+            context: Default::default(),
         };
         assert!(runtime.step(vec![request]).is_empty(), "the handler waits");
         assert_eq!(asked.load(Ordering::SeqCst), 0, "nothing woke it yet");

@@ -386,9 +386,29 @@ impl<M: Manager> TestManager<M> {
         }
     }
 
-    fn send_from(&mut self, event_type: EventType, meta: Meta, body: Bytes, caller: Caller) -> TestResponse {
+    fn send_from(
+        &mut self,
+        event_type: EventType,
+        mut meta: Meta,
+        body: Bytes,
+        caller: Caller,
+    ) -> TestResponse {
         let correlation = self.next;
         self.next += 1;
+        // The listener sends the request id and trace context as typed
+        // fields (decision 0146); a test names them as context keys.
+        let mut context = switchyard_proto::RequestContext::default();
+        meta.0.retain(|(key, value)| match key.as_str() {
+            ":request-id" => {
+                context.request_id = switchyard_proto::RequestId::given(value.as_bytes());
+                false
+            }
+            ":traceparent" => {
+                context.trace = switchyard_proto::TraceContext::continue_from(value.as_bytes());
+                false
+            }
+            _ => true,
+        });
         let outputs = self.step(vec![ToPlugin::Request {
             correlation,
             event_type,
@@ -396,6 +416,7 @@ impl<M: Manager> TestManager<M> {
             body,
             stream: None,
             caller,
+            context,
         }]);
         self.drive(outputs, Some(correlation))
             .expect("the manager answered")
