@@ -6,10 +6,11 @@
 #
 #   RUNS=3 DUR=5 CONNS="1 8 32" OUT=/tmp/switchyard-bench bench/run_rest.sh
 #
-# SERVERS picks what runs (default "switchyard direct baseline"): `switchyard`
-# is the group with answers back through router and broker (the default
-# return path), `direct` the same group with `group.return_path = "direct"`
-# (decision 0143), `baseline` the in-process hyper server.
+# SERVERS picks what runs (default "switchyard router baseline"): `switchyard`
+# is the group as configured by default (answers straight back to the
+# listener, decision 0143), `router` and `direct` the same group with
+# `group.return_path` set to that path, `baseline` the in-process hyper
+# server.
 #
 # Per round and server: a fresh server, a 2 s warm-up, then one wrk run per
 # connection count. CPU time per request is the server's whole process tree
@@ -25,7 +26,7 @@ OUT=${OUT:-/tmp/switchyard-bench}
 
 COMMAND="RUNS=$RUNS DUR=$DUR CONNS=\"$CONNS\" OUT=$OUT $0${*:+ $*}"
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-read -r -a SERVERS <<<"${SERVERS:-switchyard direct baseline}"
+read -r -a SERVERS <<<"${SERVERS:-switchyard router baseline}"
 COMMAND="SERVERS=\"${SERVERS[*]}\" $COMMAND"
 READY_TIMEOUT_S=30
 STOP_TIMEOUT_S=15
@@ -97,10 +98,10 @@ start_server() {
     local name=$1 prefix=$2 rtdir=
     local -a cmd
     case $name in
-    switchyard | direct)
+    switchyard | direct | router)
         rtdir=$(mktemp -d)
         cmd=("$ROOT/target/release/switchyard" up --bind 127.0.0.1:0 --runtime-dir "$rtdir/rt")
-        [[ $name == direct ]] && cmd=(env SWITCHYARD_GROUP__RETURN_PATH=direct "${cmd[@]}")
+        [[ $name != switchyard ]] && cmd=(env SWITCHYARD_GROUP__RETURN_PATH="$name" "${cmd[@]}")
         ;;
     baseline) cmd=("$ROOT/target/release/switchyard-baseline" --bind 127.0.0.1:0) ;;
     *) die "unknown server $name" ;;
