@@ -8,7 +8,7 @@
 //! every notification of the cluster, and two for the route manifests.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -64,6 +64,7 @@ pub async fn start(
         next: AtomicU64::new(1),
         shm_threshold,
         default_timeout: config.request_timeout(),
+        left: AtomicBool::new(false),
     });
     tracing::info!(cluster = %config.name, servers = ?redacted(&config.nats), group = %core.group, "cluster bridge starting");
     tokio::spawn(run(core, from_router, events));
@@ -75,6 +76,7 @@ pub async fn start(
 /// [`MANIFEST_EXPIRY`](switchyard_proto::remote::MANIFEST_EXPIRY);
 /// waits at most a second for it to go out.
 async fn leave(core: &Core) {
+    core.left.store(true, Ordering::Relaxed);
     if core.client.connection_state() != State::Connected {
         return;
     }
@@ -174,6 +176,11 @@ struct Core {
     next: AtomicU64,
     shm_threshold: usize,
     default_timeout: Duration,
+    /// Set once this group has said goodbye: it publishes no manifest or
+    /// hello after it, for a manifest (a heartbeat, or the routes of its
+    /// managers stopping one by one) that reached the others after the
+    /// goodbye would make them count this group again until it expired.
+    left: AtomicBool,
 }
 
 impl Core {
@@ -570,7 +577,7 @@ enum Hello {
 }
 
 async fn publish_manifest(core: &Core, manifest: &Manifest) {
-    if core.client.connection_state() != State::Connected {
+    if core.left.load(Ordering::Relaxed) || core.client.connection_state() != State::Connected {
         return;
     }
     let msg = ManifestMsg {
@@ -589,6 +596,9 @@ async fn publish_manifest(core: &Core, manifest: &Manifest) {
 }
 
 async fn publish_hello(core: &Core) {
+    if core.left.load(Ordering::Relaxed) {
+        return;
+    }
     let subject = format!("{}.hello", core.cluster);
     if let Err(err) = core.client.publish(subject, core.group.clone().into()).await {
         tracing::warn!(%err, "hello not published to the cluster");
