@@ -61,6 +61,42 @@ pub(crate) struct BucketSpec {
     pub(crate) max_value_bytes: usize,
 }
 
+impl BucketSpec {
+    /// The stream a KV bucket is, made directly: the client's
+    /// `create_key_value` first reads the account's info, which it cannot
+    /// parse from a 2.9 server.
+    pub(crate) fn stream(&self, role: &str) -> jetstream::stream::Config {
+        jetstream::stream::Config {
+            name: format!("KV_{}", self.name),
+            description: Some(format!("Switchyard {role} (docs/{role}.md)")),
+            subjects: vec![format!("$KV.{}.>", self.name)],
+            max_messages_per_subject: 1,
+            num_replicas: self.replicas,
+            // Room for the headers (a write's chain among them) beside the
+            // largest value.
+            max_message_size: i32::try_from(self.max_value_bytes + 4096).unwrap_or(i32::MAX),
+            storage: jetstream::stream::StorageType::File,
+            discard: jetstream::stream::DiscardPolicy::New,
+            allow_rollup: true,
+            deny_delete: true,
+            allow_direct: true,
+            duplicate_window: Duration::from_secs(120),
+            ..Default::default()
+        }
+    }
+}
+
+impl Bucket {
+    pub(crate) fn of(spec: &BucketSpec, kv: kv::Store, js: &jetstream::Context) -> Bucket {
+        Bucket {
+            prefix: format!("$KV.{}.", spec.name),
+            stream: kv.stream.clone(),
+            kv,
+            js: js.clone(),
+        }
+    }
+}
+
 /// The link: shared by the handlers (through [`Link::run`]) and the tasks.
 pub(crate) struct Link {
     handle: tokio::runtime::Handle,
@@ -192,41 +228,13 @@ impl Link {
         loop {
             let opened = match js.get_key_value(&spec.name).await {
                 Ok(kv) => Ok(kv),
-                // The stream a KV bucket is, made directly: the client's
-                // `create_key_value` first reads the account's info, which
-                // it cannot parse from a 2.9 server.
-                Err(_) => match js
-                    .create_stream(jetstream::stream::Config {
-                        name: format!("KV_{}", spec.name),
-                        description: Some(format!("Switchyard {role} (docs/{role}.md)")),
-                        subjects: vec![format!("$KV.{}.>", spec.name)],
-                        max_messages_per_subject: 1,
-                        num_replicas: spec.replicas,
-                        // Room for the headers beside the largest value.
-                        max_message_size: i32::try_from(spec.max_value_bytes + 4096).unwrap_or(i32::MAX),
-                        storage: jetstream::stream::StorageType::File,
-                        discard: jetstream::stream::DiscardPolicy::New,
-                        allow_rollup: true,
-                        deny_delete: true,
-                        allow_direct: true,
-                        duplicate_window: Duration::from_secs(120),
-                        ..Default::default()
-                    })
-                    .await
-                {
+                Err(_) => match js.create_stream(spec.stream(role)).await {
                     Ok(_) => js.get_key_value(&spec.name).await.map_err(|e| e.to_string()),
                     Err(e) => Err(e.to_string()),
                 },
             };
             match opened {
-                Ok(kv) => {
-                    return Bucket {
-                        prefix: format!("$KV.{}.", spec.name),
-                        stream: kv.stream.clone(),
-                        kv,
-                        js: js.clone(),
-                    };
-                }
+                Ok(kv) => return Bucket::of(spec, kv, js),
                 Err(e) => {
                     let why = format!(
                         "cannot open or create the JetStream bucket `{}` (replicas = {}): {e}",

@@ -44,7 +44,7 @@ use super::{
 use crate::BuiltinError;
 use crate::db::wall_ms;
 use crate::nats::{Bucket, BucketSpec, Failure, Link, decode};
-use crate::store::jetstream::{Wrote, each_key, key_subject, read, write};
+use crate::store::jetstream::{Prior, Wrote, each_key, key_subject, read, write};
 
 /// Where the jobs are under the bucket's prefix.
 const JOBS: &str = "j.";
@@ -133,9 +133,10 @@ fn contended(id: &str) -> Failure {
     Failure::Down(format!("job `{id}` changed under {RETRIES} tries in a row"))
 }
 
-/// Job `id` (none if absent) and its subject's last sequence.
-async fn job(jb: &Bucket, id: &str) -> Result<(Option<Record>, u64), Failure> {
+/// Job `id` (none if absent) and the state a write on it expects.
+async fn job(jb: &Bucket, id: &str) -> Result<(Option<Record>, Prior), Failure> {
     let current = read(jb, id).await?;
+    let prior = current.prior();
     let record = current
         .live
         .map(|rec| {
@@ -144,15 +145,15 @@ async fn job(jb: &Bucket, id: &str) -> Result<(Option<Record>, u64), Failure> {
             })
         })
         .transpose()?;
-    Ok((record, current.last))
+    Ok((record, prior))
 }
 
-/// Writes job `id` (`None`: deletes it) if its last sequence is `last`.
+/// Writes job `id` (`None`: deletes it) if its state is still `last`.
 async fn put(
     jb: &Bucket,
     id: &str,
     record: Option<&Record>,
-    last: u64,
+    last: Prior,
     budget: (Duration, Duration),
 ) -> Result<Wrote, Failure> {
     let text = record
@@ -466,7 +467,7 @@ impl JsJobs {
             let text =
                 serde_json::to_string(&value).map_err(|e| Failure::Answer(Error::internal(e.to_string())))?;
             Ok(
-                match write(&b, LEASE, Some(&text), None, Some(current.last), budget).await? {
+                match write(&b, LEASE, Some(&text), None, Some(current.prior()), budget).await? {
                     Wrote::Done(seq) => Look::Mine(seq),
                     Wrote::Moved => Look::Lost,
                 },
@@ -534,7 +535,7 @@ impl JsJobs {
         let budget = self.budget();
         let released = self
             .link
-            .run(move |b| async move { write(&b, LEASE, None, None, Some(seq), budget).await });
+            .run(move |b| async move { write(&b, LEASE, None, None, Some(Prior::bare(seq)), budget).await });
         // No `Context` outlives the manager: the host logs its stderr.
         match released {
             Ok(Wrote::Done(_)) => eprintln!(
@@ -837,7 +838,7 @@ impl JsJobs {
                         return Ok(Started::Known(None, u64::MAX));
                     };
                     if record.due_ms > now && !(left && record.firing.is_some()) {
-                        return Ok(Started::Known(Some(record), last));
+                        return Ok(Started::Known(Some(record), last.last));
                     }
                     let mut planned = record.next_ms;
                     if record.attempts == 0 && now.saturating_sub(record.next_ms) > grace {

@@ -8,7 +8,9 @@
 //! conditional delete (JetStream 2.9 has no per-message TTL). Conditional
 //! writes carry `Nats-Expected-Last-Subject-Sequence`; every write a
 //! `Nats-Msg-Id`, so a retry after a lost acknowledgement is not applied
-//! twice. Watches are shared: registered under `w.`, followed by every
+//! twice, and conditional writes the chain of writes before them, so such
+//! a retry, refused, can tell whether it was its own write that moved the
+//! key (decision 0152). Watches are shared: registered under `w.`, followed by every
 //! group, and the group that makes a write tells them (decision 0137).
 
 use std::collections::{BTreeMap, HashMap};
@@ -40,6 +42,14 @@ const EXPECTED: &str = "Nats-Expected-Last-Subject-Sequence";
 const MSG_ID: &str = "Nats-Msg-Id";
 /// Which write made a message: unique per write of any group.
 const WRITER: &str = "Switchyard-Write";
+/// On a conditional write's message, the writes that led to it, newest
+/// first (`<writer>@<sequence>`, space-separated, `?` for a writer not
+/// known): how a write whose acknowledgement was lost learns whether it
+/// was applied after later writes replaced its message (decision 0152).
+const CHAIN: &str = "Switchyard-Chain";
+/// How many earlier writes a message records: a write whose outcome is
+/// read back after more writes than this followed it answers "unknown".
+const CHAIN_LEN: usize = 32;
 
 /// A key's live state.
 #[derive(Clone, Debug)]
@@ -55,6 +65,88 @@ pub(crate) struct Rec {
 pub(crate) struct Current {
     pub(crate) live: Option<Rec>,
     pub(crate) last: u64,
+    /// The chain a write that replaces the last message records.
+    chain: String,
+}
+
+impl Current {
+    /// What a write conditional on this state names.
+    pub(crate) fn prior(&self) -> Prior {
+        Prior {
+            last: self.last,
+            chain: self.chain.clone(),
+        }
+    }
+}
+
+/// The state a conditional write expects: the key's last sequence, and
+/// the writes that led to it when they were read with it.
+#[derive(Clone, Debug)]
+pub(crate) struct Prior {
+    pub(crate) last: u64,
+    chain: String,
+}
+
+impl Prior {
+    /// A state known by its sequence only (a listed row, a renewal of
+    /// this process's own): a write on it records a writer not known.
+    pub(crate) fn bare(last: u64) -> Prior {
+        Prior {
+            last,
+            chain: format!("?@{last}"),
+        }
+    }
+}
+
+/// The chain a write replacing `message` (the key's last, written by
+/// `writer`, itself recording `chain`) records: that message first.
+fn chain_after(writer: Option<&str>, seq: u64, chain: Option<&str>) -> String {
+    let mut out = format!("{}@{seq}", writer.unwrap_or("?"));
+    for link in chain
+        .into_iter()
+        .flat_map(str::split_ascii_whitespace)
+        .take(CHAIN_LEN - 1)
+    {
+        out.push(' ');
+        out.push_str(link);
+    }
+    out
+}
+
+/// Whether a write of `writer`'s, conditional on `expect`, was applied,
+/// read from the key's last message (its sequence, writer and chain).
+#[derive(Debug, PartialEq, Eq)]
+enum Landed {
+    /// As the message with this sequence.
+    Ours(u64),
+    /// Not applied: every write after `expect` is known and none is ours.
+    NotOurs,
+    /// More writes followed than the chain records, or one whose writer
+    /// is not known.
+    Unknown,
+}
+
+fn landed(writer: &str, expect: u64, last: (Option<&str>, u64, Option<&str>)) -> Landed {
+    let (last_writer, last_seq, chain) = last;
+    let links = chain
+        .into_iter()
+        .flat_map(str::split_ascii_whitespace)
+        .map(|link| {
+            let (w, seq) = link.rsplit_once('@').unwrap_or(("?", "0"));
+            (w, seq.parse::<u64>().unwrap_or(0))
+        });
+    let mut unknown = false;
+    for (w, seq) in std::iter::once((last_writer.unwrap_or("?"), last_seq)).chain(links) {
+        if seq <= expect {
+            // Every write after `expect` was seen.
+            return if unknown { Landed::Unknown } else { Landed::NotOurs };
+        }
+        if w == writer {
+            return Landed::Ours(seq);
+        }
+        unknown |= w == "?";
+    }
+    Landed::Unknown
 }
 
 /// A listed key.
@@ -96,21 +188,24 @@ fn live_at(expires: Option<u64>, now: u64) -> bool {
     expires.is_none_or(|e| e > now)
 }
 
-/// A message id no other write of any group uses.
+/// A message id no other write of any group uses, short because every
+/// chain repeats 32 of them: 48 bits of this process (its pid and start
+/// time, mixed) and a count.
 fn msg_id() -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);
-    static START: std::sync::OnceLock<u128> = std::sync::OnceLock::new();
-    let start = START.get_or_init(|| {
-        std::time::SystemTime::now()
+    static TAG: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    let tag = TAG.get_or_init(|| {
+        let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos())
-            .unwrap_or(0)
+            .unwrap_or(0);
+        // splitmix64's finaliser: nearby pids and times far apart.
+        let mut x = (nanos as u64) ^ ((nanos >> 64) as u64) ^ (u64::from(std::process::id()) << 40);
+        x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        (x ^ (x >> 31)) & 0xffff_ffff_ffff
     });
-    format!(
-        "sy-{:x}-{start:x}-{:x}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    )
+    format!("{tag:012x}.{:x}", NEXT.fetch_add(1, Ordering::Relaxed))
 }
 
 /// The key's last message, from the stream's leader (never a replica that
@@ -120,21 +215,31 @@ pub(crate) async fn read(b: &Bucket, key: &str) -> Result<Current, Failure> {
     let msg = match b.stream.get_last_raw_message_by_subject(&subject).await {
         Ok(msg) => msg,
         Err(e) if matches!(e.kind(), LastRawMessageErrorKind::NoMessageFound) => {
-            return Ok(Current { live: None, last: 0 });
+            return Ok(Current {
+                live: None,
+                last: 0,
+                chain: chain_after(None, 0, None),
+            });
         }
         Err(e) => return Err(down("read", e)),
     };
     let last = msg.sequence;
-    if is_marker(Some(&msg.headers)) {
-        return Ok(Current { live: None, last });
+    let headers = Some(&msg.headers);
+    let chain = chain_after(header(headers, WRITER), last, header(headers, CHAIN));
+    if is_marker(headers) {
+        return Ok(Current {
+            live: None,
+            last,
+            chain,
+        });
     }
-    let expires = expiry(Some(&msg.headers));
+    let expires = expiry(headers);
     let live = live_at(expires, wall_ms()).then(|| Rec {
         value: String::from_utf8_lossy(&msg.payload).into_owned(),
         version: last,
         expires,
     });
-    Ok(Current { live, last })
+    Ok(Current { live, last, chain })
 }
 
 /// A write's outcome: its sequence, or the key had moved on.
@@ -144,7 +249,7 @@ pub(crate) enum Wrote {
 }
 
 /// Publishes one message for `key`: a value (`Some`) or a delete marker,
-/// on condition that the key's last message is `expect` when given.
+/// on condition that the key's last message is `expect`'s when given.
 /// Retried with the same message id until the operation's time is up, so
 /// an election in progress costs time, not the write.
 pub(crate) async fn write(
@@ -152,7 +257,7 @@ pub(crate) async fn write(
     key: &str,
     value: Option<&str>,
     expires: Option<u64>,
-    expect: Option<u64>,
+    expect: Option<Prior>,
     (attempt, budget): (Duration, Duration),
 ) -> Result<Wrote, Failure> {
     let deadline = tokio::time::Instant::now() + budget;
@@ -160,15 +265,16 @@ pub(crate) async fn write(
     let writer = msg_id();
     let mut headers = HeaderMap::new();
     headers.insert(WRITER, writer.as_str());
-    match expect {
+    match &expect {
         // Before 2.9.21 a clustered stream checks the expected sequence
         // before replication only, so two writes expecting the same one
         // may both pass (nats-server#4320). The message id is checked
         // with the writes in flight: naming the expected state makes the
         // second of two such writes a duplicate, which is refused.
-        Some(seq) => {
-            headers.insert(EXPECTED, seq.to_string().as_str());
-            headers.insert(MSG_ID, format!("{}@{seq}", encode(key)).as_str());
+        Some(prior) => {
+            headers.insert(EXPECTED, prior.last.to_string().as_str());
+            headers.insert(MSG_ID, format!("{}@{}", encode(key), prior.last).as_str());
+            headers.insert(CHAIN, prior.chain.as_str());
         }
         None => headers.insert(MSG_ID, writer.as_str()),
     }
@@ -190,41 +296,37 @@ pub(crate) async fn write(
         let attempt = attempt.min(deadline.saturating_duration_since(tokio::time::Instant::now()));
         match tokio::time::timeout(attempt, outcome).await {
             Ok(Ok(ack)) if !ack.duplicate => return Ok(Wrote::Done(ack.sequence)),
-            // A duplicate: our own earlier attempt, or another writer's
-            // write from the same state; the stored message says which.
+            // A duplicate: our own earlier attempt, or (for a conditional
+            // write) another writer's from the same state; the stored
+            // message says which, or, if later writes replaced it, the
+            // chain they record.
             Ok(Ok(ack)) => {
-                let ours = match b.stream.get_raw_message(ack.sequence).await {
-                    Ok(msg) => header(Some(&msg.headers), WRITER) == Some(writer.as_str()),
-                    Err(_) => false,
+                let Some(prior) = &expect else {
+                    // The message id is this write's alone.
+                    return Ok(Wrote::Done(ack.sequence));
                 };
-                return Ok(if ours {
-                    Wrote::Done(ack.sequence)
-                } else {
-                    Wrote::Moved
-                });
+                if let Ok(msg) = b.stream.get_raw_message(ack.sequence).await {
+                    let ours = header(Some(&msg.headers), WRITER) == Some(writer.as_str());
+                    return Ok(if ours {
+                        Wrote::Done(ack.sequence)
+                    } else {
+                        Wrote::Moved
+                    });
+                }
+                return settle(b, key, &writer, prior.last, (attempt, deadline)).await;
             }
             Ok(Err(e)) => match e.kind() {
                 PublishErrorKind::WrongLastSequence => {
                     // After an earlier attempt of ours whose outcome we did
                     // not hear (whatever its error: a server can store a
                     // write and die before it answers), ours may be the
-                    // write that moved the key. It would be the key's first
-                    // message after the one we expected, however many
-                    // writes followed it: look there, not at the last.
-                    if tried
-                        && let Some(seq) = expect
-                        && let Ok(msg) = b
-                            .stream
-                            .raw_message_builder()
-                            .sequence(seq + 1)
-                            .next_by_subject(subject.clone())
-                            .send()
-                            .await
-                        && header(Some(&msg.headers), WRITER) == Some(writer.as_str())
-                    {
-                        return Ok(Wrote::Done(msg.sequence));
-                    }
-                    return Ok(Wrote::Moved);
+                    // write that moved the key.
+                    return match &expect {
+                        Some(prior) if tried => {
+                            settle(b, key, &writer, prior.last, (attempt, deadline)).await
+                        }
+                        _ => Ok(Wrote::Moved),
+                    };
                 }
                 PublishErrorKind::MaxPayloadExceeded => {
                     return Err(Failure::Answer(Error::new(
@@ -250,6 +352,59 @@ pub(crate) async fn write(
             } else {
                 Failure::Down(what)
             });
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Whether `writer`'s write, conditional on `expect`, was applied: read
+/// from the key's last message and the chain of writes it records
+/// (decision 0152), from the stream's leader, retried until `deadline`
+/// while it cannot be read. "Unknown" (504) when the chain does not reach
+/// back to `expect`: never "moved" (which would apply it again) on a
+/// guess.
+async fn settle(
+    b: &Bucket,
+    key: &str,
+    writer: &str,
+    expect: u64,
+    (attempt, deadline): (Duration, tokio::time::Instant),
+) -> Result<Wrote, Failure> {
+    let subject = key_subject(&b.prefix, key);
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let last = tokio::time::timeout(
+            attempt.min(left),
+            b.stream.get_last_raw_message_by_subject(&subject),
+        )
+        .await;
+        match last {
+            Ok(Ok(msg)) => {
+                let h = Some(&msg.headers);
+                return match landed(
+                    writer,
+                    expect,
+                    (header(h, WRITER), msg.sequence, header(h, CHAIN)),
+                ) {
+                    Landed::Ours(seq) => Ok(Wrote::Done(seq)),
+                    Landed::NotOurs => Ok(Wrote::Moved),
+                    Landed::Unknown => Err(Failure::Unknown(format!(
+                        "the write of `{}` may have been applied: its acknowledgement was lost and more writes followed it than can be traced",
+                        shown(key)
+                    ))),
+                };
+            }
+            // Nothing stored under the key: not ours either.
+            Ok(Err(e)) if matches!(e.kind(), LastRawMessageErrorKind::NoMessageFound) => {
+                return Ok(Wrote::Moved);
+            }
+            Ok(Err(_)) | Err(_) => {}
+        }
+        if tokio::time::Instant::now() + Duration::from_millis(50) >= deadline {
+            return Err(Failure::Unknown(format!(
+                "the write of `{}` was sent and whether it was applied could not be read in time",
+                shown(key)
+            )));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -485,11 +640,12 @@ impl JsStore {
         let deleted = self.link.run(move |b| async move {
             for _ in 0..RETRIES {
                 let current = read(&b, &k).await?;
+                let prior = current.prior();
                 let Some(rec) = current.live else { return Ok(None) };
                 if version.is_some_and(|v| v != rec.version) {
                     return Ok(None);
                 }
-                if let Wrote::Done(_) = write(&b, &k, None, None, Some(current.last), budget).await? {
+                if let Wrote::Done(_) = write(&b, &k, None, None, Some(prior), budget).await? {
                     return Ok(Some(rec.version));
                 }
             }
@@ -527,7 +683,7 @@ impl JsStore {
                 let expiry = if ttl.is_some() { expires(ttl, now) } else { expiry };
                 let text = value.to_string();
                 if let Wrote::Done(version) =
-                    write(&b, &k, Some(&text), expiry, Some(current.last), budget).await?
+                    write(&b, &k, Some(&text), expiry, Some(current.prior()), budget).await?
                 {
                     return Ok((value, version));
                 }
@@ -566,7 +722,8 @@ impl JsStore {
                     });
                 }
                 let expiry = expires(ttl_ms, wall_ms());
-                if let Wrote::Done(v) = write(&b, &k, Some(&text), expiry, Some(current.last), budget).await?
+                if let Wrote::Done(v) =
+                    write(&b, &k, Some(&text), expiry, Some(current.prior()), budget).await?
                 {
                     return Ok(Swapped {
                         swapped: true,
@@ -670,7 +827,9 @@ impl JsStore {
             let expired = scan(&b, "", None, batch as usize, true, true).await?;
             let mut purged = Vec::new();
             for row in expired {
-                if let Wrote::Done(_) = write(&b, &row.key, None, None, Some(row.version), budget).await? {
+                if let Wrote::Done(_) =
+                    write(&b, &row.key, None, None, Some(Prior::bare(row.version)), budget).await?
+                {
                     purged.push((row.key, row.version));
                 }
             }
@@ -692,5 +851,191 @@ impl JsStore {
             self.unwatch(prefix)?;
         }
         Ok(purged.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_chain_records_the_replaced_message_first_and_keeps_its_length() {
+        assert_eq!(chain_after(None, 0, None), "?@0");
+        assert_eq!(chain_after(Some("a.1"), 7, Some("b.2@5 ?@3")), "a.1@7 b.2@5 ?@3");
+        let long: Vec<String> = (0..CHAIN_LEN as u64 + 5).map(|n| format!("w.{n}@{n}")).collect();
+        let chain = chain_after(Some("x.0"), 99, Some(&long.join(" ")));
+        assert_eq!(chain.split(' ').count(), CHAIN_LEN);
+        assert!(chain.starts_with("x.0@99 w.0@0 "));
+    }
+
+    #[test]
+    fn a_write_whose_answer_was_lost_is_found_in_the_writes_that_followed_it() {
+        // Ours is still the last message.
+        assert_eq!(
+            landed("me.1", 10, (Some("me.1"), 12, Some("?@10"))),
+            Landed::Ours(12)
+        );
+        // Replaced twice since: the last message's chain names it.
+        assert_eq!(
+            landed("me.1", 10, (Some("c.3"), 20, Some("b.2@15 me.1@12 a.9@10 z.1@4"))),
+            Landed::Ours(12)
+        );
+        // Every write after 10 is known and none is ours: not applied.
+        assert_eq!(
+            landed("me.1", 10, (Some("c.3"), 20, Some("b.2@15 a.1@12 a.9@10"))),
+            Landed::NotOurs
+        );
+        // The key has not moved past the state we expected.
+        assert_eq!(landed("me.1", 10, (Some("a.9"), 10, None)), Landed::NotOurs);
+        // The chain stops short of 10 (an unconditional write broke it, or
+        // more writes followed than it keeps): a guess would apply the
+        // write twice or lose it.
+        assert_eq!(
+            landed("me.1", 10, (Some("c.3"), 20, Some("b.2@15"))),
+            Landed::Unknown
+        );
+        assert_eq!(landed("me.1", 10, (Some("c.3"), 20, None)), Landed::Unknown);
+        // A writer not known after 10 (a purge's marker on a listed row).
+        assert_eq!(
+            landed("me.1", 10, (Some("c.3"), 20, Some("?@12 x@10"))),
+            Landed::Unknown
+        );
+        // A writer not known at or before 10 does not matter.
+        assert_eq!(
+            landed("me.1", 10, (Some("c.3"), 20, Some("?@10"))),
+            Landed::NotOurs
+        );
+    }
+
+    /// One `nats-server -js` of its own on a free loopback port, killed
+    /// (and its store removed) when dropped.
+    struct Server {
+        child: std::process::Child,
+        port: u16,
+        dir: std::path::PathBuf,
+    }
+
+    impl Server {
+        fn start() -> Server {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .map(|a| a.port())
+                .unwrap();
+            let dir = std::env::temp_dir().join(format!("sy-chain-{}-{port}", std::process::id()));
+            let child = std::process::Command::new("nats-server")
+                .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
+                .arg(&dir)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .expect("nats-server is installed (apt-get install nats-server; .ci/run does)");
+            Server { child, port, dir }
+        }
+    }
+
+    impl Drop for Server {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+
+    fn done(w: Result<Wrote, Failure>) -> u64 {
+        match w {
+            Ok(Wrote::Done(seq)) => seq,
+            Ok(Wrote::Moved) => panic!("moved"),
+            Err(Failure::Down(e) | Failure::Unknown(e)) => panic!("{e}"),
+            Err(Failure::Answer(e)) => panic!("{e:?}"),
+        }
+    }
+
+    /// What a write whose answer was lost finds out, against a real
+    /// server: the message it stored has been replaced by other groups'
+    /// writes (history 1), and only the chain they carry says it was
+    /// applied.
+    #[test]
+    fn a_retried_write_finds_its_replaced_message_in_the_chain_on_a_real_server() {
+        let server = Server::start();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let url = format!("nats://127.0.0.1:{}", server.port);
+            let ready = tokio::time::Instant::now() + Duration::from_secs(30);
+            let client = loop {
+                match async_nats::connect(&url).await {
+                    Ok(c) => break c,
+                    Err(e) if tokio::time::Instant::now() < ready => {
+                        let _ = e;
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    Err(e) => panic!("nats-server on {url} did not come up: {e}"),
+                }
+            };
+            let js = async_nats::jetstream::new(client);
+            let spec = BucketSpec {
+                name: "chain".into(),
+                replicas: 1,
+                max_value_bytes: 1 << 16,
+            };
+            js.create_stream(spec.stream("store")).await.unwrap();
+            let b = Bucket::of(&spec, js.get_key_value("chain").await.unwrap(), &js);
+            let budget = (Duration::from_secs(5), Duration::from_secs(10));
+            let within = || (budget.0, tokio::time::Instant::now() + budget.1);
+
+            // "Our" increment from the empty state, acknowledged here; its
+            // writer id read back as the retry would know it.
+            let empty = read(&b, "n").await.unwrap();
+            assert_eq!(empty.last, 0);
+            let ours = done(write(&b, "n", Some("1"), None, Some(empty.prior()), budget).await);
+            let msg = b.stream.get_raw_message(ours).await.unwrap();
+            let mine = header(Some(&msg.headers), WRITER).unwrap().to_owned();
+            // Three other increments replace it.
+            for n in 2..5 {
+                let current = read(&b, "n").await.unwrap();
+                done(write(&b, "n", Some(&n.to_string()), None, Some(current.prior()), budget).await);
+            }
+            assert!(
+                b.stream.get_raw_message(ours).await.is_err(),
+                "history 1: replaced"
+            );
+
+            // The retry, refused, finds it applied, as `ours`.
+            assert!(matches!(settle(&b, "n", &mine, 0, within()).await, Ok(Wrote::Done(s)) if s == ours));
+            // Another write from the empty state, whose answer was lost too,
+            // finds it was not applied.
+            assert!(matches!(
+                settle(&b, "n", "else.0", 0, within()).await,
+                Ok(Wrote::Moved)
+            ));
+            // Sent again whole: a duplicate of `n@0` whose message is gone;
+            // the chain says it is someone else's, so it is moved, not done.
+            assert!(matches!(
+                write(&b, "n", Some("1"), None, Some(empty.prior()), budget).await,
+                Ok(Wrote::Moved)
+            ));
+            // An unconditional set breaks the chain: not known, so 504,
+            // never a second increment.
+            done(write(&b, "n", Some("9"), None, None, budget).await);
+            assert!(matches!(
+                settle(&b, "n", &mine, 0, within()).await,
+                Err(Failure::Unknown(_))
+            ));
+            // The key never written: nothing of ours there.
+            assert!(matches!(
+                settle(&b, "m", &mine, 0, within()).await,
+                Ok(Wrote::Moved)
+            ));
+        });
+        drop(server);
+    }
+
+    #[test]
+    fn message_ids_are_short_and_distinct() {
+        let (a, b) = (msg_id(), msg_id());
+        assert_ne!(a, b);
+        assert!(a.len() <= 20 && !a.contains([' ', '@']), "{a}");
     }
 }
