@@ -10,7 +10,8 @@
 # is the group as configured by default (answers straight back to the
 # listener, decision 0143), `router` and `direct` the same group with
 # `group.return_path` set to that path, `baseline` the in-process hyper
-# server.
+# server. SWITCHYARD names the binary to run for the group (default
+# target/release/switchyard, built first), to set two builds side by side.
 #
 # Per round and server: a fresh server, a 2 s warm-up, then one wrk run per
 # connection count. CPU time per request is the server's whole process tree
@@ -28,6 +29,8 @@ COMMAND="RUNS=$RUNS DUR=$DUR CONNS=\"$CONNS\" OUT=$OUT $0${*:+ $*}"
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 read -r -a SERVERS <<<"${SERVERS:-switchyard router baseline}"
 COMMAND="SERVERS=\"${SERVERS[*]}\" $COMMAND"
+SWITCHYARD=${SWITCHYARD:-$ROOT/target/release/switchyard}
+COMMAND="SWITCHYARD=$SWITCHYARD $COMMAND"
 READY_TIMEOUT_S=30
 STOP_TIMEOUT_S=15
 WARMUP_S=2
@@ -100,7 +103,7 @@ start_server() {
     case $name in
     switchyard | direct | router)
         rtdir=$(mktemp -d)
-        cmd=("$ROOT/target/release/switchyard" up --bind 127.0.0.1:0 --runtime-dir "$rtdir/rt")
+        cmd=("$SWITCHYARD" up --bind 127.0.0.1:0 --runtime-dir "$rtdir/rt" --ready-file "$rtdir/ready.json")
         [[ $name != switchyard ]] && cmd=(env SWITCHYARD_GROUP__RETURN_PATH="$name" "${cmd[@]}")
         ;;
     baseline) cmd=("$ROOT/target/release/switchyard-baseline" --bind 127.0.0.1:0) ;;
@@ -112,7 +115,12 @@ start_server() {
     local deadline=$((SECONDS + READY_TIMEOUT_S))
     ADDR=
     while [[ -z $ADDR ]]; do
-        ADDR=$(sed -n 's|.*listening on http://\([0-9.]*:[0-9]*\).*|\1|p' "$prefix.out" | head -n1)
+        # The group's readiness file (decision 0150); the baseline's line.
+        if [[ -n $rtdir ]]; then
+            [[ -s $rtdir/ready.json ]] && ADDR=$(sed -n 's|.*"http":"\([0-9.]*:[0-9]*\)".*|\1|p' "$rtdir/ready.json")
+        else
+            ADDR=$(sed -n 's|.*listening on http://\([0-9.]*:[0-9]*\).*|\1|p' "$prefix.out" | head -n1)
+        fi
         [[ -n $ADDR ]] && break
         running "$PID" || { tail -n 20 "$prefix.err" >&2; die "$name exited before it was ready"; }
         ((SECONDS < deadline)) || die "$name not ready after ${READY_TIMEOUT_S}s"
