@@ -7,7 +7,7 @@ mod common;
 
 use common::*;
 use serde::{Deserialize, Serialize};
-use switchyard_client::{Client, ClientError, GrpcClient};
+use switchyard_client::{Client, ClientError, GrpcClient, Hop};
 
 const SECRET: &str = "clients-test-secret-of-thirty-two-bytes!";
 /// `test`, whose SHA-256 the configuration holds.
@@ -103,6 +103,28 @@ async fn websocket_clients_authenticate_and_make_typed_requests() {
 
     let keyed = Client::builder(&url).api_key(KEY).connect().await.unwrap();
     assert_eq!(keyed.request(&hello).await.unwrap(), expected);
+
+    // Who said no (decision 0116): the listener (its rule; a type no
+    // manager declares), or the handler itself (no hop).
+    let refused = anonymous.request(&hello).await.unwrap_err();
+    assert_eq!(
+        (refused.status(), refused.hop()),
+        (Some(401), Some(Hop::Listener))
+    );
+    let nowhere = bearer
+        .call::<_, serde_json::Value>("nowhere.Nothing", &serde_json::json!({}))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (nowhere.status(), nowhere.hop()),
+        (Some(404), Some(Hop::Listener)),
+        "{nowhere}"
+    );
+    let own = bearer
+        .call::<_, serde_json::Value>("demo.GetNote", &serde_json::json!({}))
+        .await
+        .unwrap_err();
+    assert_eq!((own.status(), own.hop()), (Some(404), None), "{own}");
 
     // A credential that does not verify is refused at the upgrade.
     let wrong = Client::builder(&url).api_key("not-the-key").connect().await;

@@ -47,6 +47,8 @@ pub use state::{Caller, Scheduler, Store};
 /// The Store's and the Scheduler's events (`switchyard-events`, which the
 /// SDK re-exports too).
 pub use switchyard_events::{DeclaredReply, EventName, scheduler, store};
+/// Which part of the group refused a request ([`ClientError::hop`]).
+pub use switchyard_proto::Hop;
 /// The generated gRPC messages and client of `switchyard.v1.Events`.
 pub use switchyard_proto::grpc as proto;
 
@@ -90,6 +92,31 @@ pub enum ClientError {
     /// another type), with what and why.
     #[error("{0}")]
     Decode(String),
+}
+
+impl ClientError {
+    /// The status of an error answer (`None` for a failure that is no
+    /// answer: a dropped connection, a timeout, a gRPC failure).
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            ClientError::Status { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+
+    /// The part of the group that made this answer when the group could
+    /// not deliver the request — a `503` of the router's ("not running")
+    /// is not the service's own `503` (decision 0116); `None` for a
+    /// handler's own error and for failures that are no answer.
+    pub fn hop(&self) -> Option<Hop> {
+        match self {
+            ClientError::Status { problem, .. } => problem
+                .get(switchyard_proto::refusal::HOP_MEMBER)
+                .and_then(Value::as_str)
+                .and_then(Hop::parse),
+            _ => None,
+        }
+    }
 }
 
 /// An event type whose reply type is known, so that [`Client::request`]
