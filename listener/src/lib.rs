@@ -84,6 +84,7 @@ mod conn;
 mod context;
 mod decoded;
 mod dispatch;
+mod error;
 mod exchange;
 mod grpc;
 mod http;
@@ -108,6 +109,7 @@ mod ws;
 
 pub use access::{AccessLogConfig, AccessTarget};
 pub use context::{ForwardedHeader, RequestIdConfig};
+pub use error::Error;
 pub use middleware::check as check_middleware;
 pub use middleware::check_notes as middleware_check_notes;
 pub use middleware::config::{
@@ -144,19 +146,6 @@ use tokio::sync::{mpsc, oneshot};
 use crate::conn::{Close, Conn, Connections, Io, Signal, Tracked};
 pub use crate::quic::{Http3Config, Retry};
 pub use crate::tls::TlsConfig;
-
-/// Errors that stop the listener.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("listener socket: {0}")]
-    Io(#[from] std::io::Error),
-    #[error("invalid listener configuration: {0}")]
-    Config(String),
-    /// A certificate, key or CA bundle that cannot be used; the message
-    /// names the file.
-    #[error("TLS: {0}")]
-    Tls(String),
-}
 
 /// The listener's settings.
 #[derive(Clone, Debug)]
