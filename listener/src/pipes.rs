@@ -39,7 +39,7 @@ use tokio::net::unix::OwnedReadHalf;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_tungstenite::tungstenite::Message;
 
-use crate::Config;
+use crate::config::Config;
 use crate::middleware::Middleware;
 use crate::middleware::session::{Policy, SessionAuth};
 use crate::routes::Routes;

@@ -8,8 +8,8 @@ use bytes::Bytes;
 use switchyard_proto::Payload;
 use switchyard_proto::pool::SegmentPool;
 
-use crate::Config;
 use crate::access::AccessLog;
+use crate::config::Config;
 use crate::middleware::Middleware;
 use crate::pipes::Pool;
 
