@@ -25,11 +25,11 @@ use tracing::Instrument;
 
 use std::time::Instant;
 
-use crate::RequestBody;
 use crate::access;
 use crate::body::Body;
 use crate::conn::Conn;
 use crate::context::Client;
+use crate::decoded::RequestBody;
 use crate::grpc::{self, Grpc};
 use crate::metrics::{self, Fixed};
 use crate::middleware::Scope;

@@ -24,7 +24,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::RequestBody;
+use crate::decoded::RequestBody;
 use futures_util::Stream;
 use http::{Request, Response};
 use serde_json::Value;

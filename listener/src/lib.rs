@@ -124,11 +124,6 @@ pub use routes::percent_decode;
 pub use static_files::StaticMount;
 pub use trace::TracingConfig;
 
-/// A request body as the listener's code reads it: decoded by its
-/// `Content-Encoding` (the middleware's request decoding) as it is read,
-/// and bounded in how far it expands (`decoded`).
-pub(crate) type RequestBody = decoded::Decoded;
-
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::{Arc, OnceLock};
@@ -691,7 +686,7 @@ impl Serve {
     }
 
     /// One request of the connection: served, then its body tracked.
-    async fn respond(&self, req: ::http::Request<RequestBody>) -> Response {
+    async fn respond(&self, req: ::http::Request<decoded::RequestBody>) -> Response {
         let conn = &self.conn;
         conn.request_started();
         // h2 and HTTP/3 buffer what they are given past the client's window.

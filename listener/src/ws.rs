@@ -26,7 +26,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::RequestBody;
+use crate::decoded::RequestBody;
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use http::{HeaderValue, Request, Response, StatusCode, header};
