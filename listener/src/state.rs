@@ -71,7 +71,7 @@ impl State {
     }
 
     /// The state of a reloaded configuration: the same pipes and request
-    /// body memory, the new settings (see [`crate::Update`]).
+    /// body memory, the new settings (see [`crate::server::Update`]).
     pub(crate) fn reconfigured(
         &self,
         config: Arc<Config>,
