@@ -1201,7 +1201,7 @@ fn cors(config: &MiddlewareConfig) -> Result<Option<CorsLayer>, String> {
 /// starts. The error names the key at fault.
 pub fn check(config: &MiddlewareConfig) -> Result<(), String> {
     Middleware::new(config)?;
-    crate::public::check_expose(&config.auth.expose)?;
+    config::check_expose(&config.auth.expose)?;
     layers(config)?;
     Ok(())
 }
