@@ -45,8 +45,8 @@ use crate::context::{Front, Opener};
 use crate::exchange::emit_notification;
 use crate::identity::Identity;
 use crate::middleware::Refusal;
-use crate::middleware::session::{self as policy, SessionAuth};
-use crate::pipes::{CloseReason, Outbox, SessionGuard, Subscription, check_subscription};
+use crate::middleware::session::{self as policy, CloseReason, SessionAuth};
+use crate::pipes::{Outbox, SessionGuard, Subscription, check_subscription};
 use crate::state::State;
 
 /// Whether a gRPC request is one that needs no credential: health checks

@@ -41,7 +41,7 @@ use tokio_tungstenite::tungstenite::Message;
 
 use crate::config::Config;
 use crate::middleware::Middleware;
-use crate::middleware::session::{Policy, SessionAuth};
+use crate::middleware::session::{CloseReason, Policy, SessionAuth, SessionHost};
 use crate::routes::Routes;
 
 type Pending = HashMap<u64, oneshot::Sender<Envelope>>;
@@ -67,9 +67,6 @@ struct ReturnLink {
     task: tokio::task::AbortHandle,
     serial: u64,
 }
-
-/// Why the listener ends a WebSocket session: close code and reason.
-pub(crate) type CloseReason = Option<(u16, &'static str)>;
 
 /// A session's bounded outbound queue: what its pushes become.
 pub(crate) enum Outbox {
@@ -515,6 +512,22 @@ impl Pool {
         drop(routes);
         self.mark(0, true);
         self.changed();
+    }
+}
+
+/// What a session's watch (`middleware::session`) reads of the pool that
+/// holds the sessions.
+impl SessionHost for Pool {
+    fn watch_policy(&self) -> watch::Receiver<Policy> {
+        Pool::watch_policy(self)
+    }
+
+    fn routes(&self) -> Arc<Routes> {
+        Pool::routes(self)
+    }
+
+    fn patterns(&self, session: u64) -> Vec<String> {
+        Pool::patterns(self, session)
     }
 }
 

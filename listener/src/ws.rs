@@ -45,8 +45,8 @@ use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use crate::conn::Conn;
 use crate::context::Opener;
 use crate::exchange::{call, emit_notification, round_trip};
-use crate::middleware::session::{self as policy, Credential, SessionAuth};
-use crate::pipes::{CloseReason, Outbox, Subscription, check_subscription};
+use crate::middleware::session::{self as policy, CloseReason, Credential, SessionAuth};
+use crate::pipes::{Outbox, Subscription, check_subscription};
 use crate::reply::{Reply, error};
 use crate::state::State;
 

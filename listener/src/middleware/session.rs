@@ -20,8 +20,10 @@ use tokio::sync::watch;
 
 use super::Middleware;
 use crate::identity::Identity;
-use crate::pipes::{CloseReason, Pool};
 use crate::routes::Routes;
+
+/// Why the listener ends a WebSocket session: close code and reason.
+pub(crate) type CloseReason = Option<(u16, &'static str)>;
 
 /// The credential a session was opened with: the headers a credential can
 /// be in, and a token from elsewhere (a WebSocket subprotocol or query).
@@ -132,12 +134,23 @@ impl SessionAuth {
     }
 }
 
+/// Where the sessions live: what a session's watch reads of the pool of
+/// return pipes, which holds them and sits above this module.
+pub(crate) trait SessionHost: Send + Sync + 'static {
+    /// Changes with every reload's policy.
+    fn watch_policy(&self) -> watch::Receiver<Policy>;
+    /// The route table in force.
+    fn routes(&self) -> Arc<Routes>;
+    /// The patterns session `session` is subscribed to.
+    fn patterns(&self, session: u64) -> Vec<String>;
+}
+
 /// Watches a session for as long as it lives (until every receiver of
 /// `kill` is gone): ends it at its token's `exp`, and after each reload
 /// unless its credential and the subscriptions of `session` (its number in
 /// the pool, if it has subscriptions there) still hold.
 pub(crate) fn watch(
-    pool: Arc<Pool>,
+    pool: Arc<impl SessionHost>,
     session: Option<u64>,
     auth: Arc<SessionAuth>,
     kill: watch::Sender<CloseReason>,
