@@ -441,6 +441,14 @@ struct Limit {
     limiter: Limiter,
 }
 
+/// The credential a session was opened with: the headers a credential can
+/// be in, and a token from elsewhere (a WebSocket subprotocol or query).
+pub(crate) struct Credential {
+    pub(crate) headers: HeaderMap,
+    pub(crate) token: Option<String>,
+    pub(crate) client: IpAddr,
+}
+
 /// The per-request middleware of one listener process.
 pub(crate) struct Middleware {
     /// `None` when no method and no rule is configured: nothing to check.
@@ -686,10 +694,7 @@ impl Middleware {
 
     /// Authenticates a session's credential again (after a reload that
     /// may have changed the keys); `Ok(None)`: it had none.
-    pub(crate) async fn reauthenticate(
-        &self,
-        credential: &session::Credential,
-    ) -> Result<Option<Identity>, Refusal> {
+    pub(crate) async fn reauthenticate(&self, credential: &Credential) -> Result<Option<Identity>, Refusal> {
         let Some(auth) = &self.auth else {
             return Ok(None);
         };
@@ -711,7 +716,7 @@ impl Middleware {
         token: Option<String>,
         client: IpAddr,
         ws: bool,
-    ) -> session::Credential {
+    ) -> Credential {
         let mut kept = HeaderMap::new();
         if !ws || self.ws_header_tokens() {
             let mut names = vec![header::AUTHORIZATION];
@@ -726,7 +731,7 @@ impl Middleware {
                 }
             }
         }
-        session::Credential {
+        Credential {
             headers: kept,
             token,
             client,

@@ -11,27 +11,17 @@
 //!   the session the same way.
 
 use std::collections::HashMap;
-use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use http::HeaderMap;
 use tokio::sync::watch;
 
-use super::Middleware;
+use super::{Credential, Middleware};
 use crate::identity::Identity;
 use crate::routes::Routes;
 
 /// Why the listener ends a WebSocket session: close code and reason.
 pub(crate) type CloseReason = Option<(u16, &'static str)>;
-
-/// The credential a session was opened with: the headers a credential can
-/// be in, and a token from elsewhere (a WebSocket subprotocol or query).
-pub(crate) struct Credential {
-    pub(crate) headers: HeaderMap,
-    pub(crate) token: Option<String>,
-    pub(crate) client: IpAddr,
-}
 
 /// The policy in force: the newest configuration's middleware. Sessions
 /// opened under an older one follow it too.
