@@ -34,7 +34,10 @@
 //!   stalled connections.
 //! - `middleware`: CORS, compression and request decoding around the
 //!   whole service; rate limits, authentication and its rules per
-//!   request; security headers.
+//!   request; security headers; which names `[auth] expose` opens.
+//!   `middleware::session` holds a long-lived session to the policy; it
+//!   sits below `pipes`, which keeps the sessions, and reads the pool
+//!   through `SessionHost`.
 //! - [`tls`]: certificates from PEM files, ALPN, client certificates; the
 //!   handshake runs in the connection's task.
 //! - `quic`: HTTP/3's UDP endpoint (`[listener.http3]`): QUIC TLS and
