@@ -19,7 +19,8 @@
 //! imports no leaf.
 //!
 //! This file is the crate's face: its modules and what other crates take
-//! from them; nothing is defined here, and no module imports from it.
+//! from them; nothing is defined here, and no module imports from it
+//! (decision 0153).
 //!
 //! - `config`: [`Config`] and the checks a configuration passes, at start
 //!   or on a reload; `error`: [`Error`], the crate's one error type.

@@ -125,7 +125,8 @@ impl SessionAuth {
 }
 
 /// Where the sessions live: what a session's watch reads of the pool of
-/// return pipes, which holds them and sits above this module.
+/// return pipes, which holds them and sits above this module (decision
+/// 0153).
 pub(crate) trait SessionHost: Send + Sync + 'static {
     /// Changes with every reload's policy.
     fn watch_policy(&self) -> watch::Receiver<Policy>;
