@@ -231,7 +231,7 @@ async fn serve_request(
         };
         let mut reply = match admit(state, client, &mut req, None, scope, true).await {
             Ok(()) => crate::static_files::serve(mount, &rest, req.method(), req.headers()).await,
-            Err(refusal) => state.policy().refuse(&refusal).map(Either::Left),
+            Err(refusal) => state.policy().refuse(&refusal, error).map(Either::Left),
         };
         state.policy().secure(reply.headers_mut());
         return reply;
@@ -263,7 +263,7 @@ async fn serve_request(
                     .config
                     .api
                     .answer(req.method(), &path, &state.config.middleware.auth),
-                Err(refusal) => state.policy().refuse(&refusal),
+                Err(refusal) => state.policy().refuse(&refusal, error),
             }
         }
         path @ ("/ws" | "/ws/echo") if ws::is_upgrade(&req) => {
@@ -285,7 +285,7 @@ async fn serve_request(
                     let credential = state.policy().credential(req.headers(), token, client, true);
                     ws::upgrade(state.clone(), conn, req, echo, credential)
                 }
-                Err(refusal) => state.policy().refuse(&refusal),
+                Err(refusal) => state.policy().refuse(&refusal, error),
             }
         }
         _ => route(state, client, req, stats).await,
@@ -403,12 +403,12 @@ async fn route(
         path: Some(&path),
         event: event.as_deref(),
         subscription: false,
-        routes: Some(&routes),
+        routes: Some(routes.event_paths().as_ref()),
     };
     let admitted = admit(state, client, &mut req, None, scope, true).await;
     drop(routes);
     if let Err(refusal) = admitted {
-        return state.policy().refuse(&refusal);
+        return state.policy().refuse(&refusal, error);
     }
     let matched = match lookup {
         Lookup::Found(m) => m,

@@ -218,7 +218,7 @@ async fn call(state: &State, req: CallRequest, front: &Front<'_>) -> Result<Call
         front.identity,
         front.client.ip,
         &req.r#type,
-        &state.pool.routes(),
+        state.pool.routes().event_paths(),
     )?;
     let content_type = if req.content_type.is_empty() {
         "application/json"
@@ -442,7 +442,7 @@ impl Events for EventsService {
                 identity,
                 client,
                 &request.get_ref().r#type,
-                &self.state.pool.routes(),
+                self.state.pool.routes().event_paths(),
             )
             .map_err(|r| r.grpc())?;
         let request = request.into_inner();
@@ -487,7 +487,7 @@ impl Events for EventsService {
                 auth.identity.as_ref(),
                 client,
                 &req.pattern,
-                &self.state.pool.routes(),
+                self.state.pool.routes().event_paths(),
             )
             .map_err(|r| r.grpc())?;
         let (guard, tx, rx, killed) = open(&self.state, auth);
@@ -624,7 +624,7 @@ async fn read_session(
                             opener.identity.as_ref(),
                             opener.client.ip,
                             &req.pattern,
-                            &state.pool.routes(),
+                            state.pool.routes().event_paths(),
                         )
                         .map(|()| filter)
                         .map_err(|refusal| (refusal.status(), refusal.grpc()))

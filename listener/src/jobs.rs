@@ -108,7 +108,7 @@ fn authorize(state: &State, name: &str, identity: Option<&Identity>) -> Result<(
     let routes = state.pool.routes();
     state
         .policy()
-        .authorize_event(identity, name, &routes)
+        .authorize_event(identity, name, routes.event_paths())
         .map_err(|r| Refused {
             status: r.status(),
             detail: r.detail(),

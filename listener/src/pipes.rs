@@ -41,6 +41,7 @@ use tokio_tungstenite::tungstenite::Message;
 
 use crate::config::Config;
 use crate::middleware::Middleware;
+use crate::middleware::paths::EventPaths;
 use crate::middleware::session::{CloseReason, Policy, SessionAuth, SessionHost};
 use crate::routes::Routes;
 
@@ -522,8 +523,8 @@ impl SessionHost for Pool {
         Pool::watch_policy(self)
     }
 
-    fn routes(&self) -> Arc<Routes> {
-        Pool::routes(self)
+    fn event_paths(&self) -> Arc<EventPaths> {
+        Pool::routes(self).event_paths().clone()
     }
 
     fn patterns(&self, session: u64) -> Vec<String> {
@@ -844,7 +845,7 @@ fn push(pool: &Pool, slot: &Slot, env: &Envelope) {
             // notification meets the rules for its own type too
             // (decision 0106), under the rules in force now.
             if let Some(auth) = &s.auth
-                && !auth.may_receive(&policy, name, &routes)
+                && !auth.may_receive(&policy, name, routes.event_paths())
             {
                 continue;
             }

@@ -133,7 +133,7 @@ pub(crate) fn check_job(
     admit(&routes, &state.config.middleware.auth.expose, event, sending)?;
     state
         .policy()
-        .authorize_event(identity, event, &routes)
+        .authorize_event(identity, event, routes.event_paths())
         .map_err(|r| refused(r.status(), r.detail()))
 }
 

@@ -432,7 +432,7 @@ async fn session(
                             auth.identity.as_ref(),
                             opener.client.ip,
                             &request.event_type,
-                            &state.pool.routes(),
+                            state.pool.routes().event_paths(),
                         ) {
                             let e = error_message(None, refusal.status(), &refusal.detail());
                             if tx.send(e).await.is_err() {
@@ -496,12 +496,12 @@ async fn session(
             if subscription {
                 policy
                     .middleware
-                    .admit_subscription(who, opener.client.ip, event, &routes)
+                    .admit_subscription(who, opener.client.ip, event, routes.event_paths())
                     .err()
             } else {
                 policy
                     .middleware
-                    .admit_event(who, opener.client.ip, event, &routes)
+                    .admit_event(who, opener.client.ip, event, routes.event_paths())
                     .err()
             }
         });
@@ -710,7 +710,11 @@ async fn echo_session(
         .pool
         .policy()
         .middleware
-        .authorize_event(opener.identity.as_ref(), ECHO_EVENT, &state.pool.routes())
+        .authorize_event(
+            opener.identity.as_ref(),
+            ECHO_EVENT,
+            state.pool.routes().event_paths(),
+        )
         .is_err()
     {
         let policy = close_message(Some((1008, "not allowed to send demo.WsEcho")));

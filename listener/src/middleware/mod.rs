@@ -38,6 +38,7 @@ pub(crate) mod config;
 
 mod auth;
 mod jwt;
+pub(crate) mod paths;
 mod rate;
 pub(crate) mod session;
 
@@ -54,10 +55,9 @@ use tower_http::decompression::RequestDecompressionLayer;
 
 use self::auth::{Auth, Denied};
 use self::config::{DEFAULT_SECURITY_HEADERS, MiddlewareConfig, RateKey, TokenSource, WsAuthConfig};
+use self::paths::EventPaths;
 use self::rate::{Key, Limiter};
 use crate::identity::{AuthMethod, Identity};
-use crate::reply::{Reply, error};
-use crate::routes::Routes;
 
 /// What a request is, for rules and limits: its path (HTTP requests and
 /// WebSocket upgrades) and its event type (a route's, a WebSocket
@@ -70,13 +70,13 @@ pub(crate) struct Scope<'a> {
     pub(crate) subscription: bool,
     /// The route table: which paths each event type is routed at, for
     /// the `prefix` of rules and limits on an event.
-    pub(crate) routes: Option<&'a Routes>,
+    pub(crate) routes: Option<&'a EventPaths>,
 }
 
 impl<'a> Scope<'a> {
     /// An event with no path (a WebSocket message, a gRPC call, a push),
     /// or with `subscription` a subscription pattern, over `routes`.
-    fn of_event(event: &'a str, subscription: bool, routes: &'a Routes) -> Scope<'a> {
+    fn of_event(event: &'a str, subscription: bool, routes: &'a EventPaths) -> Scope<'a> {
         Scope {
             path: None,
             event: Some(event),
@@ -612,7 +612,7 @@ impl Middleware {
         identity: Option<&Identity>,
         client: Option<IpAddr>,
         event: &str,
-        routes: &Routes,
+        routes: &EventPaths,
     ) -> Result<(), Refusal> {
         self.count_event(identity, client, &Scope::of_event(event, false, routes))?;
         self.authorize_event(identity, event, routes)
@@ -628,7 +628,7 @@ impl Middleware {
         identity: Option<&Identity>,
         client: Option<IpAddr>,
         pattern: &str,
-        routes: &Routes,
+        routes: &EventPaths,
     ) -> Result<(), Refusal> {
         self.count_event(identity, client, &Scope::of_event(pattern, true, routes))?;
         self.authorize_subscription(identity, pattern, routes)
@@ -667,7 +667,7 @@ impl Middleware {
         &self,
         identity: Option<&Identity>,
         event: &str,
-        routes: &Routes,
+        routes: &EventPaths,
     ) -> Result<(), Refusal> {
         let Some(auth) = &self.auth else {
             return Ok(());
@@ -683,7 +683,7 @@ impl Middleware {
         &self,
         identity: Option<&Identity>,
         pattern: &str,
-        routes: &Routes,
+        routes: &EventPaths,
     ) -> Result<(), Refusal> {
         let Some(auth) = &self.auth else {
             return Ok(());
@@ -813,8 +813,13 @@ impl Middleware {
     }
 
     /// The HTTP answer to a refusal: 401 with `WWW-Authenticate`, 403, or
-    /// 429 with `Retry-After`.
-    pub(crate) fn refuse(&self, refusal: &Refusal) -> Reply {
+    /// 429 with `Retry-After`, on the error answer `error` makes of a status
+    /// and a detail (the listener's problem+json).
+    pub(crate) fn refuse<B>(
+        &self,
+        refusal: &Refusal,
+        error: impl FnOnce(StatusCode, &str) -> http::Response<B>,
+    ) -> http::Response<B> {
         let status = match refusal {
             Refusal::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
             Refusal::Forbidden(_) => StatusCode::FORBIDDEN,
@@ -1282,27 +1287,16 @@ mod tests {
 
     #[test]
     fn a_prefix_covers_the_events_routed_under_it() {
-        use switchyard_proto::EventType;
-        use switchyard_proto::control::{HttpRoute, RouteEntry, RouteTable};
-        let entry = |path: &str, name: &str| RouteEntry {
-            route: HttpRoute {
-                method: "GET".into(),
-                path: path.into(),
-                stream_body: false,
-            },
-            event_type: EventType::of(name),
-            type_name: name.into(),
-            manager: "m".into(),
-        };
-        let routes = Routes::default().merged(RouteTable {
-            routes: vec![
-                entry("/me", "demo.Me"),
-                entry("/api/me", "demo.Me"),
-                entry("/users/{name}", "demo.User"),
-                entry("/noop", "demo.Noop"),
-            ],
-            ..Default::default()
-        });
+        let mut paths: std::collections::HashMap<String, Vec<String>> = Default::default();
+        for (path, name) in [
+            ("/me", "demo.Me"),
+            ("/api/me", "demo.Me"),
+            ("/users/{name}", "demo.User"),
+            ("/noop", "demo.Noop"),
+        ] {
+            paths.entry(name.to_owned()).or_default().push(path.to_owned());
+        }
+        let routes = EventPaths::new(paths, 1);
         let event = |e: &'static str| Scope {
             path: None,
             event: Some(e),

@@ -16,9 +16,9 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
+use super::paths::EventPaths;
 use super::{Credential, Middleware};
 use crate::identity::Identity;
-use crate::routes::Routes;
 
 /// Why the listener ends a WebSocket session: close code and reason.
 pub(crate) type CloseReason = Option<(u16, &'static str)>;
@@ -83,7 +83,7 @@ impl SessionAuth {
 
     /// Whether a notification of type `event` may be pushed to this
     /// session under `policy`: the rules, as for sending it.
-    pub(crate) fn may_receive(&self, policy: &Policy, event: &str, routes: &Routes) -> bool {
+    pub(crate) fn may_receive(&self, policy: &Policy, event: &str, routes: &EventPaths) -> bool {
         let under = (policy.generation, routes.generation());
         let mut d = self.decisions.lock().unwrap_or_else(|p| p.into_inner());
         if d.under != under || d.allowed.len() >= MAX_DECISIONS {
@@ -130,8 +130,8 @@ impl SessionAuth {
 pub(crate) trait SessionHost: Send + Sync + 'static {
     /// Changes with every reload's policy.
     fn watch_policy(&self) -> watch::Receiver<Policy>;
-    /// The route table in force.
-    fn routes(&self) -> Arc<Routes>;
+    /// The route table in force: its event types' paths.
+    fn event_paths(&self) -> Arc<EventPaths>;
     /// The patterns session `session` is subscribed to.
     fn patterns(&self, session: u64) -> Vec<String>;
 }
@@ -173,7 +173,7 @@ pub(crate) fn watch(
                         kill.send_replace(Some(REJECTED));
                         return;
                     }
-                    let routes = pool.routes();
+                    let routes = pool.event_paths();
                     let patterns = session.map(|s| pool.patterns(s)).unwrap_or_default();
                     let refused = patterns.iter().any(|pattern| {
                         policy
