@@ -10,12 +10,12 @@ use crate::access::AccessLogConfig;
 use crate::api::ApiConfig;
 use crate::context::{ForwardedHeader, RequestIdConfig};
 use crate::error::Error;
-use crate::middleware;
-use crate::middleware::config::MiddlewareConfig;
 use crate::quic::Http3Config;
 use crate::static_files::StaticMount;
 use crate::tls::TlsConfig;
 use crate::trace::TracingConfig;
+use switchyard_middleware as middleware;
+use switchyard_middleware::config::MiddlewareConfig;
 
 /// The listener's settings.
 #[derive(Clone, Debug)]

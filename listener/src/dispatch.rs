@@ -32,11 +32,11 @@ use crate::context::Client;
 use crate::decoded::RequestBody;
 use crate::grpc::{self, Grpc};
 use crate::metrics::{self, Fixed};
-use crate::middleware::Scope;
 use crate::reply::{ManagerTime, Reply, error, json};
 use crate::routes::Lookup;
 use crate::state::State;
 use crate::{upload, ws};
+use switchyard_middleware::Scope;
 
 /// Serves one request of connection `conn`; `grpc_only` when it came on
 /// the gRPC-only port. Counts it (`metrics`), logs it (`access`) and
@@ -304,7 +304,7 @@ async fn admit(
     token: Option<&str>,
     scope: Scope<'_>,
     rules: bool,
-) -> Result<(), crate::middleware::Refusal> {
+) -> Result<(), switchyard_middleware::Refusal> {
     let mw = state.policy();
     if !mw.admits() {
         return Ok(());

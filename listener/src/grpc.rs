@@ -43,11 +43,11 @@ use tonic_types::{ErrorDetails, FieldViolation, StatusExt};
 
 use crate::context::{Front, Opener};
 use crate::exchange::emit_notification;
-use crate::identity::Identity;
-use crate::middleware::Refusal;
-use crate::middleware::session::{self as policy, CloseReason, SessionAuth};
 use crate::pipes::{Outbox, SessionGuard, Subscription, check_subscription};
 use crate::state::State;
+use switchyard_middleware::Refusal;
+use switchyard_middleware::identity::Identity;
+use switchyard_middleware::session::{self as policy, CloseReason, SessionAuth};
 
 /// Whether a gRPC request is one that needs no credential: health checks
 /// and reflection, which load balancers and tools call as they are.

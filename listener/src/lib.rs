@@ -33,12 +33,12 @@
 //! - `conn`: admission (`max_connections`), the socket wrapper and body
 //!   tracker that stamp progress, and the sweeper that closes idle and
 //!   stalled connections.
-//! - `middleware`: CORS, compression and request decoding around the
-//!   whole service; rate limits, authentication and its rules per
-//!   request; security headers; which names `[auth] expose` opens.
-//!   `middleware::session` holds a long-lived session to the policy; it
-//!   sits below `pipes`, which keeps the sessions, and reads the pool
-//!   through `SessionHost`.
+//! - The built-in middleware is the crate `switchyard_middleware`: CORS,
+//!   compression and request decoding around the whole service; rate
+//!   limits, authentication and its rules per request; security headers;
+//!   which names `[auth] expose` opens; the policy a long-lived session is
+//!   held to, which reads the pool (`pipes`) through `SessionHost`, and
+//!   the route table (`routes`) as `EventPaths`.
 //! - [`tls`]: certificates from PEM files, ALPN, client certificates; the
 //!   handshake runs in the connection's task.
 //! - `quic`: HTTP/3's UDP endpoint (`[listener.http3]`): QUIC TLS and
@@ -103,11 +103,9 @@ mod exchange;
 mod grpc;
 mod http;
 mod http3;
-mod identity;
 mod incoming;
 mod jobs;
 pub mod metrics;
-mod middleware;
 mod negotiate;
 mod pipes;
 mod public;
@@ -127,17 +125,17 @@ pub use access::{AccessLogConfig, AccessTarget};
 pub use config::{Config, WsConfig};
 pub use context::{ForwardedHeader, RequestIdConfig};
 pub use error::Error;
-pub use middleware::check as check_middleware;
-pub use middleware::check_notes as middleware_check_notes;
-pub use middleware::config::{
-    ApiKey, ApiKeysConfig, AuthConfig, AuthRule, BasicConfig, BasicUser, CompressionConfig, CorsConfig,
-    JwtConfig, MiddlewareConfig, RateKey, RateLimit, RateLimitConfig, Require, SecurityHeadersConfig,
-    TokenSource, WsAuthConfig,
-};
-pub use middleware::describe_rules;
 pub use quic::{Http3Config, Retry};
 pub use routes::percent_decode;
 pub use server::{Update, run};
 pub use static_files::StaticMount;
+pub use switchyard_middleware::check as check_middleware;
+pub use switchyard_middleware::check_notes as middleware_check_notes;
+pub use switchyard_middleware::config::{
+    ApiKey, ApiKeysConfig, AuthConfig, AuthRule, BasicConfig, BasicUser, CompressionConfig, CorsConfig,
+    JwtConfig, MiddlewareConfig, RateKey, RateLimit, RateLimitConfig, Require, SecurityHeadersConfig,
+    TokenSource, WsAuthConfig,
+};
+pub use switchyard_middleware::describe_rules;
 pub use tls::TlsConfig;
 pub use trace::TracingConfig;

@@ -40,10 +40,10 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio_tungstenite::tungstenite::Message;
 
 use crate::config::Config;
-use crate::middleware::Middleware;
-use crate::middleware::paths::EventPaths;
-use crate::middleware::session::{CloseReason, Policy, SessionAuth, SessionHost};
 use crate::routes::Routes;
+use switchyard_middleware::Middleware;
+use switchyard_middleware::paths::EventPaths;
+use switchyard_middleware::session::{CloseReason, Policy, SessionAuth, SessionHost};
 
 type Pending = HashMap<u64, oneshot::Sender<Envelope>>;
 

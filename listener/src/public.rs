@@ -10,10 +10,10 @@
 use switchyard_proto::EventType;
 use switchyard_proto::control::DeclaredType;
 
-use crate::identity::Identity;
-use crate::middleware::config::exposed;
 use crate::routes::Routes;
 use crate::state::State;
+use switchyard_middleware::config::exposed;
+use switchyard_middleware::identity::Identity;
 
 /// What the client sends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

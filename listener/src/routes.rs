@@ -12,7 +12,7 @@ use switchyard_proto::EventType;
 use switchyard_proto::control::{DeclaredType, RequestNeeds, RouteEntry, RouteTable};
 
 use crate::metrics::RouteStats;
-use crate::middleware::paths::EventPaths;
+use switchyard_middleware::paths::EventPaths;
 
 /// A snapshot of the routes, swapped whole on every change.
 #[derive(Default)]

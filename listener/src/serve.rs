@@ -13,8 +13,10 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use tokio::sync::mpsc;
 
+use switchyard_middleware as middleware;
+
 use crate::conn::{Close, Conn, Io, Signal, Tracked};
-use crate::{body, conditional, conn, decoded, dispatch, grpc, incoming, middleware, reply, state};
+use crate::{body, conditional, conn, decoded, dispatch, grpc, incoming, reply, state};
 
 /// How long a connection accepted just before a drain, with no request
 /// yet, is given to send its first (answered with `connection: close`).

@@ -15,11 +15,13 @@ use switchyard_proto::supervision::Stop;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 
+use switchyard_middleware as middleware;
+
 use crate::config::Config;
 use crate::conn::{Connections, Io};
 use crate::error::Error;
 use crate::serve::Serve;
-use crate::{access, conn, grpc, http3, jobs, middleware, pipes, quic, state, tls};
+use crate::{access, conn, grpc, http3, jobs, pipes, quic, state, tls};
 
 /// A new configuration for a running listener (`switchyard reload`).
 ///

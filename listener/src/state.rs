@@ -10,8 +10,8 @@ use switchyard_proto::pool::SegmentPool;
 
 use crate::access::AccessLog;
 use crate::config::Config;
-use crate::middleware::Middleware;
 use crate::pipes::Pool;
+use switchyard_middleware::Middleware;
 
 pub(crate) struct State {
     /// The return pipes: every request and session goes through them.

@@ -45,11 +45,11 @@ use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use crate::conn::Conn;
 use crate::context::Opener;
 use crate::exchange::{call, emit_notification, round_trip};
-use crate::middleware::Credential;
-use crate::middleware::session::{self as policy, CloseReason, SessionAuth};
 use crate::pipes::{Outbox, Subscription, check_subscription};
 use crate::reply::{Reply, error};
 use crate::state::State;
+use switchyard_middleware::Credential;
+use switchyard_middleware::session::{self as policy, CloseReason, SessionAuth};
 
 /// `AsyncWrite` for a read-side wrapper `$wrapper<S>` around a stream in
 /// its `inner` field: every write goes straight to `inner`.

@@ -16,8 +16,8 @@ use http_body_util::{Either, Full};
 use switchyard_proto::api::{Catalog, TypeRole};
 use switchyard_proto::control::HandledType;
 
-use crate::middleware::config::{AuthConfig, exposed};
 use crate::reply::{Reply, error};
+use switchyard_middleware::config::{AuthConfig, exposed};
 
 pub use openapi::document as openapi_document;
 

@@ -82,7 +82,7 @@ impl AuthConfig {
 
 /// Whether `expose` (`[auth] expose`: exact names, `prefix.*` or `*`)
 /// opens `name` to clients.
-pub(crate) fn exposed(expose: &[String], name: &str) -> bool {
+pub fn exposed(expose: &[String], name: &str) -> bool {
     expose.iter().any(|pattern| match pattern_prefix(pattern) {
         Ok(Some(prefix)) => name.starts_with(prefix),
         Ok(None) => pattern == name,
@@ -91,7 +91,7 @@ pub(crate) fn exposed(expose: &[String], name: &str) -> bool {
 }
 
 /// Checks the `[auth] expose` patterns; the error names the key at fault.
-pub(crate) fn check_expose(expose: &[String]) -> Result<(), String> {
+pub fn check_expose(expose: &[String]) -> Result<(), String> {
     for (i, pattern) in expose.iter().enumerate() {
         pattern_prefix(pattern).map_err(|why| format!("auth.expose[{i}]: {why}"))?;
     }
@@ -491,7 +491,7 @@ impl Default for SecurityHeadersConfig {
 }
 
 /// The security headers before `[security_headers.headers]` changes them.
-pub(crate) const DEFAULT_SECURITY_HEADERS: &[(&str, &str)] = &[
+pub const DEFAULT_SECURITY_HEADERS: &[(&str, &str)] = &[
     ("x-content-type-options", "nosniff"),
     ("referrer-policy", "no-referrer"),
     ("x-frame-options", "DENY"),

@@ -8,31 +8,31 @@ use std::collections::HashMap;
 /// Each routed event type's path templates, and which snapshot of the
 /// route table they were taken from.
 #[derive(Default)]
-pub(crate) struct EventPaths {
+pub struct EventPaths {
     paths: HashMap<String, Vec<String>>,
     generation: u64,
 }
 
 impl EventPaths {
     /// `paths` (event type to its templates) of snapshot `generation`.
-    pub(crate) fn new(paths: HashMap<String, Vec<String>>, generation: u64) -> EventPaths {
+    pub fn new(paths: HashMap<String, Vec<String>>, generation: u64) -> EventPaths {
         EventPaths { paths, generation }
     }
 
     /// Which snapshot of the route table this is (each merge counts one
     /// more).
-    pub(crate) fn generation(&self) -> u64 {
+    pub fn generation(&self) -> u64 {
         self.generation
     }
 
     /// The path templates of the routes of event type `name` (none for a
     /// type without a route).
-    pub(crate) fn paths_of(&self, name: &str) -> &[String] {
+    pub fn paths_of(&self, name: &str) -> &[String] {
         self.paths.get(name).map_or(&[], Vec::as_slice)
     }
 
     /// Every routed event type with its path templates.
-    pub(crate) fn typed_paths(&self) -> impl Iterator<Item = (&str, &[String])> {
+    pub fn typed_paths(&self) -> impl Iterator<Item = (&str, &[String])> {
         self.paths.iter().map(|(t, p)| (t.as_str(), p.as_slice()))
     }
 }
