@@ -3,7 +3,7 @@
 //! `[auth.basic]`, `[auth.websocket]` and `[[auth.rules]]`), `[cors]`,
 //! `[rate_limit]` (with `[[rate_limit.limits]]`), `[compression]` and
 //! `[security_headers]`. The supervisor parses them (serde, unknown keys
-//! refused) and checks them with [`MiddlewareConfig::check`], which builds
+//! refused) and checks them with [`check`](crate::check), which builds
 //! the very stack the listener will run, so a bad key file or value is
 //! reported, naming its key, before any process starts. Every key and
 //! status is described in docs/middleware.md.

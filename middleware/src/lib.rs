@@ -3,7 +3,7 @@
 //! (decision 0046). Configured by the top-level sections of
 //! `switchyard.toml` (`config`), built once per listener process. A crate of
 //! its own (decision 0153): it knows nothing of sockets, pipes or the
-//! listener's route table beyond [`EventPaths`](paths::EventPaths), so its
+//! listener's route table beyond [`paths::EventPaths`], so its
 //! rules, limits and session policy are tested without them.
 //!
 //! Two parts, by what they need to see:
