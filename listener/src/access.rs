@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
-use crate::Error;
+use crate::error::Error;
 
 /// Where access lines go (`[log] access`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

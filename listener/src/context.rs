@@ -20,8 +20,8 @@ use switchyard_proto::event::{
 };
 use switchyard_proto::{Envelope, RequestContext, RequestId, TraceContext};
 
-use crate::identity::{AuthMethod, Identity};
 use crate::routes::Routes;
+use switchyard_middleware::identity::{AuthMethod, Identity};
 
 /// `[request_id]`: take or make an id per request, carried through every
 /// hop into the logs and back in the reply.

@@ -23,6 +23,11 @@ use crate::incoming::{BodyError, Incoming};
 /// repetitive JSON compress far beyond any sane ratio and cost nothing.
 pub(crate) const RATIO_FLOOR: u64 = 1024 * 1024;
 
+/// A request body as the listener's code reads it: decoded by its
+/// `Content-Encoding` (the middleware's request decoding) as it is read,
+/// and bounded in how far it expands.
+pub(crate) type RequestBody = Decoded;
+
 /// The request body as it came off the connection, its bytes counted.
 pub(crate) struct Counted {
     inner: Incoming,

@@ -25,18 +25,18 @@ use tracing::Instrument;
 
 use std::time::Instant;
 
-use crate::RequestBody;
 use crate::access;
 use crate::body::Body;
 use crate::conn::Conn;
 use crate::context::Client;
+use crate::decoded::RequestBody;
 use crate::grpc::{self, Grpc};
 use crate::metrics::{self, Fixed};
-use crate::middleware::Scope;
 use crate::reply::{ManagerTime, Reply, error, json};
 use crate::routes::Lookup;
 use crate::state::State;
 use crate::{upload, ws};
+use switchyard_middleware::Scope;
 
 /// Serves one request of connection `conn`; `grpc_only` when it came on
 /// the gRPC-only port. Counts it (`metrics`), logs it (`access`) and
@@ -231,7 +231,7 @@ async fn serve_request(
         };
         let mut reply = match admit(state, client, &mut req, None, scope, true).await {
             Ok(()) => crate::static_files::serve(mount, &rest, req.method(), req.headers()).await,
-            Err(refusal) => state.policy().refuse(&refusal).map(Either::Left),
+            Err(refusal) => state.policy().refuse(&refusal, error).map(Either::Left),
         };
         state.policy().secure(reply.headers_mut());
         return reply;
@@ -263,7 +263,7 @@ async fn serve_request(
                     .config
                     .api
                     .answer(req.method(), &path, &state.config.middleware.auth),
-                Err(refusal) => state.policy().refuse(&refusal),
+                Err(refusal) => state.policy().refuse(&refusal, error),
             }
         }
         path @ ("/ws" | "/ws/echo") if ws::is_upgrade(&req) => {
@@ -285,7 +285,7 @@ async fn serve_request(
                     let credential = state.policy().credential(req.headers(), token, client, true);
                     ws::upgrade(state.clone(), conn, req, echo, credential)
                 }
-                Err(refusal) => state.policy().refuse(&refusal),
+                Err(refusal) => state.policy().refuse(&refusal, error),
             }
         }
         _ => route(state, client, req, stats).await,
@@ -304,7 +304,7 @@ async fn admit(
     token: Option<&str>,
     scope: Scope<'_>,
     rules: bool,
-) -> Result<(), crate::middleware::Refusal> {
+) -> Result<(), switchyard_middleware::Refusal> {
     let mw = state.policy();
     if !mw.admits() {
         return Ok(());
@@ -403,12 +403,12 @@ async fn route(
         path: Some(&path),
         event: event.as_deref(),
         subscription: false,
-        routes: Some(&routes),
+        routes: Some(routes.event_paths().as_ref()),
     };
     let admitted = admit(state, client, &mut req, None, scope, true).await;
     drop(routes);
     if let Err(refusal) = admitted {
-        return state.policy().refuse(&refusal);
+        return state.policy().refuse(&refusal, error);
     }
     let matched = match lookup {
         Lookup::Found(m) => m,

@@ -17,11 +17,11 @@ use switchyard_proto::{Deadline, Envelope, EventType, Hop, Payload, Refusal, Str
 use switchyard_proto::control::RequestNeeds;
 
 use crate::context::{self, Client, Front};
-use crate::identity::Identity;
 use crate::pipes::SendFailure;
 use crate::public::Sending;
 use crate::reply::{Reply, error, into_http, retry_later};
 use crate::state::State;
+use switchyard_middleware::identity::Identity;
 
 /// Why a request got no response event: the path failed, not the manager.
 pub(crate) enum Failure {

@@ -24,7 +24,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::RequestBody;
+use crate::decoded::RequestBody;
 use futures_util::Stream;
 use http::{Request, Response};
 use serde_json::Value;
@@ -43,11 +43,11 @@ use tonic_types::{ErrorDetails, FieldViolation, StatusExt};
 
 use crate::context::{Front, Opener};
 use crate::exchange::emit_notification;
-use crate::identity::Identity;
-use crate::middleware::Refusal;
-use crate::middleware::session::{self as policy, SessionAuth};
-use crate::pipes::{CloseReason, Outbox, SessionGuard, Subscription, check_subscription};
+use crate::pipes::{Outbox, SessionGuard, Subscription, check_subscription};
 use crate::state::State;
+use switchyard_middleware::Refusal;
+use switchyard_middleware::identity::Identity;
+use switchyard_middleware::session::{self as policy, CloseReason, SessionAuth};
 
 /// Whether a gRPC request is one that needs no credential: health checks
 /// and reflection, which load balancers and tools call as they are.
@@ -218,7 +218,7 @@ async fn call(state: &State, req: CallRequest, front: &Front<'_>) -> Result<Call
         front.identity,
         front.client.ip,
         &req.r#type,
-        &state.pool.routes(),
+        state.pool.routes().event_paths(),
     )?;
     let content_type = if req.content_type.is_empty() {
         "application/json"
@@ -442,7 +442,7 @@ impl Events for EventsService {
                 identity,
                 client,
                 &request.get_ref().r#type,
-                &self.state.pool.routes(),
+                self.state.pool.routes().event_paths(),
             )
             .map_err(|r| r.grpc())?;
         let request = request.into_inner();
@@ -487,7 +487,7 @@ impl Events for EventsService {
                 auth.identity.as_ref(),
                 client,
                 &req.pattern,
-                &self.state.pool.routes(),
+                self.state.pool.routes().event_paths(),
             )
             .map_err(|r| r.grpc())?;
         let (guard, tx, rx, killed) = open(&self.state, auth);
@@ -624,7 +624,7 @@ async fn read_session(
                             opener.identity.as_ref(),
                             opener.client.ip,
                             &req.pattern,
-                            &state.pool.routes(),
+                            state.pool.routes().event_paths(),
                         )
                         .map(|()| filter)
                         .map_err(|refusal| (refusal.status(), refusal.grpc()))

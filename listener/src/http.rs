@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::RequestBody;
+use crate::decoded::RequestBody;
 use bytes::{Bytes, BytesMut};
 use http::{HeaderValue, Request, StatusCode, header};
 use http_body_util::BodyExt;

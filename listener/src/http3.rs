@@ -33,6 +33,7 @@ use tower::ServiceExt;
 use crate::conn::{Close, Conn, Signal};
 use crate::incoming::{H3Body, Incoming};
 use crate::quic::HandshakeGuard;
+use crate::serve::Serve;
 
 type SendStream = h3::server::RequestStream<h3_quinn::SendStream<Bytes>, Bytes>;
 
@@ -41,7 +42,7 @@ const CLOSE_WAIT: Duration = Duration::from_secs(1);
 
 /// What one QUIC connection is served with.
 pub(crate) struct H3Conn {
-    pub(crate) serve: crate::Serve,
+    pub(crate) serve: Serve,
     pub(crate) handshake: HandshakeGuard,
     pub(crate) zero_rtt: bool,
 }
@@ -355,14 +356,5 @@ where
     }
     if let Err(err) = send.finish().await {
         tracing::debug!(%err, "HTTP/3 response not finished");
-    }
-}
-
-/// `Alt-Svc` on a TCP reply that has none of its own.
-pub(crate) fn advertise(headers: &mut http::HeaderMap, alt_svc: &Option<HeaderValue>) {
-    if let Some(value) = alt_svc
-        && !headers.contains_key(header::ALT_SVC)
-    {
-        headers.insert(header::ALT_SVC, value.clone());
     }
 }

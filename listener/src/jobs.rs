@@ -22,8 +22,8 @@ use switchyard_proto::{Envelope, Hop, Kind, Meta, Payload, Refusal, problem};
 use tokio::sync::{Semaphore, mpsc, watch};
 
 use crate::context::{Client, Front};
-use crate::identity::{AuthMethod, Identity};
 use crate::state::State;
+use switchyard_middleware::identity::{AuthMethod, Identity};
 
 /// Jobs being admitted or awaiting their answer at once in this process;
 /// more wait in the pool's queue (which refuses past its own bound).
@@ -108,7 +108,7 @@ fn authorize(state: &State, name: &str, identity: Option<&Identity>) -> Result<(
     let routes = state.pool.routes();
     state
         .policy()
-        .authorize_event(identity, name, &routes)
+        .authorize_event(identity, name, routes.event_paths())
         .map_err(|r| Refused {
             status: r.status(),
             detail: r.detail(),

@@ -39,10 +39,11 @@ use tokio::net::unix::OwnedReadHalf;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_tungstenite::tungstenite::Message;
 
-use crate::Config;
-use crate::middleware::Middleware;
-use crate::middleware::session::{Policy, SessionAuth};
+use crate::config::Config;
 use crate::routes::Routes;
+use switchyard_middleware::Middleware;
+use switchyard_middleware::paths::EventPaths;
+use switchyard_middleware::session::{CloseReason, Policy, SessionAuth, SessionHost};
 
 type Pending = HashMap<u64, oneshot::Sender<Envelope>>;
 
@@ -67,9 +68,6 @@ struct ReturnLink {
     task: tokio::task::AbortHandle,
     serial: u64,
 }
-
-/// Why the listener ends a WebSocket session: close code and reason.
-pub(crate) type CloseReason = Option<(u16, &'static str)>;
 
 /// A session's bounded outbound queue: what its pushes become.
 pub(crate) enum Outbox {
@@ -518,6 +516,22 @@ impl Pool {
     }
 }
 
+/// What a session's watch (`middleware::session`) reads of the pool that
+/// holds the sessions.
+impl SessionHost for Pool {
+    fn watch_policy(&self) -> watch::Receiver<Policy> {
+        Pool::watch_policy(self)
+    }
+
+    fn event_paths(&self) -> Arc<EventPaths> {
+        Pool::routes(self).event_paths().clone()
+    }
+
+    fn patterns(&self, session: u64) -> Vec<String> {
+        Pool::patterns(self, session)
+    }
+}
+
 async fn pipe_task(pool: Arc<Pool>, index: usize) {
     let mut backoff = Backoff::peer();
     loop {
@@ -831,7 +845,7 @@ fn push(pool: &Pool, slot: &Slot, env: &Envelope) {
             // notification meets the rules for its own type too
             // (decision 0106), under the rules in force now.
             if let Some(auth) = &s.auth
-                && !auth.may_receive(&policy, name, &routes)
+                && !auth.may_receive(&policy, name, routes.event_paths())
             {
                 continue;
             }

@@ -8,11 +8,12 @@
 //! declared type's is refused before it is routed by that id.
 
 use switchyard_proto::EventType;
-use switchyard_proto::control::{DeclaredType, pattern_prefix};
+use switchyard_proto::control::DeclaredType;
 
-use crate::identity::Identity;
 use crate::routes::Routes;
 use crate::state::State;
+use switchyard_middleware::config::exposed;
+use switchyard_middleware::identity::Identity;
 
 /// What the client sends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,24 +30,6 @@ pub(crate) enum Sending {
 pub(crate) struct Refused {
     pub(crate) status: u16,
     pub(crate) detail: String,
-}
-
-/// Whether `expose` (`[auth] expose`: exact names, `prefix.*` or `*`)
-/// opens `name` to clients.
-pub(crate) fn exposed(expose: &[String], name: &str) -> bool {
-    expose.iter().any(|pattern| match pattern_prefix(pattern) {
-        Ok(Some(prefix)) => name.starts_with(prefix),
-        Ok(None) => pattern == name,
-        Err(_) => false,
-    })
-}
-
-/// Checks the `[auth] expose` patterns; the error names the key at fault.
-pub(crate) fn check_expose(expose: &[String]) -> Result<(), String> {
-    for (i, pattern) in expose.iter().enumerate() {
-        pattern_prefix(pattern).map_err(|why| format!("auth.expose[{i}]: {why}"))?;
-    }
-    Ok(())
 }
 
 /// Admits a client's `name` ([`Sending`]) against the declared types of
@@ -150,7 +133,7 @@ pub(crate) fn check_job(
     admit(&routes, &state.config.middleware.auth.expose, event, sending)?;
     state
         .policy()
-        .authorize_event(identity, event, &routes)
+        .authorize_event(identity, event, routes.event_paths())
         .map_err(|r| refused(r.status(), r.detail()))
 }
 
@@ -256,20 +239,5 @@ mod tests {
         assert_eq!(refused.status, 404);
         let refused = admit(&r, &[], "forged.Name", Sending::Notification).unwrap_err();
         assert_eq!(refused.status, 404);
-    }
-
-    #[test]
-    fn expose_patterns() {
-        let expose = ["store.Get".to_owned(), "scheduler.*".to_owned()];
-        assert!(exposed(&expose, "store.Get"));
-        assert!(!exposed(&expose, "store.GetMany"));
-        assert!(exposed(&expose, "scheduler.Schedule"));
-        assert!(!exposed(&expose, "schedulers.X"));
-        assert!(check_expose(&expose).is_ok());
-        assert!(
-            check_expose(&["store*".to_owned()])
-                .unwrap_err()
-                .starts_with("auth.expose[0]")
-        );
     }
 }

@@ -28,7 +28,8 @@ use std::time::Duration;
 
 use quinn::VarInt;
 
-use crate::{Error, TlsConfig};
+use crate::error::Error;
+use crate::tls::TlsConfig;
 
 /// `[listener.http3]`: HTTP/3 on a UDP port beside the TCP one.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -12,6 +12,7 @@ use switchyard_proto::EventType;
 use switchyard_proto::control::{DeclaredType, RequestNeeds, RouteEntry, RouteTable};
 
 use crate::metrics::RouteStats;
+use switchyard_middleware::paths::EventPaths;
 
 /// A snapshot of the routes, swapped whole on every change.
 #[derive(Default)]
@@ -25,11 +26,10 @@ pub(crate) struct Routes {
     needs: HashMap<EventType, Arc<RequestNeeds>>,
     /// Each routed event type's path templates: what a `prefix` rule
     /// covers when the event comes without a path (a WebSocket message, a
-    /// gRPC call), derived once per table rather than per message.
-    paths: HashMap<String, Vec<String>>,
-    /// Counts the tables merged: what was decided on an older snapshot is
-    /// known to be older.
-    generation: u64,
+    /// gRPC call), derived once per table rather than per message; and
+    /// the count of tables merged, so that what was decided on an older
+    /// snapshot is known to be older.
+    paths: Arc<EventPaths>,
     /// The request types managers declare and the notification types
     /// they subscribe to or emit, by id: what a client may name
     /// ([`crate::public`]); merged, never forgotten, like the routes.
@@ -103,28 +103,23 @@ impl Routes {
             known,
             by_method,
             needs,
-            paths,
-            generation: self.generation + 1,
+            paths: Arc::new(EventPaths::new(paths, self.paths.generation() + 1)),
             types,
             notifications,
             table,
         }
     }
 
-    /// Which snapshot this is (each merge counts one more).
-    pub(crate) fn generation(&self) -> u64 {
-        self.generation
-    }
-
     /// The path templates of the routes of event type `name` (none for a
     /// type without a route).
     pub(crate) fn paths_of(&self, name: &str) -> &[String] {
-        self.paths.get(name).map_or(&[], Vec::as_slice)
+        self.paths.paths_of(name)
     }
 
-    /// Every routed event type with its path templates.
-    pub(crate) fn typed_paths(&self) -> impl Iterator<Item = (&str, &[String])> {
-        self.paths.iter().map(|(t, p)| (t.as_str(), p.as_slice()))
+    /// Each routed event type's path templates: what the middleware's
+    /// rules read of the table.
+    pub(crate) fn event_paths(&self) -> &Arc<EventPaths> {
+        &self.paths
     }
 
     /// The request headers some type declares, and whether some type

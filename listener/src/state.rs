@@ -8,10 +8,10 @@ use bytes::Bytes;
 use switchyard_proto::Payload;
 use switchyard_proto::pool::SegmentPool;
 
-use crate::Config;
 use crate::access::AccessLog;
-use crate::middleware::Middleware;
+use crate::config::Config;
 use crate::pipes::Pool;
+use switchyard_middleware::Middleware;
 
 pub(crate) struct State {
     /// The return pipes: every request and session goes through them.
@@ -71,7 +71,7 @@ impl State {
     }
 
     /// The state of a reloaded configuration: the same pipes and request
-    /// body memory, the new settings (see [`crate::Update`]).
+    /// body memory, the new settings (see [`crate::server::Update`]).
     pub(crate) fn reconfigured(
         &self,
         config: Arc<Config>,

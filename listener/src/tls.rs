@@ -21,7 +21,7 @@ use rustls::server::WebPkiClientVerifier;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
-use crate::Error;
+use crate::error::Error;
 
 /// `[listener.tls]`: where the certificate, its key and (for mTLS) the CA
 /// bundle live. Paths are read at start and again on every reload.

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use crate::RequestBody;
+use crate::decoded::RequestBody;
 use bytes::Bytes;
 use http::{Request, StatusCode, header};
 use http_body_util::BodyExt;

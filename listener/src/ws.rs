@@ -26,7 +26,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::RequestBody;
+use crate::decoded::RequestBody;
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use http::{HeaderValue, Request, Response, StatusCode, header};
@@ -45,10 +45,11 @@ use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use crate::conn::Conn;
 use crate::context::Opener;
 use crate::exchange::{call, emit_notification, round_trip};
-use crate::middleware::session::{self as policy, Credential, SessionAuth};
-use crate::pipes::{CloseReason, Outbox, Subscription, check_subscription};
+use crate::pipes::{Outbox, Subscription, check_subscription};
 use crate::reply::{Reply, error};
 use crate::state::State;
+use switchyard_middleware::Credential;
+use switchyard_middleware::session::{self as policy, CloseReason, SessionAuth};
 
 /// `AsyncWrite` for a read-side wrapper `$wrapper<S>` around a stream in
 /// its `inner` field: every write goes straight to `inner`.
@@ -431,7 +432,7 @@ async fn session(
                             auth.identity.as_ref(),
                             opener.client.ip,
                             &request.event_type,
-                            &state.pool.routes(),
+                            state.pool.routes().event_paths(),
                         ) {
                             let e = error_message(None, refusal.status(), &refusal.detail());
                             if tx.send(e).await.is_err() {
@@ -495,12 +496,12 @@ async fn session(
             if subscription {
                 policy
                     .middleware
-                    .admit_subscription(who, opener.client.ip, event, &routes)
+                    .admit_subscription(who, opener.client.ip, event, routes.event_paths())
                     .err()
             } else {
                 policy
                     .middleware
-                    .admit_event(who, opener.client.ip, event, &routes)
+                    .admit_event(who, opener.client.ip, event, routes.event_paths())
                     .err()
             }
         });
@@ -709,7 +710,11 @@ async fn echo_session(
         .pool
         .policy()
         .middleware
-        .authorize_event(opener.identity.as_ref(), ECHO_EVENT, &state.pool.routes())
+        .authorize_event(
+            opener.identity.as_ref(),
+            ECHO_EVENT,
+            state.pool.routes().event_paths(),
+        )
         .is_err()
     {
         let policy = close_message(Some((1008, "not allowed to send demo.WsEcho")));

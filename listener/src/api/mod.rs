@@ -16,8 +16,8 @@ use http_body_util::{Either, Full};
 use switchyard_proto::api::{Catalog, TypeRole};
 use switchyard_proto::control::HandledType;
 
-use crate::middleware::config::AuthConfig;
 use crate::reply::{Reply, error};
+use switchyard_middleware::config::{AuthConfig, exposed};
 
 pub use openapi::document as openapi_document;
 
@@ -40,7 +40,7 @@ pub(crate) fn only_get_and_head(method: &Method) -> Option<Reply> {
 /// they are from the typed gRPC services and reflection. Notification
 /// types stay: they describe what clients may subscribe to.
 pub fn for_clients(catalog: &Catalog, expose: &[String]) -> Catalog {
-    let open = |h: &HandledType| h.public || crate::public::exposed(expose, &h.name);
+    let open = |h: &HandledType| h.public || exposed(expose, &h.name);
     let mut catalog = catalog.clone();
     for m in &mut catalog.managers {
         let internal: Vec<String> = m

@@ -5,7 +5,7 @@ use switchyard_proto::api::{Catalog, TypeDoc, TypeRole};
 use switchyard_proto::problem::reason;
 
 use super::ApiConfig;
-use crate::middleware::config::{AuthConfig, Require};
+use switchyard_middleware::config::{AuthConfig, Require};
 
 /// Names of the security schemes, by credential.
 const BEARER: &str = "bearer";
@@ -649,13 +649,13 @@ fn required_auth(
     let covering = auth
         .rules
         .iter()
-        .find(|r| crate::middleware::rule_covers(r, path, event));
+        .find(|r| switchyard_middleware::rule_covers(r, path, event));
     let (rule, optional) = match (covering, event) {
         (Some(rule), _) => (rule, false),
         (None, Some(event)) => (
             auth.rules
                 .iter()
-                .find(|r| crate::middleware::rule_reaches(r, path, event))?,
+                .find(|r| switchyard_middleware::rule_reaches(r, path, event))?,
             true,
         ),
         (None, None) => return None,

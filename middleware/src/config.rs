@@ -3,7 +3,7 @@
 //! `[auth.basic]`, `[auth.websocket]` and `[[auth.rules]]`), `[cors]`,
 //! `[rate_limit]` (with `[[rate_limit.limits]]`), `[compression]` and
 //! `[security_headers]`. The supervisor parses them (serde, unknown keys
-//! refused) and checks them with [`MiddlewareConfig::check`], which builds
+//! refused) and checks them with [`check`](crate::check), which builds
 //! the very stack the listener will run, so a bad key file or value is
 //! reported, naming its key, before any process starts. Every key and
 //! status is described in docs/middleware.md.
@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
+use switchyard_proto::control::pattern_prefix;
 
 /// Every built-in middleware's settings.
 #[derive(Clone, Debug, Default)]
@@ -77,6 +78,24 @@ impl AuthConfig {
     pub fn any_method(&self) -> bool {
         self.jwt.is_some() || self.api_keys.is_some() || self.basic.is_some()
     }
+}
+
+/// Whether `expose` (`[auth] expose`: exact names, `prefix.*` or `*`)
+/// opens `name` to clients.
+pub fn exposed(expose: &[String], name: &str) -> bool {
+    expose.iter().any(|pattern| match pattern_prefix(pattern) {
+        Ok(Some(prefix)) => name.starts_with(prefix),
+        Ok(None) => pattern == name,
+        Err(_) => false,
+    })
+}
+
+/// Checks the `[auth] expose` patterns; the error names the key at fault.
+pub fn check_expose(expose: &[String]) -> Result<(), String> {
+    for (i, pattern) in expose.iter().enumerate() {
+        pattern_prefix(pattern).map_err(|why| format!("auth.expose[{i}]: {why}"))?;
+    }
+    Ok(())
 }
 
 /// `[auth.jwt]`: `Authorization: Bearer <JWT>`.
@@ -472,10 +491,30 @@ impl Default for SecurityHeadersConfig {
 }
 
 /// The security headers before `[security_headers.headers]` changes them.
-pub(crate) const DEFAULT_SECURITY_HEADERS: &[(&str, &str)] = &[
+pub const DEFAULT_SECURITY_HEADERS: &[(&str, &str)] = &[
     ("x-content-type-options", "nosniff"),
     ("referrer-policy", "no-referrer"),
     ("x-frame-options", "DENY"),
     ("content-security-policy", "frame-ancestors 'none'"),
     ("cross-origin-opener-policy", "same-origin"),
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expose_patterns() {
+        let expose = ["store.Get".to_owned(), "scheduler.*".to_owned()];
+        assert!(exposed(&expose, "store.Get"));
+        assert!(!exposed(&expose, "store.GetMany"));
+        assert!(exposed(&expose, "scheduler.Schedule"));
+        assert!(!exposed(&expose, "schedulers.X"));
+        assert!(check_expose(&expose).is_ok());
+        assert!(
+            check_expose(&["store*".to_owned()])
+                .unwrap_err()
+                .starts_with("auth.expose[0]")
+        );
+    }
+}

@@ -12,20 +12,20 @@ use serde_json::{Map, Value};
 
 /// An authenticated caller.
 #[derive(Clone, Debug, PartialEq)]
-pub(crate) struct Identity {
+pub struct Identity {
     /// The caller's id: a JWT's `sub`, an API key's name, a Basic user name.
-    pub(crate) subject: String,
+    pub subject: String,
     /// Everything known about the caller, as the handler's scope sees it: a
     /// JWT's claims, or for other methods at least `sub` and `roles`.
     /// Shared: a cached token's claims are not copied per request.
-    pub(crate) claims: Arc<Map<String, Value>>,
+    pub claims: Arc<Map<String, Value>>,
     /// How the caller proved who they are.
-    pub(crate) method: AuthMethod,
+    pub method: AuthMethod,
 }
 
 /// The credential an [`Identity`] came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum AuthMethod {
+pub enum AuthMethod {
     Jwt,
     ApiKey,
     Basic,

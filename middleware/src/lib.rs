@@ -1,6 +1,10 @@
-//! Built-in middleware: Switchyard's own code, in the listener, with no hop
+//! Built-in middleware: Switchyard's own code, run in the listener process
+//! between the accepted connection and the request's event, with no hop
 //! (decision 0046). Configured by the top-level sections of
-//! `switchyard.toml` (`config`), built once per listener process.
+//! `switchyard.toml` (`config`), built once per listener process. A crate of
+//! its own (decision 0153): it knows nothing of sockets, pipes or the
+//! listener's route table beyond [`paths::EventPaths`], so its
+//! rules, limits and session policy are tested without them.
 //!
 //! Two parts, by what they need to see:
 //! - Around the whole service (tower-http layers, [`layers`]): CORS
@@ -33,13 +37,20 @@
 //! - `session`: what a long-lived session (WebSocket, gRPC stream) keeps
 //!   of its caller: the credential to check again, the decisions on what
 //!   it may receive, its end at the token's `exp`.
+//!   It reads the listener's pool of sessions through `SessionHost`.
+//! - `paths`: what the rules read of the route table.
+//! - `identity`: who sent a request, once authentication has said so.
 
-pub(crate) mod config;
+#![forbid(unsafe_code)]
+
+pub mod config;
 
 mod auth;
+pub mod identity;
 mod jwt;
+pub mod paths;
 mod rate;
-pub(crate) mod session;
+pub mod session;
 
 use std::net::IpAddr;
 use std::num::NonZeroU32;
@@ -54,29 +65,28 @@ use tower_http::decompression::RequestDecompressionLayer;
 
 use self::auth::{Auth, Denied};
 use self::config::{DEFAULT_SECURITY_HEADERS, MiddlewareConfig, RateKey, TokenSource, WsAuthConfig};
+use self::paths::EventPaths;
 use self::rate::{Key, Limiter};
 use crate::identity::{AuthMethod, Identity};
-use crate::reply::{Reply, error};
-use crate::routes::Routes;
 
 /// What a request is, for rules and limits: its path (HTTP requests and
 /// WebSocket upgrades) and its event type (a route's, a WebSocket
 /// message's, a gRPC call's), or a subscription pattern.
 #[derive(Clone, Copy, Default)]
-pub(crate) struct Scope<'a> {
-    pub(crate) path: Option<&'a str>,
-    pub(crate) event: Option<&'a str>,
+pub struct Scope<'a> {
+    pub path: Option<&'a str>,
+    pub event: Option<&'a str>,
     /// `event` is a subscription pattern (`shop.*`), not one type.
-    pub(crate) subscription: bool,
+    pub subscription: bool,
     /// The route table: which paths each event type is routed at, for
     /// the `prefix` of rules and limits on an event.
-    pub(crate) routes: Option<&'a Routes>,
+    pub routes: Option<&'a EventPaths>,
 }
 
 impl<'a> Scope<'a> {
     /// An event with no path (a WebSocket message, a gRPC call, a push),
     /// or with `subscription` a subscription pattern, over `routes`.
-    fn of_event(event: &'a str, subscription: bool, routes: &'a Routes) -> Scope<'a> {
+    fn of_event(event: &'a str, subscription: bool, routes: &'a EventPaths) -> Scope<'a> {
         Scope {
             path: None,
             event: Some(event),
@@ -89,13 +99,13 @@ impl<'a> Scope<'a> {
 /// An event type or a prefix of types, as subscriptions spell them:
 /// `shop.Checkout`, `shop.*`, `*`.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Pattern {
+pub enum Pattern {
     Exact(String),
     Prefix(String),
 }
 
 impl Pattern {
-    pub(crate) fn parse(text: &str) -> Result<Pattern, String> {
+    pub fn parse(text: &str) -> Result<Pattern, String> {
         Ok(match switchyard_proto::control::pattern_prefix(text)? {
             Some(prefix) => Pattern::Prefix(prefix.to_owned()),
             None => Pattern::Exact(text.to_owned()),
@@ -196,7 +206,7 @@ fn prefix_covers(prefix: &str, scope: &Scope<'_>) -> bool {
 
 /// Whether `rule` covers an HTTP route, by its path template and event
 /// type (the API description says what each route requires).
-pub(crate) fn rule_covers(rule: &config::AuthRule, path: &str, event: Option<&str>) -> bool {
+pub fn rule_covers(rule: &config::AuthRule, path: &str, event: Option<&str>) -> bool {
     let pattern = match rule.event.as_deref().map(Pattern::parse).transpose() {
         Ok(p) => p,
         Err(_) => return false,
@@ -215,7 +225,7 @@ pub(crate) fn rule_covers(rule: &config::AuthRule, path: &str, event: Option<&st
 /// value of one of its parameters (`/users/admin` of `/users/{name}`),
 /// which covers those paths over HTTP and the whole event over WebSocket
 /// and gRPC (decision 0105).
-pub(crate) fn rule_reaches(rule: &config::AuthRule, template: &str, event: &str) -> bool {
+pub fn rule_reaches(rule: &config::AuthRule, template: &str, event: &str) -> bool {
     let event_ok = match rule.event.as_deref().map(Pattern::parse) {
         None => true,
         Some(Ok(pattern)) => pattern.covers(event),
@@ -342,7 +352,7 @@ fn matches(prefix: Option<&str>, event: Option<&Pattern>, scope: &Scope<'_>) -> 
 
 /// Why a request is not let through.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Refusal {
+pub enum Refusal {
     /// 401 / `UNAUTHENTICATED`: no credential, or a bad one (and why).
     Unauthenticated(Option<&'static str>),
     /// 403 / `PERMISSION_DENIED`.
@@ -368,7 +378,7 @@ impl From<Denied> for Refusal {
 
 impl Refusal {
     /// The event status a WebSocket message's error carries.
-    pub(crate) fn status(&self) -> u16 {
+    pub fn status(&self) -> u16 {
         match self {
             Refusal::Unauthenticated(_) => 401,
             Refusal::Forbidden(_) => 403,
@@ -377,7 +387,7 @@ impl Refusal {
         }
     }
 
-    pub(crate) fn detail(&self) -> String {
+    pub fn detail(&self) -> String {
         match self {
             Refusal::Unauthenticated(None) => "authentication required".to_owned(),
             Refusal::Unauthenticated(Some(why)) => format!("authentication failed: {why}"),
@@ -389,7 +399,7 @@ impl Refusal {
 
     /// The gRPC status of this refusal: the one status→code table
     /// (`switchyard_proto::grpc::code_for_status`, docs/grpc.md).
-    pub(crate) fn grpc(&self) -> tonic::Status {
+    pub fn grpc(&self) -> tonic::Status {
         tonic::Status::new(
             switchyard_proto::grpc::code_for_status(self.status()),
             self.detail(),
@@ -441,8 +451,16 @@ struct Limit {
     limiter: Limiter,
 }
 
+/// The credential a session was opened with: the headers a credential can
+/// be in, and a token from elsewhere (a WebSocket subprotocol or query).
+pub struct Credential {
+    pub headers: HeaderMap,
+    pub token: Option<String>,
+    pub client: IpAddr,
+}
+
 /// The per-request middleware of one listener process.
-pub(crate) struct Middleware {
+pub struct Middleware {
     /// `None` when no method and no rule is configured: nothing to check.
     auth: Option<Auth>,
     limits: Vec<Limit>,
@@ -455,7 +473,7 @@ pub(crate) struct Middleware {
 
 impl Middleware {
     /// The middleware of `config`; an error names the key at fault.
-    pub(crate) fn new(config: &MiddlewareConfig) -> Result<Middleware, String> {
+    pub fn new(config: &MiddlewareConfig) -> Result<Middleware, String> {
         let a = &config.auth;
         let max_clients = config.rate_limit.max_clients;
         if max_clients == 0 {
@@ -544,7 +562,7 @@ impl Middleware {
 
     /// Whether there is anything to admit at all (else the per-request
     /// path costs nothing).
-    pub(crate) fn admits(&self) -> bool {
+    pub fn admits(&self) -> bool {
         self.auth.is_some() || !self.limits.is_empty()
     }
 
@@ -554,7 +572,7 @@ impl Middleware {
     /// later, by its message). `token` is a bearer token from outside the
     /// headers (WebSocket). Returns the identity the credential proved,
     /// for the request's extensions.
-    pub(crate) async fn admit(
+    pub async fn admit(
         &self,
         headers: &HeaderMap,
         token: Option<&str>,
@@ -599,12 +617,12 @@ impl Middleware {
     /// `client`: the caller the session or call was authenticated as. The
     /// one place a client-supplied event type meets the policy on
     /// WebSocket and gRPC.
-    pub(crate) fn admit_event(
+    pub fn admit_event(
         &self,
         identity: Option<&Identity>,
         client: Option<IpAddr>,
         event: &str,
-        routes: &Routes,
+        routes: &EventPaths,
     ) -> Result<(), Refusal> {
         self.count_event(identity, client, &Scope::of_event(event, false, routes))?;
         self.authorize_event(identity, event, routes)
@@ -615,12 +633,12 @@ impl Middleware {
     /// matches count it like a message, then the rules
     /// ([`authorize_subscription`](Self::authorize_subscription)). A
     /// reload's re-check of open subscriptions counts nothing.
-    pub(crate) fn admit_subscription(
+    pub fn admit_subscription(
         &self,
         identity: Option<&Identity>,
         client: Option<IpAddr>,
         pattern: &str,
-        routes: &Routes,
+        routes: &EventPaths,
     ) -> Result<(), Refusal> {
         self.count_event(identity, client, &Scope::of_event(pattern, true, routes))?;
         self.authorize_subscription(identity, pattern, routes)
@@ -655,11 +673,11 @@ impl Middleware {
 
     /// Whether the rules let `identity` have `event`: send it, or receive
     /// it as a notification. No rate limit.
-    pub(crate) fn authorize_event(
+    pub fn authorize_event(
         &self,
         identity: Option<&Identity>,
         event: &str,
-        routes: &Routes,
+        routes: &EventPaths,
     ) -> Result<(), Refusal> {
         let Some(auth) = &self.auth else {
             return Ok(());
@@ -671,11 +689,11 @@ impl Middleware {
     /// Whether `identity` may subscribe to `pattern`: every rule that
     /// could decide one of the types it matches must allow it, up to the
     /// first rule that decides them all (decision 0106).
-    pub(crate) fn authorize_subscription(
+    pub fn authorize_subscription(
         &self,
         identity: Option<&Identity>,
         pattern: &str,
-        routes: &Routes,
+        routes: &EventPaths,
     ) -> Result<(), Refusal> {
         let Some(auth) = &self.auth else {
             return Ok(());
@@ -686,10 +704,7 @@ impl Middleware {
 
     /// Authenticates a session's credential again (after a reload that
     /// may have changed the keys); `Ok(None)`: it had none.
-    pub(crate) async fn reauthenticate(
-        &self,
-        credential: &session::Credential,
-    ) -> Result<Option<Identity>, Refusal> {
+    pub async fn reauthenticate(&self, credential: &Credential) -> Result<Option<Identity>, Refusal> {
         let Some(auth) = &self.auth else {
             return Ok(None);
         };
@@ -705,13 +720,13 @@ impl Middleware {
     /// What a session keeps of the credential it was opened with, to check
     /// again on reload: the headers a credential can be in, and a token
     /// from elsewhere.
-    pub(crate) fn credential(
+    pub fn credential(
         &self,
         headers: &HeaderMap,
         token: Option<String>,
         client: IpAddr,
         ws: bool,
-    ) -> session::Credential {
+    ) -> Credential {
         let mut kept = HeaderMap::new();
         if !ws || self.ws_header_tokens() {
             let mut names = vec![header::AUTHORIZATION];
@@ -726,7 +741,7 @@ impl Middleware {
                 }
             }
         }
-        session::Credential {
+        Credential {
             headers: kept,
             token,
             client,
@@ -738,7 +753,7 @@ impl Middleware {
     /// as the request's `Host` or `:authority`, and with TLS here, https),
     /// or one of `[cors] allow_origins`. Else 403: a page elsewhere would
     /// drive the session with the user's cookies.
-    pub(crate) fn check_origin<B>(&self, req: &http::Request<B>, tls: bool) -> Result<(), Refusal> {
+    pub fn check_origin<B>(&self, req: &http::Request<B>, tls: bool) -> Result<(), Refusal> {
         let Some(origin) = req.headers().get(header::ORIGIN) else {
             return Ok(());
         };
@@ -770,7 +785,7 @@ impl Middleware {
     /// A WebSocket upgrade's bearer token from where `[auth.websocket]`
     /// allows other than the headers: a `bearer.<token>` subprotocol, or
     /// the query parameter.
-    pub(crate) fn ws_token(&self, headers: &HeaderMap, query: Option<&str>) -> Option<String> {
+    pub fn ws_token(&self, headers: &HeaderMap, query: Option<&str>) -> Option<String> {
         for source in &self.ws.token_from {
             match source {
                 TokenSource::Header => {}
@@ -803,13 +818,18 @@ impl Middleware {
     }
 
     /// Whether `[auth.websocket]` takes the token from the headers.
-    pub(crate) fn ws_header_tokens(&self) -> bool {
+    pub fn ws_header_tokens(&self) -> bool {
         self.ws.token_from.contains(&TokenSource::Header)
     }
 
     /// The HTTP answer to a refusal: 401 with `WWW-Authenticate`, 403, or
-    /// 429 with `Retry-After`.
-    pub(crate) fn refuse(&self, refusal: &Refusal) -> Reply {
+    /// 429 with `Retry-After`, on the error answer `error` makes of a status
+    /// and a detail (the listener's problem+json).
+    pub fn refuse<B>(
+        &self,
+        refusal: &Refusal,
+        error: impl FnOnce(StatusCode, &str) -> http::Response<B>,
+    ) -> http::Response<B> {
         let status = match refusal {
             Refusal::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
             Refusal::Forbidden(_) => StatusCode::FORBIDDEN,
@@ -861,7 +881,7 @@ impl Middleware {
     }
 
     /// Adds the security headers `headers` does not have yet.
-    pub(crate) fn secure(&self, headers: &mut HeaderMap) {
+    pub fn secure(&self, headers: &mut HeaderMap) {
         for (name, value) in &self.security {
             if !headers.contains_key(name) {
                 headers.insert(name.clone(), value.clone());
@@ -871,22 +891,22 @@ impl Middleware {
 }
 
 /// A WebSocket subprotocol that carries a bearer token: `bearer.<token>`.
-pub(crate) const SUBPROTOCOL_PREFIX: &str = "bearer.";
+pub const SUBPROTOCOL_PREFIX: &str = "bearer.";
 
 /// The tower-http layers around the listener's whole service: CORS (when
 /// origins are configured), response compression, request decoding.
-pub(crate) struct Layers {
-    pub(crate) cors: Option<CorsLayer>,
-    pub(crate) compression: Compression,
-    pub(crate) decompression: RequestDecompressionLayer,
+pub struct Layers {
+    pub cors: Option<CorsLayer>,
+    pub compression: Compression,
+    pub decompression: RequestDecompressionLayer,
     /// How many times its received size a decoded request body may be.
-    pub(crate) max_decode_ratio: u32,
+    pub max_decode_ratio: u32,
 }
 
 /// Which responses are compressed: at least `min_bytes`, of a configured
 /// content type, not a range.
 #[derive(Clone)]
-pub(crate) struct Compressible {
+pub struct Compressible {
     size: SizeAbove,
     types: Arc<Vec<String>>,
 }
@@ -921,7 +941,7 @@ impl Predicate for Compressible {
 /// exactly as for the `GET` (same predicate, same negotiation); outside,
 /// whatever the compressor made of it is dropped.
 #[derive(Clone)]
-pub(crate) struct Compression(CompressionLayer<Compressible>);
+pub struct Compression(CompressionLayer<Compressible>);
 
 impl<S> tower::Layer<S> for Compression {
     type Service = head::Bodiless<tower_http::compression::Compression<head::Sized<S>, Compressible>>;
@@ -945,7 +965,7 @@ mod head {
 
     /// An empty body that claims a length: what a `HEAD`'s `GET` would
     /// send, for the compressor to decide on. It yields nothing.
-    pub(crate) struct Claimed<D>(u64, PhantomData<fn() -> D>);
+    pub struct Claimed<D>(u64, PhantomData<fn() -> D>);
 
     impl<D: Buf> Body for Claimed<D> {
         type Data = D;
@@ -965,7 +985,7 @@ mod head {
 
     /// Inside the compressor: a `HEAD`'s empty body claims its length.
     #[derive(Clone)]
-    pub(crate) struct Sized<S>(pub(crate) S);
+    pub struct Sized<S>(pub S);
 
     fn claim<B: Body>(response: Response<B>) -> Response<Claiming<B>> {
         let (parts, body) = response.into_parts();
@@ -1013,7 +1033,7 @@ mod head {
     pin_project_lite::pin_project! {
         /// A body, or none at all: a `HEAD`'s answer loses its body.
         #[project = EmptiedProj]
-        pub(crate) enum Emptied<B> {
+        pub enum Emptied<B> {
             Sent { #[pin] body: B },
             Dropped,
         }
@@ -1057,7 +1077,7 @@ mod head {
     /// Outside the compressor: a `HEAD`'s answer keeps its headers and
     /// loses whatever body it has.
     #[derive(Clone)]
-    pub(crate) struct Bodiless<S>(pub(crate) S);
+    pub struct Bodiless<S>(pub S);
 
     fn empty<B: Body>(response: Response<B>) -> Response<Emptied<B>> {
         response.map(|_| Emptied::Dropped)
@@ -1092,7 +1112,7 @@ mod head {
 }
 
 /// The layers of `config`; an error names the key at fault.
-pub(crate) fn layers(config: &MiddlewareConfig) -> Result<Layers, String> {
+pub fn layers(config: &MiddlewareConfig) -> Result<Layers, String> {
     let c = &config.compression;
     let mut gzip = false;
     let mut br = false;
@@ -1201,7 +1221,7 @@ fn cors(config: &MiddlewareConfig) -> Result<Option<CorsLayer>, String> {
 /// starts. The error names the key at fault.
 pub fn check(config: &MiddlewareConfig) -> Result<(), String> {
     Middleware::new(config)?;
-    crate::public::check_expose(&config.auth.expose)?;
+    config::check_expose(&config.auth.expose)?;
     layers(config)?;
     Ok(())
 }
@@ -1277,27 +1297,16 @@ mod tests {
 
     #[test]
     fn a_prefix_covers_the_events_routed_under_it() {
-        use switchyard_proto::EventType;
-        use switchyard_proto::control::{HttpRoute, RouteEntry, RouteTable};
-        let entry = |path: &str, name: &str| RouteEntry {
-            route: HttpRoute {
-                method: "GET".into(),
-                path: path.into(),
-                stream_body: false,
-            },
-            event_type: EventType::of(name),
-            type_name: name.into(),
-            manager: "m".into(),
-        };
-        let routes = Routes::default().merged(RouteTable {
-            routes: vec![
-                entry("/me", "demo.Me"),
-                entry("/api/me", "demo.Me"),
-                entry("/users/{name}", "demo.User"),
-                entry("/noop", "demo.Noop"),
-            ],
-            ..Default::default()
-        });
+        let mut paths: std::collections::HashMap<String, Vec<String>> = Default::default();
+        for (path, name) in [
+            ("/me", "demo.Me"),
+            ("/api/me", "demo.Me"),
+            ("/users/{name}", "demo.User"),
+            ("/noop", "demo.Noop"),
+        ] {
+            paths.entry(name.to_owned()).or_default().push(path.to_owned());
+        }
+        let routes = EventPaths::new(paths, 1);
         let event = |e: &'static str| Scope {
             path: None,
             event: Some(e),

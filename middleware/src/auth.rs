@@ -469,7 +469,7 @@ impl Rule {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::middleware::config::{ApiKey, ApiKeysConfig};
+    use crate::config::{ApiKey, ApiKeysConfig};
 
     fn key_config() -> AuthConfig {
         let hash = Sha256::digest(b"s3cret");

@@ -11,47 +11,38 @@
 //!   the session the same way.
 
 use std::collections::HashMap;
-use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use http::HeaderMap;
 use tokio::sync::watch;
 
-use super::Middleware;
+use super::paths::EventPaths;
+use super::{Credential, Middleware};
 use crate::identity::Identity;
-use crate::pipes::{CloseReason, Pool};
-use crate::routes::Routes;
 
-/// The credential a session was opened with: the headers a credential can
-/// be in, and a token from elsewhere (a WebSocket subprotocol or query).
-pub(crate) struct Credential {
-    pub(crate) headers: HeaderMap,
-    pub(crate) token: Option<String>,
-    pub(crate) client: IpAddr,
-}
+/// Why the listener ends a WebSocket session: close code and reason.
+pub type CloseReason = Option<(u16, &'static str)>;
 
 /// The policy in force: the newest configuration's middleware. Sessions
 /// opened under an older one follow it too.
 #[derive(Clone)]
-pub(crate) struct Policy {
-    pub(crate) middleware: Arc<Middleware>,
+pub struct Policy {
+    pub middleware: Arc<Middleware>,
     /// Bumped by every reload.
-    pub(crate) generation: u64,
+    pub generation: u64,
 }
 
 /// The token's `exp` passed.
-pub(crate) const EXPIRED: (u16, &str) = (1008, "the token expired; open a new session with a fresh one");
+pub const EXPIRED: (u16, &str) = (1008, "the token expired; open a new session with a fresh one");
 /// After a reload, the credential no longer checks out (a key removed, a
 /// user gone).
-pub(crate) const REJECTED: (u16, &str) = (1008, "the credential is no longer accepted; authenticate again");
+pub const REJECTED: (u16, &str) = (1008, "the credential is no longer accepted; authenticate again");
 /// After a reload, a subscription is no longer allowed.
-pub(crate) const RULES_CHANGED: (u16, &str) =
-    (1008, "the rules changed: a subscription is no longer allowed");
+pub const RULES_CHANGED: (u16, &str) = (1008, "the rules changed: a subscription is no longer allowed");
 
 /// The gRPC status a session ended by the policy gets, or `None` when
 /// `reason` is not the policy's.
-pub(crate) fn grpc_status(reason: (u16, &str)) -> Option<tonic::Status> {
+pub fn grpc_status(reason: (u16, &str)) -> Option<tonic::Status> {
     if reason == EXPIRED || reason == REJECTED {
         Some(tonic::Status::unauthenticated(reason.1))
     } else if reason == RULES_CHANGED {
@@ -66,8 +57,8 @@ pub(crate) fn grpc_status(reason: (u16, &str)) -> Option<tonic::Status> {
 const MAX_DECISIONS: usize = 1024;
 
 /// A session's caller and what it may receive.
-pub(crate) struct SessionAuth {
-    pub(crate) identity: Option<Identity>,
+pub struct SessionAuth {
+    pub identity: Option<Identity>,
     credential: Credential,
     decisions: Mutex<Decisions>,
 }
@@ -81,7 +72,7 @@ struct Decisions {
 }
 
 impl SessionAuth {
-    pub(crate) fn new(identity: Option<Identity>, credential: Credential) -> Arc<SessionAuth> {
+    pub fn new(identity: Option<Identity>, credential: Credential) -> Arc<SessionAuth> {
         Arc::new(SessionAuth {
             identity,
             credential,
@@ -91,7 +82,7 @@ impl SessionAuth {
 
     /// Whether a notification of type `event` may be pushed to this
     /// session under `policy`: the rules, as for sending it.
-    pub(crate) fn may_receive(&self, policy: &Policy, event: &str, routes: &Routes) -> bool {
+    pub fn may_receive(&self, policy: &Policy, event: &str, routes: &EventPaths) -> bool {
         let under = (policy.generation, routes.generation());
         let mut d = self.decisions.lock().unwrap_or_else(|p| p.into_inner());
         if d.under != under || d.allowed.len() >= MAX_DECISIONS {
@@ -132,12 +123,24 @@ impl SessionAuth {
     }
 }
 
+/// Where the sessions live: what a session's watch reads of the pool of
+/// return pipes, which holds them and sits above this module (decision
+/// 0153).
+pub trait SessionHost: Send + Sync + 'static {
+    /// Changes with every reload's policy.
+    fn watch_policy(&self) -> watch::Receiver<Policy>;
+    /// The route table in force: its event types' paths.
+    fn event_paths(&self) -> Arc<EventPaths>;
+    /// The patterns session `session` is subscribed to.
+    fn patterns(&self, session: u64) -> Vec<String>;
+}
+
 /// Watches a session for as long as it lives (until every receiver of
 /// `kill` is gone): ends it at its token's `exp`, and after each reload
 /// unless its credential and the subscriptions of `session` (its number in
 /// the pool, if it has subscriptions there) still hold.
-pub(crate) fn watch(
-    pool: Arc<Pool>,
+pub fn watch(
+    pool: Arc<impl SessionHost>,
     session: Option<u64>,
     auth: Arc<SessionAuth>,
     kill: watch::Sender<CloseReason>,
@@ -169,7 +172,7 @@ pub(crate) fn watch(
                         kill.send_replace(Some(REJECTED));
                         return;
                     }
-                    let routes = pool.routes();
+                    let routes = pool.event_paths();
                     let patterns = session.map(|s| pool.patterns(s)).unwrap_or_default();
                     let refused = patterns.iter().any(|pattern| {
                         policy
