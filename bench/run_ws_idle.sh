@@ -13,14 +13,8 @@ log="$dir/up.log"
 "$target/release/switchyard" up --bind 127.0.0.1:0 --runtime-dir "$dir/run" --ready-file "$dir/ready.json" >"$log" 2>&1 &
 sup=$!
 trap 'kill $sup 2>/dev/null; wait $sup 2>/dev/null; rm -rf "$dir"' EXIT
-i=0
-# `--ready-file` appears whole once the group serves (decision 0150).
-until [ -s "$dir/ready.json" ]; do
-    i=$((i + 1)); [ $i -lt 300 ] || { cat "$log"; exit 1; }
-    kill -0 $sup 2>/dev/null || { cat "$log"; exit 1; }
-    sleep 0.1
-done
-addr=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["http"])' "$dir/ready.json")
+. "$(dirname "$0")/ready.sh"
+addr=$(ready_addr "$dir/ready.json" $sup) || { cat "$log"; exit 1; }
 pid=$("$target/release/switchyard" status --json --runtime-dir "$dir/run" |
     python3 -c 'import json,sys; print(next(p["pid"] for p in json.load(sys.stdin)["processes"] if p["name"]=="listener"))')
 "$target/release/switchyard-ws-idle" "ws://$addr/ws" --pid "$pid" --connections "$n"

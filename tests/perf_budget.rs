@@ -25,9 +25,10 @@
 
 mod common;
 
+use common::load::{noop_load, process_ns, tree_ns};
 use common::*;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
@@ -68,96 +69,6 @@ fn baseline_file() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("bench/baseline/linux-x86_64.json")
 }
 
-/// Nanoseconds on a CPU of every thread of `pid` (`/proc/<pid>/task/*/schedstat`,
-/// the scheduler's own account): the clock ticks of `/proc/<pid>/stat` are
-/// 10 ms, coarser than a slice of the router's CPU.
-fn process_ns(pid: u32) -> u64 {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return 0;
-    };
-    tasks
-        .flatten()
-        .filter_map(|task| std::fs::read_to_string(task.path().join("schedstat")).ok())
-        .filter_map(|s| s.split(' ').next()?.parse::<u64>().ok())
-        .sum()
-}
-
-/// [`process_ns`] of `root` and all its descendants.
-fn tree_ns(root: u32) -> u64 {
-    let mut parent = std::collections::HashMap::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        let Some(close) = stat.rfind(')') else { continue };
-        // After the command: state, then ppid.
-        let ppid: u32 = stat[close + 2..]
-            .split(' ')
-            .nth(1)
-            .and_then(|p| p.parse().ok())
-            .unwrap_or(0);
-        parent.insert(pid, ppid);
-    }
-    let in_tree = |mut p: u32| loop {
-        if p == root {
-            return true;
-        }
-        match parent.get(&p) {
-            Some(&pp) if pp != 0 && pp != p => p = pp,
-            _ => return false,
-        }
-    };
-    parent
-        .keys()
-        .filter(|&&pid| in_tree(pid))
-        .map(|&pid| process_ns(pid))
-        .sum()
-}
-
-/// Sends `n` keep-alive `GET /noop` requests over `CLIENTS` connections.
-fn load(addr: SocketAddr, n: usize) {
-    let per = n / CLIENTS;
-    let threads: Vec<_> = (0..CLIENTS)
-        .map(|_| {
-            std::thread::spawn(move || {
-                let stream = TcpStream::connect(addr).unwrap();
-                stream.set_nodelay(true).unwrap();
-                stream.set_read_timeout(Some(PATIENCE)).unwrap();
-                let mut writer = stream.try_clone().unwrap();
-                let mut reader = BufReader::new(stream);
-                let mut line = String::new();
-                for _ in 0..per {
-                    writer
-                        .write_all(b"GET /noop HTTP/1.1\r\nhost: bench\r\n\r\n")
-                        .unwrap();
-                    let mut length = 0usize;
-                    let mut status_ok = false;
-                    loop {
-                        line.clear();
-                        reader.read_line(&mut line).unwrap();
-                        if line.starts_with("HTTP/1.1 ") {
-                            status_ok = line.starts_with("HTTP/1.1 200");
-                        } else if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-                            length = v.trim().parse().unwrap();
-                        } else if line == "\r\n" {
-                            break;
-                        }
-                    }
-                    let mut body = vec![0; length];
-                    reader.read_exact(&mut body).unwrap();
-                    assert!(status_ok, "non-200 during the budget run");
-                }
-            })
-        })
-        .collect();
-    for t in threads {
-        t.join().unwrap();
-    }
-}
-
 /// CPU nanoseconds per request during one slice of load on a group: its
 /// whole process tree, then each of [`ROLES`].
 struct Slice {
@@ -168,7 +79,7 @@ struct Slice {
 fn measure_group(group: &Group, pids: &[u32; ROLES.len()], requests: usize) -> Slice {
     let before = tree_ns(group.supervisor_pid());
     let before_roles = pids.map(process_ns);
-    load(group.addr, requests);
+    noop_load(group.addr, requests, CLIENTS);
     let after = tree_ns(group.supervisor_pid());
     let mut roles = [0.0; ROLES.len()];
     for (i, pid) in pids.iter().enumerate() {
@@ -184,7 +95,7 @@ fn measure_group(group: &Group, pids: &[u32; ROLES.len()], requests: usize) -> S
 fn measure_baseline(baseline: &Baseline, requests: usize) -> f64 {
     let pid = baseline.child.id();
     let before = process_ns(pid);
-    load(baseline.addr, requests);
+    noop_load(baseline.addr, requests, CLIENTS);
     process_ns(pid).saturating_sub(before) as f64 / requests as f64
 }
 
@@ -263,8 +174,8 @@ fn group_cpu_per_request_stays_within_budget_of_the_baseline() {
     let baseline = start_baseline();
     group.eventually_status("/noop", 200);
     // Warm both up (connections, caches, lazy allocations).
-    load(group.addr, 2_000);
-    load(baseline.addr, 2_000);
+    noop_load(group.addr, 2_000, CLIENTS);
+    noop_load(baseline.addr, 2_000, CLIENTS);
     let pids = ROLES.map(|role| group.pid_of(role));
 
     let (mut group_slices, mut base_slices) = (Vec::new(), Vec::new());
@@ -392,8 +303,8 @@ fn return_paths_side_by_side() {
         .start();
     router.eventually_status("/noop", 200);
     direct.eventually_status("/noop", 200);
-    load(router.addr, 2_000);
-    load(direct.addr, 2_000);
+    noop_load(router.addr, 2_000, CLIENTS);
+    noop_load(direct.addr, 2_000, CLIENTS);
     let pids = |g: &Group| ROLES.map(|role| g.pid_of(role));
     let (router_pids, direct_pids) = (pids(&router), pids(&direct));
     let (mut router_sum, mut direct_sum) = (0.0, 0.0);

@@ -5,6 +5,7 @@
 //! machine and report each Switchyard number as a ratio to it.
 //!
 //! - [`baseline`]: the in-process server (also the `switchyard-baseline` binary).
+//! - [`group`]: a group started by a benchmark binary, waited on until it serves.
 //! - [`load`]: the load generator, crate `switchyard-loadgen` (also the
 //!   `switchyard-load` binary); the product binary links that crate alone.
 //! - [`suite`]: the scenario suite (the `switchyard-suite` binary).
@@ -12,6 +13,7 @@
 //!   test certificates).
 
 pub mod baseline;
+pub mod group;
 pub mod suite;
 pub mod tls;
 

@@ -1,6 +1,7 @@
 //! Test harness: starts a real group (the `switchyard` binary under its
-//! supervisor) on an ephemeral port with a private runtime dir, waits for its
-//! readiness line, and tears everything down on drop.
+//! supervisor) on an ephemeral port with a private runtime dir, waits until
+//! it reports ready (its `--ready-file`, decision 0150), and tears
+//! everything down on drop.
 
 #![allow(dead_code, unreachable_pub)]
 
@@ -16,6 +17,7 @@ use std::time::{Duration, Instant};
 pub mod grpc;
 pub mod h2_stream;
 pub mod jetstream;
+pub mod load;
 pub mod postgres;
 pub mod quic;
 pub mod raw_codec;

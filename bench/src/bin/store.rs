@@ -16,7 +16,6 @@
 //! target/release/switchyard-store-bench --ops 20000 --concurrency 32
 //! ```
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -25,6 +24,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use clap::Parser;
 use rusqlite::{Connection, OptionalExtension, params};
+use switchyard_bench::group::spawn_ready;
 
 #[derive(Parser)]
 #[command(
@@ -188,31 +188,21 @@ impl Group {
     fn start(bin: &Path, config_path: &Path, config: &str, data: &Path) -> anyhow::Result<Group> {
         std::fs::write(config_path, config)?;
         let runtime = config_path.with_extension("run");
-        let mut child = Command::new(bin)
+        let ready_file = config_path.with_extension("ready.json");
+        let mut command = Command::new(bin);
+        command
             .args(["up", "--bind", "127.0.0.1:0", "-c"])
             .arg(config_path)
             .arg("--runtime-dir")
             .arg(&runtime)
             .arg("--data-dir")
             .arg(data)
+            .arg("--ready-file")
+            .arg(&ready_file)
             .env("SWITCHYARD_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .with_context(|| format!("cannot run {}", bin.display()))?;
-        let stdout = child.stdout.take().context("stdout")?;
-        let mut lines = BufReader::new(stdout).lines();
-        let addr = loop {
-            let Some(line) = lines.next() else {
-                bail!("the group exited before it was ready");
-            };
-            let line = line?;
-            if let Some(rest) = line.split("listening on http://").nth(1) {
-                break rest.split_whitespace().next().context("address")?.parse()?;
-            }
-        };
-        // Keep draining its output.
-        std::thread::spawn(move || lines.for_each(drop));
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        let (child, addr) = spawn_ready(&mut command, &ready_file)?;
         Ok(Group {
             child,
             addr,

@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use clap::Parser;
 use hdrhistogram::Histogram;
+use switchyard_bench::group::spawn_ready;
 use switchyard_client::Client;
-use switchyard_manager_host::testing::wait_ready;
 
 #[derive(Parser)]
 #[command(
@@ -277,7 +277,8 @@ impl Group {
         let config_path = dir.join("switchyard.toml");
         std::fs::write(&config_path, config)?;
         let ready_file = dir.join("ready.json");
-        let mut child = Command::new(bin)
+        let mut command = Command::new(bin);
+        command
             .args(["up", "--bind", "127.0.0.1:0", "-c"])
             .arg(&config_path)
             .arg("--runtime-dir")
@@ -288,17 +289,8 @@ impl Group {
             .arg(&ready_file)
             .env("SWITCHYARD_LOG", "warn")
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .with_context(|| format!("cannot run {}", bin.display()))?;
-        let addr = match wait_ready(&mut child, &ready_file, Duration::from_secs(60)) {
-            Ok(ready) => ready.http,
-            Err(err) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                bail!("the group did not become ready: {err}");
-            }
-        };
+            .stderr(Stdio::inherit());
+        let (child, addr) = spawn_ready(&mut command, &ready_file)?;
         Ok(Group { child, addr })
     }
 }

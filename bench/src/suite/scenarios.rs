@@ -19,7 +19,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
 use super::routing::{self, RoutingRun, TARGET_ROUND_TRIPS};
-use super::server::{Group, ManagerEntry, Pool, Server, check_config, config_toml, token};
+use super::server::{Group, ManagerEntry, Pool, Readiness, Server, check_config, config_toml, token};
 use super::stats::{median, ratio};
 use super::table::{Comparison, Row, Sample, render_comparison, render_routing};
 use crate::load;
@@ -934,7 +934,7 @@ impl Contender {
                 if let Some((cert, key)) = tls {
                     command.arg("--tls-cert").arg(cert).arg("--tls-key").arg(key);
                 }
-                Running::Baseline(Server::start("switchyard-baseline", command)?)
+                Running::Baseline(Server::start("switchyard-baseline", command, Readiness::Line)?)
             }
         })
     }

@@ -1,6 +1,8 @@
 //! The servers a scenario measures, as processes of their own: a Switchyard
-//! group (`switchyard up`) or the baseline (`switchyard-baseline`). Both
-//! print `listening on http://ADDR` once they serve; both stop on SIGTERM.
+//! group (`switchyard up`) or the baseline (`switchyard-baseline`). A group
+//! says that it serves, and where, in its `--ready-file` (decision 0150);
+//! the baseline, which has no such file, prints `listening on http://ADDR`.
+//! Both stop on SIGTERM.
 
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read};
@@ -16,11 +18,12 @@ use anyhow::{Context, bail};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
+use switchyard_manager_host::testing::wait_ready;
 use tempfile::TempDir;
 
 use super::tmp::scratch;
 
-/// How long a server may take to print its address. A group's children each
+/// How long a server may take to say that it serves. A group's children each
 /// get `start_timeout_ms` (10 s by default) and start one after the other.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long SIGTERM gets before SIGKILL.
@@ -28,8 +31,16 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(15);
 /// Lines of a server's stdout and stderr kept for error messages.
 const TAIL_LINES: usize = 30;
 
-/// Followed by `://ADDR` or `s://ADDR` (HTTPS).
+/// The baseline's readiness line: followed by `://ADDR` or `s://ADDR` (HTTPS).
 const READY_MARK: &str = "listening on http";
+
+/// How a server tells that it serves.
+pub(crate) enum Readiness {
+    /// The JSON file of `switchyard up --ready-file FILE`.
+    File(PathBuf),
+    /// The baseline's `listening on http://ADDR` line on stdout.
+    Line,
+}
 
 enum Event {
     /// The address, and whether it serves HTTPS.
@@ -70,9 +81,9 @@ pub(crate) struct Server {
 }
 
 impl Server {
-    /// Starts `command` and waits, at most [`READY_TIMEOUT`], for its
-    /// readiness line.
-    pub(crate) fn start(label: &str, mut command: Command) -> anyhow::Result<Server> {
+    /// Starts `command` and waits, at most [`READY_TIMEOUT`], until it
+    /// says, as `readiness` has it, that it serves.
+    pub(crate) fn start(label: &str, mut command: Command, readiness: Readiness) -> anyhow::Result<Server> {
         // If the suite dies (a panic, a SIGKILL), its servers must not live
         // on holding cores that the next run would then measure against.
         // (The signal follows the thread that forked: the suite starts its
@@ -99,8 +110,9 @@ impl Server {
         let out = child.stdout.take().context("no stdout pipe")?;
         let ready = tx.clone();
         let tail = stdout.clone();
+        let scan = matches!(readiness, Readiness::Line);
         std::thread::spawn(move || {
-            let mut sent = false;
+            let mut sent = !scan;
             for line in lines(out) {
                 if !sent && let Some(addr) = ready_addr(&line) {
                     let https = line.contains("listening on https://");
@@ -112,6 +124,14 @@ impl Server {
         let err = child.stderr.take().context("no stderr pipe")?;
         let tail = stderr.clone();
         std::thread::spawn(move || lines(err).for_each(|line| tail.push(line)));
+        // Waited on before the waiter thread takes the child: the wait
+        // watches the child's exit as well as the file.
+        let from_file = match &readiness {
+            Readiness::File(path) => Some(wait_ready(&mut child, path, READY_TIMEOUT)),
+            Readiness::Line => None,
+        };
+        // `wait_ready` reaped a child that exited: no signal may go to its pid.
+        let exited = matches!(child.try_wait(), Ok(Some(_)));
         // The waiter owns the child: it reaps it as soon as it exits, and
         // tells whoever is waiting for the address or for the end.
         std::thread::spawn(move || {
@@ -128,6 +148,22 @@ impl Server {
             stderr,
             exited: false,
         };
+        match from_file {
+            Some(Ok(ready)) => {
+                server.addr = ready.http;
+                server.https = ready.tls;
+                return Ok(server);
+            }
+            Some(Err(err)) => {
+                if exited {
+                    server.exited = true;
+                } else {
+                    let _ = server.stop();
+                }
+                bail!("{label} did not become ready: {err}{}", server.output())
+            }
+            None => {}
+        }
         match server.events.recv_timeout(READY_TIMEOUT) {
             Ok(Event::Ready(addr, https)) => {
                 server.addr = addr;
@@ -312,17 +348,20 @@ impl Group {
     /// `config`: a `switchyard.toml` to start with; `None` for the defaults.
     pub(crate) fn start(exe: &Path, config: Option<&str>) -> anyhow::Result<Group> {
         let dir = scratch("group")?;
+        let ready_file = dir.path().join("ready.json");
         let mut command = Command::new(exe);
         command
             .arg("up")
             .args(["--bind", "127.0.0.1:0", "--runtime-dir"])
-            .arg(dir.path().join("rt"));
+            .arg(dir.path().join("rt"))
+            .arg("--ready-file")
+            .arg(&ready_file);
         if let Some(config) = config {
             let file = dir.path().join("switchyard.toml");
             std::fs::write(&file, config).with_context(|| format!("cannot write {}", file.display()))?;
             command.arg("-c").arg(file);
         }
-        let server = Server::start("switchyard", command)?;
+        let server = Server::start("switchyard", command, Readiness::File(ready_file))?;
         Ok(Group {
             server,
             exe: exe.to_owned(),
