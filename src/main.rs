@@ -350,7 +350,7 @@ fn load_config(path: Option<&std::path::Path>) -> Result<config::Config, ExitCod
 /// The configuration `up` and `dev` serve, or the exit code of why not
 /// (64 for an invalid one); the descriptor limit raised for the group.
 fn load_or_exit(source: &supervisor::Source) -> Result<config::Config, ExitCode> {
-    let config = source.load().map_err(|err| {
+    let config = source.load_for_start().map_err(|err| {
         eprintln!("switchyard: {err}");
         match err {
             supervisor::SourceError::Config(_) => ExitCode::from(EXIT_CONFIG),
@@ -374,6 +374,9 @@ fn inherited_handover(fd: i32) -> Result<std::os::fd::OwnedFd, ExitCode> {
 }
 
 fn main() -> ExitCode {
+    // First, before the heap grows. A kernel without the setting serves
+    // with huge pages as before.
+    let _ = hardening::no_huge_pages();
     let cli = Cli::parse();
     if !matches!(
         cli.command,

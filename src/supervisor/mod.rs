@@ -86,13 +86,22 @@ impl Source {
     /// validation child), applies the flags and prepares the data
     /// directory. The error is what `switchyard check` prints.
     pub(crate) fn load(&self) -> Result<Config, SourceError> {
+        let mut config = self.load_for_start()?;
+        if self.path.is_none() {
+            crate::apidoc::gather(&mut config);
+        }
+        Ok(config)
+    }
+
+    /// As [`Source::load`], except that the built-in demo configuration
+    /// comes without its API catalog: nothing in it can be invalid, the
+    /// catalog only feeds `/openapi.json`, and `up` gathers it while the
+    /// group starts (decision 0157). A file's plugins are still checked
+    /// before anything starts.
+    pub(crate) fn load_for_start(&self) -> Result<Config, SourceError> {
         let mut config = match &self.path {
             Some(path) => crate::validate::load(path).map_err(SourceError::Config)?,
-            None => {
-                let mut config = Config::demo().map_err(SourceError::Config)?;
-                crate::apidoc::gather(&mut config);
-                config
-            }
+            None => Config::demo().map_err(SourceError::Config)?,
         };
         if let Some(bind) = self.bind {
             config.listener.bind = bind;
@@ -212,6 +221,9 @@ struct Supervisor {
     gone_routes: HashMap<(String, String), RouteFigures>,
     /// The version of the last roster sent to the broker and router.
     roster_version: u64,
+    /// The demo's API catalog, gathered while the group starts; taken
+    /// before the first listener is spawned (it publishes the catalog).
+    gathering: Option<tokio::task::JoinHandle<std::sync::Arc<switchyard_proto::api::Catalog>>>,
 }
 
 /// What a child reported for `/metrics`, cumulative since it started.
@@ -443,6 +455,16 @@ async fn up(
             .collect(),
         None => Vec::new(),
     };
+    // The demo's catalog (its managers' declarations, for `/openapi.json`)
+    // comes from a check child that loads every plugin: run beside the
+    // first stages rather than before them (decision 0157).
+    if sup.source.path.is_none() && sup.config.api.enabled() && sup.config.catalog.managers.is_empty() {
+        let mut config = sup.config.clone();
+        sup.gathering = Some(tokio::task::spawn_blocking(move || {
+            crate::apidoc::gather(&mut config);
+            config.catalog
+        }));
+    }
     let first: Vec<usize> = (0..sup.children.len())
         .filter(|i| !deferred.contains(i))
         .collect();
@@ -624,20 +646,65 @@ impl Supervisor {
             sockets: Some(sockets),
             gone_routes: HashMap::new(),
             roster_version: 0,
+            gathering: None,
         };
         Ok((sup, addresses, bound.admin, bound.control, rx))
     }
 
-    /// Starts `order`, each child only once the previous is ready. A signal
-    /// that stops the group cuts the start short.
+    /// `order` in start stages: each starts once every child of the stage
+    /// before it is ready, all of its own children at once.
+    ///
+    /// The broker, the router and the managers connect only to sockets the
+    /// supervisor bound before any child started (`broker.sock`,
+    /// `router.sock`): a connection made before its peer serves waits in
+    /// the backlog, and the broker and router take a hello only from a pid
+    /// of the roster, sent as each child is spawned. They start together,
+    /// except the built-in managers that share the data directory's
+    /// database: the first of them starts with the others, each further one
+    /// only once the one before it is ready (two creating the schema at once
+    /// find the database locked). A worker process connects to a socket its
+    /// manager binds, and a listener must see every manager's routes when
+    /// the group says it is ready: both start last (decision 0157).
+    fn stages(&self, order: &[usize]) -> Vec<Vec<usize>> {
+        let mut first = Vec::new();
+        let mut one_by_one = Vec::new();
+        let mut last = Vec::new();
+        for &idx in order {
+            match self.children[idx].role {
+                Role::Worker | Role::Listener => last.push(idx),
+                Role::Manager if self.holds_data_lock(idx) && self.holds_data_lock_before(idx, order) => {
+                    one_by_one.push(vec![idx])
+                }
+                Role::Broker | Role::Router | Role::Manager => first.push(idx),
+            }
+        }
+        std::iter::once(first)
+            .chain(one_by_one)
+            .chain(std::iter::once(last))
+            .filter(|stage| !stage.is_empty())
+            .collect()
+    }
+
+    /// Whether a manager that holds the data directory's lock comes in
+    /// `order` before `idx`.
+    fn holds_data_lock_before(&self, idx: usize, order: &[usize]) -> bool {
+        order
+            .iter()
+            .take_while(|&&i| i != idx)
+            .any(|&i| self.children[i].role == Role::Manager && self.holds_data_lock(i))
+    }
+
+    /// Starts `order` stage by stage (`stages`). A signal that stops the
+    /// group cuts the start short.
     async fn start_in_order(
         &mut self,
         order: &[usize],
         rx: &mut mpsc::UnboundedReceiver<Event>,
         signals: &mut Signals,
     ) -> anyhow::Result<()> {
-        for &idx in order {
-            let start = self.start_one(idx, rx);
+        for group in self.stages(order) {
+            let group = group.as_slice();
+            let start = self.start_stage(group, rx);
             tokio::pin!(start);
             loop {
                 tokio::select! {
@@ -1016,23 +1083,63 @@ impl Supervisor {
         }
     }
 
+    /// One stage of `start_in_order`; a listener's stage first takes the
+    /// catalog gathered meanwhile.
+    async fn start_stage(
+        &mut self,
+        members: &[usize],
+        rx: &mut mpsc::UnboundedReceiver<Event>,
+    ) -> anyhow::Result<()> {
+        if members.iter().any(|&i| self.children[i].role == Role::Listener) {
+            self.take_catalog().await;
+        }
+        self.start_together(members, rx).await
+    }
+
+    async fn take_catalog(&mut self) {
+        if let Some(gathering) = self.gathering.take() {
+            match gathering.await {
+                Ok(catalog) => self.config.catalog = catalog,
+                Err(err) => tracing::warn!(%err, "api description: not gathered"),
+            }
+        }
+    }
+
     async fn start_one(&mut self, idx: usize, rx: &mut mpsc::UnboundedReceiver<Event>) -> anyhow::Result<()> {
-        self.spawn(idx)?;
+        self.start_together(&[idx], rx).await
+    }
+
+    /// Spawns every child of `members` and waits until all of them report
+    /// ready, each within `group.start_timeout_ms` of the spawns. The first
+    /// that exits meanwhile fails the start (what did start is stopped by
+    /// the caller, as for one child).
+    async fn start_together(
+        &mut self,
+        members: &[usize],
+        rx: &mut mpsc::UnboundedReceiver<Event>,
+    ) -> anyhow::Result<()> {
+        for &idx in members {
+            self.spawn(idx)?;
+        }
         let deadline =
             tokio::time::Instant::now() + Duration::from_millis(self.config.group.start_timeout_ms);
-        loop {
-            let ev = tokio::time::timeout_at(deadline, rx.recv())
-                .await
-                .map_err(|_| anyhow::anyhow!("{} did not become ready in time", self.children[idx].name))?
-                .ok_or_else(|| anyhow::anyhow!("event channel closed"))?;
+        let mut waiting: Vec<usize> = members.to_vec();
+        while !waiting.is_empty() {
+            let ev = match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Ok(ev) => ev.ok_or_else(|| anyhow::anyhow!("event channel closed"))?,
+                Err(_) => {
+                    let late: Vec<&str> = waiting.iter().map(|&i| self.children[i].name.as_str()).collect();
+                    anyhow::bail!("{} did not become ready in time", late.join(", "));
+                }
+            };
             match ev {
                 Event::Phase {
                     child,
                     generation,
                     phase: Phase::Ready,
-                } if child == idx && generation == self.children[idx].generation => {
-                    self.children[idx].state = State::Ready;
-                    return Ok(());
+                } if waiting.contains(&child) && generation == self.children[child].generation => {
+                    self.children[child].state = State::Ready;
+                    waiting.retain(|&i| i != child);
                 }
                 Event::Exited {
                     child,
@@ -1053,6 +1160,7 @@ impl Supervisor {
                 _ => {}
             }
         }
+        Ok(())
     }
 
     /// A child's figures, once it has exited, go to the group's totals.
