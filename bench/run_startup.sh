@@ -3,6 +3,10 @@
 #
 #   RUNS=7 LOAD_S=3 bench/run_startup.sh
 #
+# FRESH_DATA=1 gives every run a new data directory (the built-in store
+# then creates its schema and fsyncs it on the critical path); by default
+# the group uses its default one, as `switchyard up` without flags does.
+#
 # Per run: a fresh `switchyard up --bind 127.0.0.1:0` with a private runtime
 # directory and a ready file. Measured from the spawn: the ready file's
 # appearance, then the first 200 on GET /noop (a poll every 1 ms, a fresh
@@ -21,15 +25,17 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 SWITCHYARD=${SWITCHYARD:-$ROOT/target/release/switchyard}
 RUNS=${RUNS:-7}
 LOAD_S=${LOAD_S:-3}
+FRESH_DATA=${FRESH_DATA:-0}
 [[ -x $SWITCHYARD ]] || { echo "run_startup: no binary at $SWITCHYARD (cargo build --release)" >&2; exit 1; }
 command -v wrk >/dev/null || { echo "run_startup: wrk is needed" >&2; exit 1; }
 [[ $RUNS =~ ^[1-9][0-9]*$ ]] || { echo "run_startup: RUNS must be a positive integer" >&2; exit 1; }
 [[ $LOAD_S =~ ^[1-9][0-9]*$ ]] || { echo "run_startup: LOAD_S must be a positive integer" >&2; exit 1; }
 
-exec python3 - "$SWITCHYARD" "$RUNS" "$LOAD_S" <<'PY'
+exec python3 - "$SWITCHYARD" "$RUNS" "$LOAD_S" "$FRESH_DATA" <<'PY'
 import json, os, shutil, signal, socket, statistics, subprocess, sys, tempfile, time
 
 exe, runs, load_s = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+fresh_data = sys.argv[4] == "1"
 READY_TIMEOUT = 30.0
 
 def tree(root):
@@ -87,9 +93,12 @@ def one_run():
     ready = os.path.join(tmp, "ready.json")
     load = os.getloadavg()[0]
     t0 = time.monotonic()
+    argv = [exe, "up", "--bind", "127.0.0.1:0", "--runtime-dir", os.path.join(tmp, "rt"),
+            "--ready-file", ready]
+    if fresh_data:
+        argv += ["--data-dir", os.path.join(tmp, "data")]
     proc = subprocess.Popen(
-        [exe, "up", "--bind", "127.0.0.1:0", "--runtime-dir", os.path.join(tmp, "rt"),
-         "--ready-file", ready, "--data-dir", os.path.join(tmp, "data")],
+        argv,
         stdout=open(os.path.join(tmp, "out.log"), "w"), stderr=subprocess.STDOUT,
         start_new_session=True)
     try:
@@ -145,7 +154,7 @@ def line(name, values, unit):
     print(f"{name}: median {statistics.median(values):.1f} {unit}, min {min(values):.1f}, max {max(values):.1f}")
 
 print()
-print(f"binary: {exe}; {runs} runs; load average at the starts "
+print(f"binary: {exe}; {runs} runs; {'a fresh' if fresh_data else 'the default'} data directory; load average at the starts "
       f"{min(r['load'] for r in results):.2f}-{max(r['load'] for r in results):.2f}")
 line("spawn -> ready file", [r["ready"] for r in results], "ms")
 line("spawn -> first 200 on /noop", [r["first200"] for r in results], "ms")
