@@ -239,12 +239,12 @@ async fn serve_request(
     let mut reply = match req.uri().path() {
         "/health" => {
             *stats = metrics::fixed(Fixed::Health, req.method());
-            crate::api::only_get_and_head(req.method())
+            crate::reply::only_get_and_head(req.method())
                 .unwrap_or_else(|| json(StatusCode::OK, serde_json::json!({ "status": "alive" })))
         }
         "/ready" => {
             *stats = metrics::fixed(Fixed::Ready, req.method());
-            crate::api::only_get_and_head(req.method()).unwrap_or_else(|| ready(state))
+            crate::reply::only_get_and_head(req.method()).unwrap_or_else(|| ready(state))
         }
         path if state.config.api.serves(path) => {
             let label = if path == "/docs" {
@@ -259,10 +259,10 @@ async fn serve_request(
                 ..Scope::default()
             };
             match admit(state, client, &mut req, None, scope, true).await {
-                Ok(()) => state
-                    .config
-                    .api
-                    .answer(req.method(), &path, &state.config.middleware.auth),
+                Ok(()) => crate::reply::document(
+                    req.method(),
+                    state.config.api.document(&path, &state.config.middleware.auth),
+                ),
                 Err(refusal) => state.policy().refuse(&refusal, error),
             }
         }

@@ -46,9 +46,10 @@
 //! - `http3`: one QUIC connection's requests, fed to the same service as a
 //!   TCP connection's; GOAWAY on drain. `incoming`: a request body from
 //!   hyper or from an HTTP/3 stream, the one type past the accept.
-//! - [`api`]: `/openapi.json` and `/docs`, the API described from the
-//!   event types the plugins declared (rendered once per generation), and
-//!   the `.proto` of the typed gRPC services (`api::proto`).
+//! - [`api`]: `switchyard-apidoc` (`apidoc/`), re-exported: `/openapi.json`
+//!   and `/docs`, the API described from the event types the plugins
+//!   declared (rendered once per generation; `reply::document` answers
+//!   with it), and the `.proto` of the typed gRPC services (`api::proto`).
 //! - `dispatch`: which front end serves a request (gRPC by content type,
 //!   `/health`, `/ready`, WebSocket upgrades, else the route table), once
 //!   the middleware has admitted it.
@@ -90,7 +91,9 @@
 #![forbid(unsafe_code)]
 
 mod access;
-pub mod api;
+/// The API description (`/openapi.json`, `/docs`, the typed services'
+/// `.proto`): a crate of its own, off the data path (decision 0153).
+pub use switchyard_apidoc as api;
 mod body;
 mod conditional;
 mod config;

@@ -179,6 +179,38 @@ pub(crate) fn retry_later(mut reply: Reply) -> Reply {
     reply
 }
 
+/// 405 with `Allow` for a method other than `GET` or `HEAD` on one of the
+/// listener's own read-only routes (`/health`, `/ready`, `/openapi.json`,
+/// `/docs`): what their description promises.
+pub(crate) fn only_get_and_head(method: &http::Method) -> Option<Reply> {
+    if method == http::Method::GET || method == http::Method::HEAD {
+        return None;
+    }
+    let mut reply = error(StatusCode::METHOD_NOT_ALLOWED, "only GET and HEAD");
+    reply
+        .headers_mut()
+        .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
+    Some(reply)
+}
+
+/// The answer to `GET`/`HEAD` of an API document (`switchyard_apidoc`
+/// renders it once per configuration generation).
+pub(crate) fn document(method: &http::Method, (body, content_type): (Bytes, &'static str)) -> Reply {
+    if let Some(refused) = only_get_and_head(method) {
+        return refused;
+    }
+    let head = method == http::Method::HEAD;
+    let length = body.len();
+    let mut reply = Response::new(Either::Left(Full::new(if head { Bytes::new() } else { body })));
+    let headers = reply.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    if head {
+        headers.insert(header::CONTENT_LENGTH, HeaderValue::from(length));
+    }
+    reply
+}
+
 /// A problem+json error produced by the listener itself: marked as the
 /// listener's (`switchyard-error: listener`, decision 0116), so a client
 /// tells it from a handler's own.

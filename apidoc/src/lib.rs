@@ -1,8 +1,17 @@
 //! The group's API described for clients: `GET /openapi.json` (OpenAPI
-//! 3.1) and `GET /docs` (an HTML page), from the [`Catalog`] the
-//! supervisor gathered from the plugins (docs/api.md, decision 0060).
-//! Each document is rendered once per configuration generation, on its
-//! first request; nothing here runs for other requests.
+//! 3.1), `GET /docs` (an HTML page) and the `.proto` of the typed gRPC
+//! services, all from the [`Catalog`] the supervisor gathered from the
+//! plugins (docs/api.md, decisions 0060 and 0064). Off the data path: the
+//! listener renders each document once per configuration generation, on
+//! its first request, and `switchyard openapi` / `switchyard proto` print
+//! them without a running group. Pure functions of the catalog and the
+//! `[auth]` settings, so they are tested without sockets.
+//!
+//! # Layout
+//! - `openapi`: the OpenAPI 3.1 document.
+//! - `docs`: the HTML page.
+//! - [`proto`]: the typed gRPC services' `.proto` files and their
+//!   compiled descriptors (the listener's typed services and reflection).
 
 mod docs;
 mod openapi;
@@ -11,29 +20,11 @@ pub mod proto;
 use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
-use http::{HeaderValue, Method, StatusCode, header};
-use http_body_util::{Either, Full};
+use switchyard_middleware::config::{AuthConfig, exposed};
 use switchyard_proto::api::{Catalog, TypeRole};
 use switchyard_proto::control::HandledType;
 
-use crate::reply::{Reply, error};
-use switchyard_middleware::config::{AuthConfig, exposed};
-
 pub use openapi::document as openapi_document;
-
-/// 405 with `Allow` for a method other than `GET` or `HEAD` on one of the
-/// listener's own read-only routes (these, `/health`, `/ready`): what
-/// their description promises.
-pub(crate) fn only_get_and_head(method: &Method) -> Option<Reply> {
-    if method == Method::GET || method == Method::HEAD {
-        return None;
-    }
-    let mut reply = error(StatusCode::METHOD_NOT_ALLOWED, "only GET and HEAD");
-    reply
-        .headers_mut()
-        .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
-    Some(reply)
-}
 
 /// What clients are told of `catalog`: its internal request types
 /// (neither public nor opened by `expose`, decision 0108) left out, as
@@ -110,15 +101,13 @@ impl ApiConfig {
     }
 
     /// Whether `path` is one of the endpoints this configuration serves.
-    pub(crate) fn serves(&self, path: &str) -> bool {
+    pub fn serves(&self, path: &str) -> bool {
         (path == "/openapi.json" && self.openapi) || (path == "/docs" && self.docs)
     }
 
-    /// The answer to a request for `path` (one [`Self::serves`]).
-    pub(crate) fn answer(&self, method: &Method, path: &str, auth: &AuthConfig) -> Reply {
-        if let Some(refused) = only_get_and_head(method) {
-            return refused;
-        }
+    /// The document at `path` (one [`Self::serves`]) and its content
+    /// type, rendered on the first call and shared afterwards.
+    pub fn document(&self, path: &str, auth: &AuthConfig) -> (Bytes, &'static str) {
         let rendered = self.rendered.get_or_init(|| {
             let catalog = for_clients(&self.catalog, &auth.expose);
             Rendered {
@@ -128,23 +117,10 @@ impl ApiConfig {
                 docs: Bytes::from(docs::page(&catalog, self)),
             }
         });
-        let (body, content_type) = if path == "/docs" {
+        if path == "/docs" {
             (rendered.docs.clone(), "text/html; charset=utf-8")
         } else {
             (rendered.openapi.clone(), "application/json")
-        };
-        let sent = if method == Method::HEAD {
-            Bytes::new()
-        } else {
-            body.clone()
-        };
-        let mut reply = Reply::new(Either::Left(Full::new(sent)));
-        let headers = reply.headers_mut();
-        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-        if method == Method::HEAD {
-            headers.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
         }
-        reply
     }
 }

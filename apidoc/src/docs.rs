@@ -6,7 +6,7 @@ use std::fmt::Write;
 use serde_json::Value;
 use switchyard_proto::api::{Catalog, TypeDoc, TypeRole};
 
-use super::ApiConfig;
+use crate::ApiConfig;
 
 fn escape(text: &str) -> String {
     let mut out = String::with_capacity(text.len());

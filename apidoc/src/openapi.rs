@@ -4,7 +4,7 @@ use serde_json::{Map, Value, json};
 use switchyard_proto::api::{Catalog, TypeDoc, TypeRole};
 use switchyard_proto::problem::reason;
 
-use super::ApiConfig;
+use crate::ApiConfig;
 use switchyard_middleware::config::{AuthConfig, Require};
 
 /// Names of the security schemes, by credential.
