@@ -206,7 +206,7 @@ fn the_docs_page_lists_routes_events_fields_and_descriptions() {
         "GET /hello/{name}",
         "<code>name</code>",
         "length ≥ 1, length ≤ 100",
-        "from the request&#39;s scope",
+        "from the request&#x27;s scope",
         "Notification types",
         // Declared with `r.emits::<Tick>()`, with its fields' doc comments.
         "<code>demo.tick</code>",

@@ -7,21 +7,8 @@ use serde_json::Value;
 use switchyard_proto::api::{Catalog, TypeDoc, TypeRole};
 
 use crate::ApiConfig;
-
-fn escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
+// One HTML escape for every page the group makes.
+use switchyard_proto::web::escape_html as escape;
 
 /// An anchor id for a type name.
 fn anchor(name: &str) -> String {
