@@ -65,16 +65,19 @@ pub(crate) struct Rec {
 pub(crate) struct Current {
     pub(crate) live: Option<Rec>,
     pub(crate) last: u64,
-    /// The chain a write that replaces the last message records.
-    chain: String,
+    /// The last message's headers (its writer and chain), kept as read:
+    /// the chain a write replacing it records is made only when a write
+    /// asks ([`Current::prior`]), never for a plain get.
+    headers: Option<HeaderMap>,
 }
 
 impl Current {
     /// What a write conditional on this state names.
     pub(crate) fn prior(&self) -> Prior {
+        let headers = self.headers.as_ref();
         Prior {
             last: self.last,
-            chain: self.chain.clone(),
+            chain: chain_after(header(headers, WRITER), self.last, header(headers, CHAIN)),
         }
     }
 }
@@ -132,8 +135,12 @@ fn landed(writer: &str, expect: u64, last: (Option<&str>, u64, Option<&str>)) ->
         .into_iter()
         .flat_map(str::split_ascii_whitespace)
         .map(|link| {
-            let (w, seq) = link.rsplit_once('@').unwrap_or(("?", "0"));
-            (w, seq.parse::<u64>().unwrap_or(0))
+            // A link that does not read is a write not known, never the
+            // end of the walk (which would count it "not ours").
+            match link.rsplit_once('@').map(|(w, seq)| (w, seq.parse::<u64>())) {
+                Some((w, Ok(seq))) => (w, seq),
+                _ => ("?", u64::MAX),
+            }
         });
     let mut unknown = false;
     for (w, seq) in std::iter::once((last_writer.unwrap_or("?"), last_seq)).chain(links) {
@@ -218,28 +225,28 @@ pub(crate) async fn read(b: &Bucket, key: &str) -> Result<Current, Failure> {
             return Ok(Current {
                 live: None,
                 last: 0,
-                chain: chain_after(None, 0, None),
+                headers: None,
             });
         }
         Err(e) => return Err(down("read", e)),
     };
     let last = msg.sequence;
     let headers = Some(&msg.headers);
-    let chain = chain_after(header(headers, WRITER), last, header(headers, CHAIN));
-    if is_marker(headers) {
-        return Ok(Current {
-            live: None,
-            last,
-            chain,
-        });
-    }
-    let expires = expiry(headers);
-    let live = live_at(expires, wall_ms()).then(|| Rec {
-        value: String::from_utf8_lossy(&msg.payload).into_owned(),
-        version: last,
-        expires,
-    });
-    Ok(Current { live, last, chain })
+    let live = if is_marker(headers) {
+        None
+    } else {
+        let expires = expiry(headers);
+        live_at(expires, wall_ms()).then(|| Rec {
+            value: String::from_utf8_lossy(&msg.payload).into_owned(),
+            version: last,
+            expires,
+        })
+    };
+    Ok(Current {
+        live,
+        last,
+        headers: Some(msg.headers),
+    })
 }
 
 /// A write's outcome: its sequence, or the key had moved on.
@@ -898,6 +905,15 @@ mod tests {
         // A writer not known after 10 (a purge's marker on a listed row).
         assert_eq!(
             landed("me.1", 10, (Some("c.3"), 20, Some("?@12 x@10"))),
+            Landed::Unknown
+        );
+        // A link that does not read is not taken for the end of the chain.
+        assert_eq!(
+            landed("me.1", 10, (Some("c.3"), 20, Some("b.2@x a.9@10"))),
+            Landed::Unknown
+        );
+        assert_eq!(
+            landed("me.1", 10, (Some("c.3"), 20, Some("junk a.9@10"))),
             Landed::Unknown
         );
         // A writer not known at or before 10 does not matter.
