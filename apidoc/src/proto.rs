@@ -310,6 +310,16 @@ fn parse(schema: &str) -> Value {
     serde_json::from_str(schema).unwrap_or(Value::Bool(true))
 }
 
+/// A message type as a method names it: the well-known `google.*` types
+/// as they are, the rest in `package`.
+fn qualified(package: &str, ty: &str) -> String {
+    if ty.starts_with("google.") {
+        ty.to_owned()
+    } else {
+        format!("{package}.{ty}")
+    }
+}
+
 /// The `.proto` files of `catalog`, and the rpcs they declare.
 pub fn files(catalog: &Catalog) -> (Vec<ProtoFile>, Vec<Method>) {
     let mut packages: BTreeMap<String, Package> = BTreeMap::new();
@@ -386,18 +396,11 @@ pub fn files(catalog: &Catalog) -> (Vec<ProtoFile>, Vec<Method>) {
             }
             let _ = write!(line, "  rpc {name}({input}) returns ({output});");
             p.services.entry(service.clone()).or_default().push(line);
-            let full = |ty: &str| {
-                if ty.starts_with("google.") {
-                    ty.to_owned()
-                } else {
-                    format!("{package}.{ty}")
-                }
-            };
             methods.push(Method {
                 path: format!("/{package}.{service}/{name}"),
                 event: t.name.clone(),
-                input: full(&input),
-                output: full(&output),
+                input: qualified(&package, &input),
+                output: qualified(&package, &output),
                 stream: false,
             });
         }
@@ -427,18 +430,11 @@ pub fn files(catalog: &Catalog) -> (Vec<ProtoFile>, Vec<Method>) {
             .entry("Notifications".to_owned())
             .or_default()
             .push(line);
-        let full = |ty: &str| {
-            if ty.starts_with("google.") {
-                ty.to_owned()
-            } else {
-                format!("{package}.{ty}")
-            }
-        };
         methods.push(Method {
             path: format!("/{package}.Notifications/{name}"),
             event,
             input: format!("{package}.Filter"),
-            output: full(&output),
+            output: qualified(&package, &output),
             stream: true,
         });
     }
