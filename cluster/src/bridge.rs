@@ -619,7 +619,14 @@ async fn manifests(core: Arc<Core>, hellos: mpsc::UnboundedSender<Hello>) {
         }
     };
     loop {
+        // In order of the subscriptions, not at random: a group publishes
+        // its last manifest (its managers stopping) and then its goodbye on
+        // one connection, so the server hands us the manifest first and it
+        // sits in its channel before the goodbye does. Taken at random, the
+        // goodbye could be read first and the manifest after it would count
+        // the departed group again until it expired.
         tokio::select! {
+            biased;
             Some(msg) = manifests.next() => {
                 let Ok(ManifestMsg { group, manifest }) = serde_json::from_slice(&msg.payload) else {
                     tracing::warn!("malformed routes from the cluster dropped");
