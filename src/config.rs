@@ -378,8 +378,9 @@ pub(crate) struct ListenerConfig {
     pub(crate) grpc_bind: Option<SocketAddr>,
     /// Listener processes sharing the port (each with its own return pipes).
     pub(crate) workers: u32,
-    /// Runtime threads of each listener process (0: one per core;
-    /// decision 0086 weighs one thread against two on two cores).
+    /// Runtime threads of each listener process (0: one, which owns its
+    /// accept, connections and return rings; scale out with `workers`,
+    /// decision 0158).
     pub(crate) threads: usize,
     /// Return pipes to the broker (0: one per thread).
     pub(crate) pipes: usize,
@@ -1598,15 +1599,12 @@ impl Config {
         }
     }
 
-    /// The listener's runtime threads: as configured, or one per core.
-    /// Fewer serve small requests faster on two cores but large bodies
-    /// slower (decision 0086).
+    /// The listener's runtime threads: as configured, or one. One thread
+    /// that owns everything of its process spends no wake-ups between
+    /// threads; more cores are used by more listener processes
+    /// (`workers`), not more threads (decision 0158).
     pub(crate) fn threads(&self) -> usize {
-        if self.listener.threads > 0 {
-            self.listener.threads
-        } else {
-            std::thread::available_parallelism().map_or(1, |n| n.get())
-        }
+        self.listener.threads.max(1)
     }
 
     pub(crate) fn pipes(&self) -> usize {

@@ -136,8 +136,10 @@ pub(crate) fn main(role: Role, name: String, instance: u32) -> ExitCode {
             return ExitCode::from(crate::EXIT_CONFIG);
         }
     };
+    // A listener of one thread runs on the current thread: no second
+    // thread for `block_on`'s future to hand work to (decision 0158).
     let runtime = match role {
-        Role::Listener => tokio::runtime::Builder::new_multi_thread()
+        Role::Listener if spec.config.threads() > 1 => tokio::runtime::Builder::new_multi_thread()
             .worker_threads(spec.config.threads())
             .enable_all()
             .build(),
