@@ -58,12 +58,18 @@ fn http1_clients_that_never_read_are_closed_and_release_their_memory() {
     // taken for a stalled connection's descriptor.
     assert_eq!(get(g.addr, BIG).unwrap().status, 200);
     let fds_before = open_fds(listener);
+    let listing_before = fd_targets(listener);
     let stalled: Vec<TcpStream> = (0..12).map(|_| never_reading(&g)).collect();
     // Once the stalled connections are closed, a client that reads gets
     // the whole answer again.
     let deadline = Instant::now() + PATIENCE;
     loop {
-        let r = get(g.addr, BIG).unwrap();
+        let r = get(g.addr, BIG).unwrap_or_else(|err| {
+            panic!(
+                "a reading client's GET: {err}; the listener's descriptors: {:?}",
+                fd_targets(listener)
+            )
+        });
         if r.status == 200 {
             assert_eq!(r.body.len(), 16 << 20);
             break;
@@ -81,7 +87,9 @@ fn http1_clients_that_never_read_are_closed_and_release_their_memory() {
     while open_fds(listener) > fds_before {
         assert!(
             Instant::now() < deadline,
-            "the listener keeps stalled connections open"
+            "the listener keeps stalled connections open: {:?} before, {:?} now",
+            listing_before,
+            fd_targets(listener)
         );
         std::thread::sleep(std::time::Duration::from_millis(50));
     }

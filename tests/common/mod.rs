@@ -532,6 +532,23 @@ pub fn open_fds(pid: u32) -> usize {
         .unwrap_or(0)
 }
 
+/// What each open descriptor of `pid` is (`socket:[…]`, a path, …), for
+/// a failure message that says which ones a count did not expect.
+pub fn fd_targets(pid: u32) -> Vec<String> {
+    let mut fds: Vec<(u32, String)> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let n = e.file_name().to_str()?.parse().ok()?;
+            let target = std::fs::read_link(e.path()).ok()?;
+            Some((n, target.display().to_string()))
+        })
+        .collect();
+    fds.sort();
+    fds.into_iter().map(|(n, t)| format!("{n} {t}")).collect()
+}
+
 /// Resident memory of `pid`, in KiB.
 pub fn rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
