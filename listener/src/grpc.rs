@@ -21,7 +21,7 @@ mod typed;
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use crate::decoded::RequestBody;
@@ -93,10 +93,17 @@ where
 
 /// The gRPC services, dispatched by the path's service name.
 pub(crate) struct Grpc {
-    services: Vec<(&'static str, Handler)>,
+    state: Arc<State>,
+    /// Made at the first gRPC request: the descriptor pools of the typed
+    /// services and of reflection are 1.6 MiB of the demo listener's heap
+    /// (decision 0159), which a group that serves no gRPC never needs.
+    services: OnceLock<Services>,
+}
+
+struct Services {
+    by_name: Vec<(&'static str, Handler)>,
     /// The typed services made from the event schemas (by full path).
     typed: Option<typed::Typed>,
-    state: Arc<State>,
 }
 
 /// The health service names: the whole group is `""` (and the Events
@@ -105,6 +112,49 @@ pub(crate) const MANAGER_PREFIX: &str = "switchyard.manager.";
 
 impl Grpc {
     pub(crate) fn new(state: Arc<State>) -> Grpc {
+        Grpc {
+            state,
+            services: OnceLock::new(),
+        }
+    }
+
+    fn services(&self) -> &Services {
+        self.services.get_or_init(|| Services::new(self.state.clone()))
+    }
+
+    /// Serves one gRPC request.
+    pub(crate) async fn serve(&self, req: Request<RequestBody>) -> Response<Body> {
+        let mut req = req.map(limit::Limited::new);
+        // The client's deadline, for the calls that become events.
+        match deadline::parse(req.headers()) {
+            Ok(None) => {}
+            Ok(Some(timeout)) => {
+                req.extensions_mut().insert(deadline::ClientDeadline(timeout));
+            }
+            Err(malformed) => return Status::invalid_argument(malformed).into_http(),
+        }
+        let path = req.uri().path();
+        let service = path
+            .strip_prefix('/')
+            .and_then(|p| p.split_once('/'))
+            .map(|(service, _)| service);
+        let services = self.services();
+        if let Some((_, handle)) = services.by_name.iter().find(|(name, _)| Some(*name) == service) {
+            return handle(req).await;
+        }
+        let unknown = Status::unimplemented(format!("no service {}", service.unwrap_or(path)));
+        match &services.typed {
+            Some(typed) => typed
+                .serve(&self.state, req)
+                .await
+                .unwrap_or_else(|| unknown.into_http()),
+            None => unknown.into_http(),
+        }
+    }
+}
+
+impl Services {
+    fn new(state: Arc<State>) -> Services {
         let health = health::service(state.clone());
         let clients =
             crate::api::for_clients(&state.config.api.catalog, &state.config.middleware.auth.expose);
@@ -141,39 +191,9 @@ impl Grpc {
             }
             Err(err) => tracing::error!(%err, "no gRPC reflection"),
         }
-        Grpc {
-            services,
+        Services {
+            by_name: services,
             typed,
-            state,
-        }
-    }
-
-    /// Serves one gRPC request.
-    pub(crate) async fn serve(&self, req: Request<RequestBody>) -> Response<Body> {
-        let mut req = req.map(limit::Limited::new);
-        // The client's deadline, for the calls that become events.
-        match deadline::parse(req.headers()) {
-            Ok(None) => {}
-            Ok(Some(timeout)) => {
-                req.extensions_mut().insert(deadline::ClientDeadline(timeout));
-            }
-            Err(malformed) => return Status::invalid_argument(malformed).into_http(),
-        }
-        let path = req.uri().path();
-        let service = path
-            .strip_prefix('/')
-            .and_then(|p| p.split_once('/'))
-            .map(|(service, _)| service);
-        if let Some((_, handle)) = self.services.iter().find(|(name, _)| Some(*name) == service) {
-            return handle(req).await;
-        }
-        let unknown = Status::unimplemented(format!("no service {}", service.unwrap_or(path)));
-        match &self.typed {
-            Some(typed) => typed
-                .serve(&self.state, req)
-                .await
-                .unwrap_or_else(|| unknown.into_http()),
-            None => unknown.into_http(),
         }
     }
 }

@@ -796,6 +796,9 @@ impl Supervisor {
             }
         }
         self.systemd.ready(&format!("serving on {}", at.http));
+        // What the start allocated and freed (the configuration, the
+        // catalog, the spawns) is not needed again.
+        crate::give_back_free_memory();
         // `switchyard dev`: rebuilds and reloads from now on.
         crate::dev::start(self.dir.path());
         admin
