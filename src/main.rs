@@ -29,7 +29,8 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// back to the system now. mimalloc purges freed pages only when a later
 /// allocation or free comes by once the purge delay is over: a process that
 /// allocates a burst and then idles, as the supervisor after its start,
-/// keeps the burst resident (3.4 MiB of its 4.8 measured, decision 0159).
+/// keeps part of the burst resident (0.5 MiB of its 4.8 measured, decision
+/// 0159).
 pub(crate) fn give_back_free_memory() {
     // SAFETY: mi_collect takes a flag and only touches mimalloc's own state.
     unsafe { libmimalloc_sys::mi_collect(true) };

@@ -95,7 +95,7 @@ where
 pub(crate) struct Grpc {
     state: Arc<State>,
     /// Made at the first gRPC request: the descriptor pools of the typed
-    /// services and of reflection are 1.6 MiB of the demo listener's heap
+    /// services and of reflection are 2.4 MiB of the demo listener's heap
     /// (decision 0159), which a group that serves no gRPC never needs.
     services: OnceLock<Services>,
 }
