@@ -174,7 +174,21 @@ fn mapping(fd: &OwnedFd) -> Result<Arc<Mapped>> {
 /// Reads the `len` body bytes of a received pool segment into memory of
 /// this process, then marks the segment free for its producer to reuse.
 /// The bytes count against the budget while they live.
+///
+/// A body that cannot be read (this process's budget cannot take its
+/// mapping or its copy) frees its segment all the same, as one dropped
+/// unread does: left busy, it would hold its producer's budget for the
+/// whole lease (two minutes), and a burst of such bodies refused every
+/// large answer that long (tests/slow_readers.rs saw it).
 pub(crate) fn read(fd: &OwnedFd, len: u64) -> Result<Bytes> {
+    let read = read_out(fd, len);
+    if read.is_err() {
+        release_unread(fd);
+    }
+    read
+}
+
+fn read_out(fd: &OwnedFd, len: u64) -> Result<Bytes> {
     let mapped = mapping(fd)?;
     let len = usize::try_from(len).map_err(|_| Error::Malformed("pool body longer than memory"))?;
     if HEADER.saturating_add(len) > mapped.size {
