@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# REST scenario, side by side: GET /noop on `switchyard up` (the full process
+# REST scenario, side by side: GET /noop (or ROUTES) on `switchyard up` (the full process
 # group, four hops each way) and on `switchyard-baseline` (zero hops), in the
 # same run, rounds alternating between the two, so that every figure comes
 # with its ratio to the baseline measured under the same machine noise.
 #
 #   RUNS=3 DUR=5 CONNS="1 8 32" OUT=/tmp/switchyard-bench bench/run_rest.sh
+#
+# ROUTES picks the paths measured (default "/noop"), each at every
+# connection count, e.g. ROUTES="/payload/1048576 /payload/1048576?copy=true"
+# for a body the manager keeps sealed and the same body copied per response.
 #
 # SERVERS picks what runs (default "switchyard router baseline"): `switchyard`
 # is the group as configured by default (answers straight back to the
@@ -23,9 +27,10 @@ set -euo pipefail
 RUNS=${RUNS:-3}
 DUR=${DUR:-5}
 CONNS=${CONNS:-"1 8 32"}
+ROUTES=${ROUTES:-/noop}
 OUT=${OUT:-/tmp/switchyard-bench}
 
-COMMAND="RUNS=$RUNS DUR=$DUR CONNS=\"$CONNS\" OUT=$OUT $0${*:+ $*}"
+COMMAND="RUNS=$RUNS DUR=$DUR CONNS=\"$CONNS\" ROUTES=\"$ROUTES\" OUT=$OUT $0${*:+ $*}"
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 read -r -a SERVERS <<<"${SERVERS:-switchyard router baseline}"
 COMMAND="SERVERS=\"${SERVERS[*]}\" $COMMAND"
@@ -49,6 +54,9 @@ check_int DUR "$DUR" 1 300
 read -r -a CONN_LIST <<<"$CONNS"
 ((${#CONN_LIST[@]} > 0)) || die "CONNS is empty"
 for c in "${CONN_LIST[@]}"; do check_int CONNS "$c" 1 10000; done
+read -r -a ROUTE_LIST <<<"$ROUTES"
+((${#ROUTE_LIST[@]} > 0)) || die "ROUTES is empty"
+for r in "${ROUTE_LIST[@]}"; do [[ $r == /* && $r != *[[:space:]]* ]] || die "a route is a path, not '$r'"; done
 
 # --- servers -----------------------------------------------------------------
 
@@ -213,7 +221,7 @@ mkdir -p "$WORK"
 TSV="$OUT/rest-$STAMP.tsv"
 REPORT="$OUT/rest-$STAMP.md"
 CLK_TCK=$(getconf CLK_TCK)
-printf 'round\tserver\tconns\tduration_s\trequests\trps\tp50_ms\tp99_ms\tsocket_errors\tnon_2xx\tcpu_ticks\tcpu_us_per_req\twrk_cpu_s\n' >"$TSV"
+printf 'round\tserver\troute\tconns\tduration_s\trequests\trps\tp50_ms\tp99_ms\tsocket_errors\tnon_2xx\tcpu_ticks\tcpu_us_per_req\twrk_cpu_s\n' >"$TSV"
 
 # --- rounds ------------------------------------------------------------------
 
@@ -226,13 +234,15 @@ for ((round = 1; round <= RUNS; round++)); do
         prefix="$WORK/r$round-$server"
         start_server "$server" "$prefix"
         log "round $round/$RUNS: $server (pid $PID) on $ADDR"
-        timeout -k 5 $((WARMUP_S + 30)) wrk -t1 -c8 -d${WARMUP_S}s "http://$ADDR/noop" >"$prefix-warmup.txt"
+        timeout -k 5 $((WARMUP_S + 30)) wrk -t1 -c8 -d${WARMUP_S}s "http://$ADDR${ROUTE_LIST[0]}" >"$prefix-warmup.txt"
+        for r in "${!ROUTE_LIST[@]}"; do
+        route=${ROUTE_LIST[$r]}
         for c in "${CONN_LIST[@]}"; do
-            raw="$prefix-c$c.txt"
+            raw="$prefix-r$r-c$c.txt"
             ticks0=$(tree_ticks "$PID")
             children_cpu
             wrk0=$CHILD_CPU_S
-            timeout -k 5 $((DUR + 30)) wrk -t1 -c"$c" -d"${DUR}s" --latency "http://$ADDR/noop" >"$raw"
+            timeout -k 5 $((DUR + 30)) wrk -t1 -c"$c" -d"${DUR}s" --latency "http://$ADDR$route" >"$raw"
             children_cpu
             wrk1=$CHILD_CPU_S
             ticks1=$(tree_ticks "$PID")
@@ -243,9 +253,10 @@ for ((round = 1; round <= RUNS; round++)); do
             ticks=$((ticks1 - ticks0))
             read -r us_per_req wrk_cpu < <(awk -v t="$ticks" -v hz="$CLK_TCK" -v n="$requests" \
                 -v a="$wrk0" -v b="$wrk1" 'BEGIN { printf "%.2f %.3f\n", t / hz * 1e6 / n, b - a }')
-            printf '%d\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n' "$round" "$server" "$c" "$DUR" \
+            printf '%d\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n' "$round" "$server" "$route" "$c" "$DUR" \
                 "$requests" "$rps" "$p50" "$p99" "$errors" "$non2xx" "$ticks" "$us_per_req" "$wrk_cpu" >>"$TSV"
-            log "  c=$c: $rps req/s, p50 $p50 ms, p99 $p99 ms, $us_per_req us CPU/req"
+            log "  $route c=$c: $rps req/s, p50 $p50 ms, p99 $p99 ms, $us_per_req us CPU/req"
+        done
         done
         rc=0
         stop_server "$PID" || rc=$?
@@ -255,11 +266,12 @@ done
 
 # --- summary -----------------------------------------------------------------
 
-# "median min max" of column $1 over the rounds of server $2 at $3 connections.
+# "median min max" of column $1 over the rounds of server $2 on route $3
+# at $4 connections.
 stats() {
-    awk -F'\t' -v col="$1" -v s="$2" -v c="$3" '
+    awk -F'\t' -v col="$1" -v s="$2" -v r="$3" -v c="$4" '
         NR == 1 { for (i = 1; i <= NF; i++) if ($i == col) f = i; next }
-        $2 == s && $3 == c { print $f }' "$TSV" | sort -g | awk '
+        $2 == s && $3 == r && $4 == c { print $f }' "$TSV" | sort -g | awk '
         { v[NR] = $1 }
         END {
             if (NR == 0) { print "nan nan nan"; exit }
@@ -273,12 +285,12 @@ cpu_model=$(awk -F': *' '/^model name/ { print $2; exit }' /proc/cpuinfo)
 wrk_version=$({ wrk -v 2>&1 || true; } | awk 'NR == 1 { print $1, $2 }')
 commit=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
 git -C "$ROOT" diff --quiet HEAD -- 2>/dev/null || commit="$commit (+ uncommitted changes)"
-wrk_max=$(awk -F'\t' -v d="$DUR" 'NR > 1 && $13 / d > m { m = $13 / d } END { printf "%.0f", m * 100 }' "$TSV")
+wrk_max=$(awk -F'\t' -v d="$DUR" 'NR > 1 && $14 / d > m { m = $14 / d } END { printf "%.0f", m * 100 }' "$TSV")
 wrk_note=
 ((wrk_max < 90)) || wrk_note="; at that level the load generator, not the server, may be the limit"
 
 {
-    echo "## REST: GET /noop, Switchyard vs in-process hyper baseline"
+    echo "## REST: GET ${ROUTE_LIST[*]}, Switchyard vs in-process hyper baseline"
     echo
     echo "- date: $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
     echo "- machine: $(nproc) cores, ${cpu_model:-unknown CPU}, Linux $(uname -r)"
@@ -289,25 +301,27 @@ wrk_note=
     echo "- rounds: $RUNS, alternating; req/s as median (min–max), latency and CPU as medians"
     echo "- raw: $TSV"
     echo
-    echo "| server | conns | Switchyard req/s | p50 ms | p99 ms | baseline req/s | p50 ms | p99 ms | req/s ratio | Switchyard CPU µs/req | baseline CPU µs/req | CPU ratio |"
-    echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    echo "| server | route | conns | Switchyard req/s | p50 ms | p99 ms | baseline req/s | p50 ms | p99 ms | req/s ratio | Switchyard CPU µs/req | baseline CPU µs/req | CPU ratio |"
+    echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     for server in "${SERVERS[@]}"; do
         [[ $server == baseline ]] && continue
+        for route in "${ROUTE_LIST[@]}"; do
         for c in "${CONN_LIST[@]}"; do
-            read -r s_rps s_min s_max <<<"$(stats rps "$server" "$c")"
-            read -r s_p50 _ _ <<<"$(stats p50_ms "$server" "$c")"
-            read -r s_p99 _ _ <<<"$(stats p99_ms "$server" "$c")"
-            read -r s_cpu _ _ <<<"$(stats cpu_us_per_req "$server" "$c")"
-            read -r b_rps b_min b_max <<<"$(stats rps baseline "$c")"
-            read -r b_p50 _ _ <<<"$(stats p50_ms baseline "$c")"
-            read -r b_p99 _ _ <<<"$(stats p99_ms baseline "$c")"
-            read -r b_cpu _ _ <<<"$(stats cpu_us_per_req baseline "$c")"
-            awk -v srv="$server" -v c="$c" -v sr="$s_rps" -v sl="$s_min" -v sh="$s_max" -v s50="$s_p50" -v s99="$s_p99" \
+            read -r s_rps s_min s_max <<<"$(stats rps "$server" "$route" "$c")"
+            read -r s_p50 _ _ <<<"$(stats p50_ms "$server" "$route" "$c")"
+            read -r s_p99 _ _ <<<"$(stats p99_ms "$server" "$route" "$c")"
+            read -r s_cpu _ _ <<<"$(stats cpu_us_per_req "$server" "$route" "$c")"
+            read -r b_rps b_min b_max <<<"$(stats rps baseline "$route" "$c")"
+            read -r b_p50 _ _ <<<"$(stats p50_ms baseline "$route" "$c")"
+            read -r b_p99 _ _ <<<"$(stats p99_ms baseline "$route" "$c")"
+            read -r b_cpu _ _ <<<"$(stats cpu_us_per_req baseline "$route" "$c")"
+            awk -v srv="$server" -v route="$route" -v c="$c" -v sr="$s_rps" -v sl="$s_min" -v sh="$s_max" -v s50="$s_p50" -v s99="$s_p99" \
                 -v br="$b_rps" -v bl="$b_min" -v bh="$b_max" -v b50="$b_p50" -v b99="$b_p99" \
                 -v sc="$s_cpu" -v bc="$b_cpu" 'BEGIN {
-                    printf "| %s | %d | %.0f (%.0f–%.0f) | %.3f | %.3f | %.0f (%.0f–%.0f) | %.3f | %.3f | %.3f | %.1f | %.1f | %.2f |\n",
-                        srv, c, sr, sl, sh, s50, s99, br, bl, bh, b50, b99, (br > 0 ? sr / br : 0), sc, bc, (bc > 0 ? sc / bc : 0)
+                    printf "| %s | %s | %d | %.0f (%.0f–%.0f) | %.3f | %.3f | %.0f (%.0f–%.0f) | %.3f | %.3f | %.3f | %.1f | %.1f | %.2f |\n",
+                        srv, route, c, sr, sl, sh, s50, s99, br, bl, bh, b50, b99, (br > 0 ? sr / br : 0), sc, bc, (bc > 0 ? sc / bc : 0)
                 }'
+        done
         done
     done
     echo

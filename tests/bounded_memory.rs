@@ -92,7 +92,7 @@ fn large_replies_cost_one_body_each_and_memory_comes_back() {
     let manager = g.pid_of("payload");
     // The handler's own buffer (one body, kept for reuse) is part of the
     // baseline.
-    let r = get(g.addr, &format!("/payload/{SIZE}")).unwrap();
+    let r = get(g.addr, &format!("/payload/{SIZE}?copy=true")).unwrap();
     assert_eq!((r.status, r.body.len() as u64), (200, SIZE));
     eventually(
         "the first reply's segment is released",
@@ -121,7 +121,7 @@ fn large_replies_cost_one_body_each_and_memory_comes_back() {
             std::thread::spawn(move || {
                 (0..ROUNDS)
                     .map(|_| {
-                        let r = get(addr, &format!("/payload/{SIZE}")).unwrap();
+                        let r = get(addr, &format!("/payload/{SIZE}?copy=true")).unwrap();
                         (r.status, r.body.len() as u64)
                     })
                     .collect::<Vec<_>>()
@@ -183,7 +183,7 @@ fn answers_abandoned_by_their_clients_release_their_segments() {
         let mut answers = tokio::task::JoinSet::new();
         for _ in 0..STREAMS {
             let mut sender = sender.clone();
-            let uri = format!("http://{}/payload/1048576", g.addr);
+            let uri = format!("http://{}/payload/1048576?copy=true", g.addr);
             answers.spawn(async move {
                 sender.ready().await?;
                 sender
@@ -200,7 +200,7 @@ fn answers_abandoned_by_their_clients_release_their_segments() {
     });
     drop(rt);
     // The group keeps serving, and the manager's segments are released.
-    let r = get(g.addr, "/payload/1048576").unwrap();
+    let r = get(g.addr, "/payload/1048576?copy=true").unwrap();
     assert_eq!((r.status, r.body.len()), (200, 1 << 20));
     eventually(
         "the abandoned answers' segments are released",

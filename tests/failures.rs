@@ -222,7 +222,7 @@ fn the_manager_hosts_refusal_names_the_manager_host() {
     // handed over: the manager's process answers 503 itself.
     let config = format!("{LONG_DEADLINE}max_body_bytes = 65536\n[group]\nshm_budget_bytes = 200000\n");
     let g = Group::builder("hop-host").config(&config).start();
-    let r = get(g.addr, "/payload/300000").unwrap();
+    let r = get(g.addr, "/payload/300000?copy=true").unwrap();
     assert_refusal(&r, 503, "manager-host", true);
     assert!(r.text().contains("response body unavailable"), "{}", r.text());
     // The manager keeps serving what fits.

@@ -131,6 +131,51 @@ fn single_ranges_get_206_and_unsatisfiable_ones_416() {
     assert_eq!((r.status, r.body.len()), (200, 1048576));
 }
 
+/// A body its manager keeps sealed (`shared_body`; the demo's `/payload`)
+/// crosses as its memfd's descriptor: the manager copies it into no
+/// segment, the listener keeps one mapping of it for every answer after
+/// the first two, and lets it go when idle (decision 0160).
+#[test]
+fn a_shared_body_crosses_without_a_copy_and_is_mapped_once() {
+    let g = Group::start("shm-shared");
+    let (listener, manager) = (g.pid_of("listener"), g.pid_of("payload"));
+    let clients: Vec<_> = (0..4)
+        .map(|_| {
+            let addr = g.addr;
+            std::thread::spawn(move || {
+                for _ in 0..25 {
+                    let r = get(addr, "/payload/1048576").unwrap();
+                    assert_eq!(r.status, 200);
+                    assert!(r.body == vec![b'x'; 1 << 20], "the shared body's bytes");
+                }
+            })
+        })
+        .collect();
+    for c in clients {
+        c.join().unwrap();
+    }
+    assert_eq!(segment_mappings(manager), 0, "no body was copied into a segment");
+    assert_eq!(segment_mappings(listener), 0);
+    assert_eq!(sealed_mappings(listener), 1, "one mapping serves every answer");
+    let r = get(g.addr, "/payload/1000").unwrap();
+    assert_eq!(r.body, vec![b'x'; 1000], "small prefixes go inline");
+    eventually("the idle mapping is let go", PATIENCE, || {
+        match sealed_mappings(listener) {
+            0 => Ok(()),
+            n => Err(n),
+        }
+    });
+    let r = get(g.addr, "/payload/1048576").unwrap();
+    assert_eq!((r.status, r.body.len()), (200, 1 << 20));
+}
+
+/// Sealed bodies (`memfd:switchyard-body`) mapped in a process right now.
+fn sealed_mappings(pid: u32) -> usize {
+    std::fs::read_to_string(format!("/proc/{pid}/maps"))
+        .map(|m| m.lines().filter(|l| l.contains("switchyard-body")).count())
+        .unwrap_or(0)
+}
+
 /// Pool segments (decision 0011) mapped in a process right now.
 fn segment_mappings(pid: u32) -> usize {
     std::fs::read_to_string(format!("/proc/{pid}/maps"))
@@ -148,7 +193,7 @@ fn response_segments_are_reused_under_load_and_released_when_idle() {
             let addr = g.addr;
             std::thread::spawn(move || {
                 for _ in 0..50 {
-                    let r = get(addr, "/payload/1048576").unwrap();
+                    let r = get(addr, "/payload/1048576?copy=true").unwrap();
                     assert_eq!((r.status, r.body.len()), (200, 1 << 20));
                 }
             })

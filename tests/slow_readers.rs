@@ -16,7 +16,8 @@ use common::*;
 use http_body_util::Empty;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 
-const BIG: &str = "/payload/16777216";
+/// Copied into shared memory per response: each unread answer holds its own.
+const BIG: &str = "/payload/16777216?copy=true";
 
 /// A budget that a dozen unread 16 MiB answers exhaust.
 fn config(extra: &str) -> String {

@@ -71,6 +71,7 @@ pub mod refusal;
 pub mod remote;
 #[cfg(feature = "runtime")]
 pub mod returns;
+mod sealed;
 mod segment;
 pub mod shm;
 #[cfg(feature = "runtime")]

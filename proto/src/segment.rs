@@ -86,9 +86,9 @@ const MAX_MAPPED_BYTES: usize = 128 * 1024 * 1024;
 /// (device, inode) → the mapping and when it was last used.
 type MappingCache = HashMap<(u64, u64), (Arc<Mapped>, Instant)>;
 
-/// Drops this process's cached mappings of pool segments, and the spare
-/// buffers bodies were read into, not used for `idle` (producers trim idle
-/// segments too). Every process calls it periodically.
+/// Drops this process's cached mappings of pool segments and of sealed
+/// bodies, and the spare buffers bodies were read into, not used for
+/// `idle` (producers trim idle segments too). Every process calls it periodically.
 pub fn trim_mappings(idle: Duration) {
     let now = Instant::now();
     if let Some(cache) = MAPPED.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
@@ -98,6 +98,7 @@ pub fn trim_mappings(idle: Duration) {
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .retain(|(_, back)| now.duration_since(*back) < idle);
+    crate::sealed::trim(idle);
 }
 
 /// Pool segments this process keeps mapped (tests, status).

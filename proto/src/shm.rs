@@ -83,28 +83,38 @@ impl ShmBody {
     pub fn create(bytes: &[u8]) -> Result<ShmBody> {
         let len = bytes.len() as u64;
         let reservation = Reservation::take(len)?;
-        let fd = memfd_create(
-            c"switchyard-body",
-            MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING,
-        )
-        .map_err(std::io::Error::from)?;
-        // write(2), not mmap + copy: the kernel fills the pages directly,
-        // instead of taking a page fault per 4 KiB of a fresh mapping
-        // (measured: ~1 ms of system time per MiB in a VM).
-        let mut file = std::fs::File::from(fd);
-        std::io::Write::write_all(&mut file, bytes)?;
-        let fd = OwnedFd::from(file);
-        fcntl(&fd, FcntlArg::F_ADD_SEALS(SEALS)).map_err(std::io::Error::from)?;
-        Ok(ShmBody {
+        let fd = sealed_memfd(bytes)?;
+        Ok(ShmBody::sealed(Arc::new(fd), Some(reservation), len))
+    }
+
+    fn sealed(fd: Arc<OwnedFd>, reservation: Option<Reservation>, len: u64) -> ShmBody {
+        ShmBody {
             segment: Arc::new(Segment {
-                fd: Arc::new(fd),
-                _reservation: Some(reservation),
+                fd,
+                _reservation: reservation,
                 read: AtomicBool::new(false),
                 handed_on: AtomicBool::new(false),
                 pooled: false,
             }),
             len,
-        })
+        }
+    }
+
+    /// Seals a copy of `bytes` in shared memory for a producer that answers
+    /// with them many times (a cached file, a rendered page): the returned
+    /// bytes, and any prefix of them (`slice(..n)`), go out as the sealed
+    /// memfd's descriptor ([`ShmBody::of_shared`]) with no copy on either
+    /// side, and a consumer that sees the memfd again keeps it mapped
+    /// (`sealed`). Counted against the budget while any view lives.
+    pub fn share(bytes: &[u8]) -> Result<Bytes> {
+        crate::sealed::share(bytes)
+    }
+
+    /// The body to send for `bytes` when they are (a prefix of) bytes made
+    /// by [`ShmBody::share`] in this process: the sealed memfd itself.
+    pub fn of_shared(bytes: &Bytes) -> Option<ShmBody> {
+        let fd = crate::sealed::descriptor_of(bytes)?;
+        Some(ShmBody::sealed(fd, None, bytes.len() as u64))
     }
 
     /// Adopts a received descriptor that must hold a sealed body of `len`
@@ -120,16 +130,7 @@ impl ShmBody {
         if size < len {
             return Err(Error::Malformed("shm body shorter than its handle"));
         }
-        Ok(ShmBody {
-            segment: Arc::new(Segment {
-                fd: Arc::new(fd),
-                _reservation: None,
-                read: AtomicBool::new(false),
-                handed_on: AtomicBool::new(false),
-                pooled: false,
-            }),
-            len,
-        })
+        Ok(ShmBody::sealed(Arc::new(fd), None, len))
     }
 
     /// A body in a pool segment (made by a producer's `SegmentPool`).
@@ -183,21 +184,9 @@ impl ShmBody {
         if self.len == 0 {
             return Ok(Bytes::new());
         }
-        let reservation = Reservation::take(self.len)?;
-        // SAFETY: the memfd is sealed against writes and shrinking (checked
-        // on adopt, set on create), so the mapped bytes cannot change or
-        // vanish under us.
-        // Populated up front: one call maps every page instead of a fault each.
-        let map = unsafe {
-            memmap2::MmapOptions::new()
-                .len(self.len as usize)
-                .populate()
-                .map(&self.segment.fd)?
-        };
-        Ok(Bytes::from_owner(Mapped {
-            map,
-            _reservation: reservation,
-        }))
+        // Sealed against writes and shrinking (checked on adopt, set on
+        // create): mapped, not copied, and kept mapped when it comes again.
+        crate::sealed::map(&self.segment.fd, self.len)
     }
 
     /// A duplicate of the body's descriptor, to hand to another owner in
@@ -216,15 +205,21 @@ impl ShmBody {
     }
 }
 
-struct Mapped {
-    map: memmap2::Mmap,
-    _reservation: Reservation,
-}
-
-impl AsRef<[u8]> for Mapped {
-    fn as_ref(&self) -> &[u8] {
-        &self.map
-    }
+/// A new memfd holding `bytes`, sealed against writes and resizing.
+pub(crate) fn sealed_memfd(bytes: &[u8]) -> Result<OwnedFd> {
+    let fd = memfd_create(
+        c"switchyard-body",
+        MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING,
+    )
+    .map_err(std::io::Error::from)?;
+    // write(2), not mmap + copy: the kernel fills the pages directly,
+    // instead of taking a page fault per 4 KiB of a fresh mapping
+    // (measured: ~1 ms of system time per MiB in a VM).
+    let mut file = std::fs::File::from(fd);
+    std::io::Write::write_all(&mut file, bytes)?;
+    let fd = OwnedFd::from(file);
+    fcntl(&fd, FcntlArg::F_ADD_SEALS(SEALS)).map_err(std::io::Error::from)?;
+    Ok(fd)
 }
 
 #[cfg(test)]

@@ -25,7 +25,7 @@ pub use state::{
 use serde::{Deserialize, Serialize};
 use switchyard_manager::{
     AutoEtag, Binary, BodyReader, Config, Context, Error, Event, Json, Manager, Registry, Reply, Request,
-    State, Streamed, WithHeaders, tracing,
+    State, Streamed, WithHeaders, shared_body, tracing,
 };
 
 /// `GET /noop` → `{"ok":true}`.
@@ -432,6 +432,11 @@ pub struct Payload {
     /// At most [`MAX_PAYLOAD`] (16 MiB).
     #[validate(range(max = 16_777_216))]
     pub size: u64,
+    /// `?copy=true`: answered from a plain buffer, so that the body is
+    /// copied into shared memory for each response, as any body a handler
+    /// makes per request is (the default answers from a shared body).
+    #[serde(default)]
+    pub copy: bool,
 }
 
 /// Largest `/payload/{size}`.
@@ -463,17 +468,21 @@ fn sleep_job(job: SleepJob) -> Result<Slept, Error> {
     Ok(Slept { slept_ms: job.ms })
 }
 
-/// The `payload` manager. Keeps one buffer of the largest size asked for and
-/// answers with slices of it: repeated requests cost no allocation.
+/// The `payload` manager. Keeps one body of the largest size asked for,
+/// sealed in shared memory ([`shared_body`]), and answers with prefixes
+/// of it: a repeated request costs no allocation and no copy of the body
+/// in the manager or the listener.
 pub struct Payloads {
-    buffer: bytes::Bytes,
+    shared: bytes::Bytes,
+    plain: bytes::Bytes,
 }
 
 impl Manager for Payloads {
     const NAME: &'static str = "payload";
     fn create(_: &Config) -> Result<Self, Error> {
         Ok(Payloads {
-            buffer: bytes::Bytes::new(),
+            shared: bytes::Bytes::new(),
+            plain: bytes::Bytes::new(),
         })
     }
     fn register(r: &mut Registry<Self>) {
@@ -568,10 +577,16 @@ impl Payloads {
             )));
         }
         let size = ev.size as usize;
-        if self.buffer.len() < size {
-            self.buffer = bytes::Bytes::from(vec![b'x'; size]);
+        if ev.copy {
+            if self.plain.len() < size {
+                self.plain = bytes::Bytes::from(vec![b'x'; size]);
+            }
+            return Ok(Binary(self.plain.slice(..size)));
         }
-        Ok(Binary(self.buffer.slice(..size)))
+        if self.shared.len() < size {
+            self.shared = shared_body(&vec![b'x'; size])?;
+        }
+        Ok(Binary(self.shared.slice(..size)))
     }
 
     fn stream(&mut self, ev: Stream, _: &mut Context) -> Result<Streamed, Error> {
@@ -878,6 +893,13 @@ mod tests {
         let r = m.http::<Payload>(&[("size", "1000")], "", b"");
         assert_eq!((r.status, r.body.len()), (200, 1000));
         assert_eq!(m.http::<Payload>(&[("size", "10")], "", b"").body.len(), 10);
+        // 1 MiB crosses in shared memory: the shared body's descriptor, or a
+        // copy of the plain buffer (`?copy=true`).
+        for query in ["", "copy=true"] {
+            let r = m.http::<Payload>(&[("size", "1048576")], query, b"");
+            assert_eq!((r.status, r.aborted), (200, false), "{query}");
+            assert!(r.body == vec![b'x'; 1 << 20], "{query}");
+        }
         let r = m.http::<Payload>(&[("size", "16777217")], "", b"");
         assert_eq!(r.status, 422, "over the documented maximum: {}", r.text());
         assert!(r.text().contains(r#""field":"size""#), "{}", r.text());

@@ -24,17 +24,20 @@ pub fn release_stream(handle: StreamHandle) -> std::io::Result<RawStream> {
     })
 }
 
-/// Gives up a duplicate of a pool segment's descriptor (the pool keeps its
-/// own) for a response body.
-pub fn release_pooled(body: &ShmBody) -> std::io::Result<RawBody> {
-    Ok(RawBody::Pooled {
-        fd: body.fd_clone().map_err(std::io::Error::other)?.into_raw_fd(),
-        len: body.len(),
+/// Gives up a duplicate of a shared-memory body's descriptor (the pool, or
+/// the plugin's shared body, keeps its own) for a response body.
+pub fn release_body(body: &ShmBody) -> std::io::Result<RawBody> {
+    let fd = body.fd_clone().map_err(std::io::Error::other)?.into_raw_fd();
+    let len = body.len();
+    Ok(if body.is_pooled() {
+        RawBody::Pooled { fd, len }
+    } else {
+        RawBody::Sealed { fd, len }
     })
 }
 
 /// Takes ownership of a response body released by [`release_stream`] or
-/// [`release_pooled`].
+/// [`release_body`]; a sealed one must be sealed.
 pub fn adopt_body(raw: RawBody) -> switchyard_proto::Result<Payload> {
     match raw {
         RawBody::Stream(raw) => Ok(Payload::Stream(adopt_stream(raw))),
@@ -42,6 +45,11 @@ pub fn adopt_body(raw: RawBody) -> switchyard_proto::Result<Payload> {
             // SAFETY: as in `adopt_stream`: released once, adopted once.
             let fd = unsafe { OwnedFd::from_raw_fd(fd) };
             ShmBody::adopt_pooled(fd, len).map(Payload::Shm)
+        }
+        RawBody::Sealed { fd, len } => {
+            // SAFETY: as in `adopt_stream`: released once, adopted once.
+            let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+            ShmBody::adopt(fd, len).map(Payload::Shm)
         }
     }
 }

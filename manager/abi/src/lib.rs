@@ -51,7 +51,9 @@ use std::ffi::c_void;
 /// v12: the request id and trace context as a typed
 /// `ToPlugin::Request::context` and `FromPlugin::Call::context` instead of
 /// meta entries (decision 0146).
-pub const ABI_VERSION: u32 = 12;
+/// v13: `RawBody::Sealed`, a body the plugin keeps sealed and answers with
+/// again, handed over as its memfd (decision 0160).
+pub const ABI_VERSION: u32 = 13;
 
 /// Symbol of `extern "C" fn() -> u32`.
 pub const ABI_SYMBOL: &[u8] = b"switchyard_plugin_abi_version\0";

@@ -84,6 +84,9 @@ pub enum RawBody {
     Stream(RawStream),
     /// `len` bytes in a reusable pool segment (`switchyard_proto::pool`).
     Pooled { fd: i32, len: u64 },
+    /// The first `len` bytes of a sealed memfd the plugin keeps and answers
+    /// with again (`ShmBody::share`).
+    Sealed { fd: i32, len: u64 },
 }
 
 /// Host → plugin.

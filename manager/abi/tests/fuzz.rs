@@ -99,6 +99,7 @@ fn from_plugin() -> impl Strategy<Value = FromPlugin> {
     let handle = prop::option::of(prop_oneof![
         raw_stream().prop_map(RawBody::Stream),
         (any::<i32>(), any::<u64>()).prop_map(|(fd, len)| RawBody::Pooled { fd, len }),
+        (any::<i32>(), any::<u64>()).prop_map(|(fd, len)| RawBody::Sealed { fd, len }),
     ]);
     let level = prop_oneof![
         Just(LogLevel::Error),

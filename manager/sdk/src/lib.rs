@@ -79,7 +79,7 @@ pub use multipart::{Multipart, MultipartLimits, Part};
 pub use registry::{Config, Handler, Manager, Registry, State, TICK_PERIOD, marker};
 pub use reply::{
     AutoEtag, BINCODE, Binary, CallError, Created, Error, FieldError, Format, JSON, Json, NoContent,
-    Redirect, Reply, Response, WithHeaders,
+    Redirect, Reply, Response, WithHeaders, shared_body,
 };
 pub use schema::JsonSchema;
 /// The `schemars` crate, for `#[derive(JsonSchema)]` in a plugin that does

@@ -392,6 +392,23 @@ impl Reply for Binary {
     }
 }
 
+/// `bytes` sealed in shared memory once, for a body the manager answers
+/// with many times (a cached file, a rendered page, a large constant):
+/// every response whose body is these bytes, or a prefix of them
+/// (`slice(..n)`), crosses to the listener as the sealed memfd's
+/// descriptor, with no copy in the manager or the listener, which keeps
+/// the memfd mapped once it has seen it twice (decision 0160). Any other
+/// large body is copied into a shared-memory segment per response. Keep
+/// the returned bytes (they hold the memory, counted against the
+/// process's shared-memory budget) and answer with clones or prefixes:
+/// `Binary(shared.slice(..n))`.
+///
+/// Fails with 503 when the budget cannot take `bytes.len()` more bytes.
+pub fn shared_body(bytes: &[u8]) -> Result<Bytes, Error> {
+    switchyard_proto::ShmBody::share(bytes)
+        .map_err(|err| Error::unavailable(format!("cannot share a body: {err}")))
+}
+
 impl Reply for Response {
     fn into_response(self, _: Format) -> Result<Response, Error> {
         Ok(self)

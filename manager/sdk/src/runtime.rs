@@ -910,8 +910,11 @@ fn respond(shared: &Rc<Shared>, hooks: &Hooks, correlation: u64, result: Result<
     // (encoded for the boundary, decoded by the host) before the host wrote
     // it to shared memory anyway: 32 MiB of heap per 16 MiB reply, held
     // for a whole step's replies at once and kept by the allocator after.
+    // Bytes the plugin sealed already (`shared_body`) go as they are.
     if handle.is_none() && response.body.len() >= shared.shm_threshold {
-        let placed = {
+        let placed = if let Some(sealed) = switchyard_proto::ShmBody::of_shared(&response.body) {
+            Ok(sealed)
+        } else {
             let mut segments = shared.segments.borrow_mut();
             match segments.place(&response.body) {
                 Ok(Some(pooled)) => Ok(pooled),
@@ -937,7 +940,7 @@ fn respond(shared: &Rc<Shared>, hooks: &Hooks, correlation: u64, result: Result<
             placed => {
                 let released = placed
                     .map_err(|err| err.to_string())
-                    .and_then(|body| handover::release_pooled(&body).map_err(|err| err.to_string()));
+                    .and_then(|body| handover::release_body(&body).map_err(|err| err.to_string()));
                 match released {
                     Ok(raw) => {
                         handle = Some(raw);
