@@ -139,21 +139,7 @@ fn single_ranges_get_206_and_unsatisfiable_ones_416() {
 fn a_shared_body_crosses_without_a_copy_and_is_mapped_once() {
     let g = Group::start("shm-shared");
     let (listener, manager) = (g.pid_of("listener"), g.pid_of("payload"));
-    let clients: Vec<_> = (0..4)
-        .map(|_| {
-            let addr = g.addr;
-            std::thread::spawn(move || {
-                for _ in 0..25 {
-                    let r = get(addr, "/payload/1048576").unwrap();
-                    assert_eq!(r.status, 200);
-                    assert!(r.body == vec![b'x'; 1 << 20], "the shared body's bytes");
-                }
-            })
-        })
-        .collect();
-    for c in clients {
-        c.join().unwrap();
-    }
+    four_clients_get_a_mib(g.addr, "/payload/1048576", 25);
     assert_eq!(segment_mappings(manager), 0, "no body was copied into a segment");
     assert_eq!(segment_mappings(listener), 0);
     assert_eq!(sealed_mappings(listener), 1, "one mapping serves every answer");
@@ -167,6 +153,25 @@ fn a_shared_body_crosses_without_a_copy_and_is_mapped_once() {
     });
     let r = get(g.addr, "/payload/1048576").unwrap();
     assert_eq!((r.status, r.body.len()), (200, 1 << 20));
+}
+
+/// Four clients at once, `each` GETs of `path` apiece, every answer 1 MiB
+/// of `x`.
+fn four_clients_get_a_mib(addr: std::net::SocketAddr, path: &'static str, each: usize) {
+    let clients: Vec<_> = (0..4)
+        .map(|_| {
+            std::thread::spawn(move || {
+                for _ in 0..each {
+                    let r = get(addr, path).unwrap();
+                    assert_eq!(r.status, 200, "{path}");
+                    assert!(r.body == vec![b'x'; 1 << 20], "{path}: the body's bytes");
+                }
+            })
+        })
+        .collect();
+    for c in clients {
+        c.join().unwrap();
+    }
 }
 
 /// Sealed bodies (`memfd:switchyard-body`) mapped in a process right now.
@@ -188,20 +193,7 @@ fn response_segments_are_reused_under_load_and_released_when_idle() {
     let g = Group::start("shm-pool");
     let (listener, manager) = (g.pid_of("listener"), g.pid_of("payload"));
     // Concurrent 1 MiB responses: a few segments, reused, not one per body.
-    let clients: Vec<_> = (0..4)
-        .map(|_| {
-            let addr = g.addr;
-            std::thread::spawn(move || {
-                for _ in 0..50 {
-                    let r = get(addr, "/payload/1048576?copy=true").unwrap();
-                    assert_eq!((r.status, r.body.len()), (200, 1 << 20));
-                }
-            })
-        })
-        .collect();
-    for c in clients {
-        c.join().unwrap();
-    }
+    four_clients_get_a_mib(g.addr, "/payload/1048576?copy=true", 50);
     let in_use = segment_mappings(manager);
     assert!((1..=8).contains(&in_use), "200 bodies took {in_use} segments");
     assert!(segment_mappings(listener) <= in_use);
