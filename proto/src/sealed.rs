@@ -98,11 +98,18 @@ pub(crate) fn descriptor_of(bytes: &Bytes) -> Option<Arc<OwnedFd>> {
     Some(shared.upgrade()?.fd.clone())
 }
 
-/// A consumer's mapping of a whole sealed memfd, shared by every body that
-/// arrives in it.
+/// A consumer's mapping of a sealed memfd: a cached one, of the whole
+/// file, shared by every body that arrives in it ([`MappedPrefix`]), or
+/// one made for a single body.
 struct Mapping {
     map: memmap2::Mmap,
     _reservation: Reservation,
+}
+
+impl AsRef<[u8]> for Mapping {
+    fn as_ref(&self) -> &[u8] {
+        &self.map
+    }
 }
 
 struct MappedPrefix {
@@ -113,18 +120,6 @@ struct MappedPrefix {
 impl AsRef<[u8]> for MappedPrefix {
     fn as_ref(&self) -> &[u8] {
         &self.mapping.map[..self.len]
-    }
-}
-
-/// One mapping used for one body.
-struct Single {
-    map: memmap2::Mmap,
-    _reservation: Reservation,
-}
-
-impl AsRef<[u8]> for Single {
-    fn as_ref(&self) -> &[u8] {
-        &self.map
     }
 }
 
@@ -177,7 +172,7 @@ pub(crate) fn map(fd: &OwnedFd, len: u64) -> Result<Bytes> {
         // caller): the bytes cannot change or vanish under the mapping.
         // Populated up front: one call maps every page instead of a fault each.
         let map = unsafe { memmap2::MmapOptions::new().len(len).populate().map(fd)? };
-        return Ok(Bytes::from_owner(Single {
+        return Ok(Bytes::from_owner(Mapping {
             map,
             _reservation: reservation,
         }));
@@ -190,20 +185,13 @@ pub(crate) fn map(fd: &OwnedFd, len: u64) -> Result<Bytes> {
         map,
         _reservation: reservation,
     });
-    let mut held: usize = cache.mapped.values().map(|(m, _)| m.map.len()).sum();
-    while !cache.mapped.is_empty() && (cache.mapped.len() >= MAX_MAPPED || held + size > MAX_MAPPED_BYTES) {
-        let Some(oldest) = cache
-            .mapped
-            .iter()
-            .min_by_key(|(_, (_, last))| *last)
-            .map(|(k, _)| *k)
-        else {
-            break;
-        };
-        if let Some((evicted, _)) = cache.mapped.remove(&oldest) {
-            held -= evicted.map.len();
-        }
-    }
+    crate::segment::make_room(
+        &mut cache.mapped,
+        |m| m.map.len(),
+        size,
+        MAX_MAPPED,
+        MAX_MAPPED_BYTES,
+    );
     cache.mapped.insert(key, (mapping.clone(), now));
     Ok(view(mapping, len))
 }

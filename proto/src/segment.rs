@@ -159,17 +159,31 @@ fn mapping(fd: &OwnedFd) -> Result<Arc<Mapped>> {
     if size > HEADER + MAX_POOLED_BODY || mapped.kind() != REUSABLE {
         return Ok(mapped);
     }
-    let mut cached: usize = cache.values().map(|(m, _)| m.size).sum();
-    while cache.len() >= MAX_MAPPED || (!cache.is_empty() && cached + size > MAX_MAPPED_BYTES) {
+    make_room(cache, |m| m.size, size, MAX_MAPPED, MAX_MAPPED_BYTES);
+    cache.insert(key, (mapped.clone(), now));
+    Ok(mapped)
+}
+
+/// Drops the least recently used entries of a cache of mappings by
+/// (device, inode) until one more of `size` bytes fits in `max_len`
+/// entries and `max_bytes` (`bytes` gives an entry's size). Shared by the
+/// pool segments' cache here and the sealed bodies' one (`sealed`).
+pub(crate) fn make_room<T>(
+    cache: &mut HashMap<(u64, u64), (Arc<T>, Instant)>,
+    bytes: impl Fn(&T) -> usize,
+    size: usize,
+    max_len: usize,
+    max_bytes: usize,
+) {
+    let mut held: usize = cache.values().map(|(m, _)| bytes(m)).sum();
+    while cache.len() >= max_len || (!cache.is_empty() && held + size > max_bytes) {
         let Some(oldest) = cache.iter().min_by_key(|(_, (_, last))| *last).map(|(k, _)| *k) else {
             break;
         };
         if let Some((evicted, _)) = cache.remove(&oldest) {
-            cached -= evicted.size;
+            held -= bytes(&evicted);
         }
     }
-    cache.insert(key, (mapped.clone(), now));
-    Ok(mapped)
 }
 
 /// Reads the `len` body bytes of a received pool segment into memory of

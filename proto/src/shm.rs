@@ -84,17 +84,17 @@ impl ShmBody {
         let len = bytes.len() as u64;
         let reservation = Reservation::take(len)?;
         let fd = sealed_memfd(bytes)?;
-        Ok(ShmBody::sealed(Arc::new(fd), Some(reservation), len))
+        Ok(ShmBody::new(Arc::new(fd), Some(reservation), false, len))
     }
 
-    fn sealed(fd: Arc<OwnedFd>, reservation: Option<Reservation>, len: u64) -> ShmBody {
+    fn new(fd: Arc<OwnedFd>, reservation: Option<Reservation>, pooled: bool, len: u64) -> ShmBody {
         ShmBody {
             segment: Arc::new(Segment {
                 fd,
                 _reservation: reservation,
                 read: AtomicBool::new(false),
                 handed_on: AtomicBool::new(false),
-                pooled: false,
+                pooled,
             }),
             len,
         }
@@ -114,7 +114,7 @@ impl ShmBody {
     /// by [`ShmBody::share`] in this process: the sealed memfd itself.
     pub fn of_shared(bytes: &Bytes) -> Option<ShmBody> {
         let fd = crate::sealed::descriptor_of(bytes)?;
-        Some(ShmBody::sealed(fd, None, bytes.len() as u64))
+        Some(ShmBody::new(fd, None, false, bytes.len() as u64))
     }
 
     /// Adopts a received descriptor that must hold a sealed body of `len`
@@ -130,21 +130,12 @@ impl ShmBody {
         if size < len {
             return Err(Error::Malformed("shm body shorter than its handle"));
         }
-        Ok(ShmBody::sealed(Arc::new(fd), None, len))
+        Ok(ShmBody::new(Arc::new(fd), None, false, len))
     }
 
     /// A body in a pool segment (made by a producer's `SegmentPool`).
     pub(crate) fn pooled(fd: Arc<OwnedFd>, len: u64) -> ShmBody {
-        ShmBody {
-            segment: Arc::new(Segment {
-                fd,
-                _reservation: None,
-                read: AtomicBool::new(false),
-                handed_on: AtomicBool::new(false),
-                pooled: true,
-            }),
-            len,
-        }
+        ShmBody::new(fd, None, true, len)
     }
 
     /// Adopts a received pool segment holding a body of `len` bytes.
