@@ -21,7 +21,6 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode, Version, header};
 use http_body_util::{Either, Full};
-use tracing::Instrument;
 
 use std::time::Instant;
 
@@ -79,26 +78,14 @@ pub(crate) async fn serve(
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
-    // Every line this request causes here names it. The span exists only
-    // when info lines are written (`info_span!` checks the level first),
-    // and its fields are `Display` values of the context's bytes: the fmt
-    // layer writes them out when the span is made, so with the level off
-    // no id or trace id is ever formatted (decision 0147).
-    let span = if context.is_empty() {
-        tracing::Span::none()
-    } else {
-        tracing::info_span!(
-            "request",
-            request_id = context.request_id_field(),
-            trace_id = context.trace_id_field()
-        )
-    };
-    let reply = async {
+    // Every line this request causes here names it: the formatter reads
+    // the context while the request is polled, and formats it only into a
+    // line that is written (decision 0161).
+    let reply = switchyard_proto::log_context::in_request(&context, async {
         let reply = serve_request(state, grpc, grpc_only, conn, client_ip, req, &mut stats).await;
         tracing::debug!(status = reply.status().as_u16(), "answered");
         reply
-    }
-    .instrument(span)
+    })
     .await;
     let mut reply = crate::negotiate::error_page(accept.as_deref(), reply).await;
     let elapsed = started.elapsed();

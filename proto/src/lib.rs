@@ -61,6 +61,8 @@ pub mod event;
 pub mod frame;
 #[cfg(feature = "runtime")]
 pub mod link;
+#[cfg(feature = "runtime")]
+pub mod log_context;
 pub mod pipe;
 pub mod pool;
 pub mod problem;

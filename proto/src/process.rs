@@ -59,21 +59,28 @@ impl RuntimePaths {
 /// Installs the `tracing` subscriber of a child process: compact lines on
 /// stderr without timestamps (the supervisor prefixes role and pid), or
 /// with `SWITCHYARD_LOG_FORMAT=json` one JSON object per line, with its
-/// time and the fields of the span it is in (a request's id and trace id);
-/// the supervisor adds the process to each.
+/// time and the fields of the span it is in. A line written while a
+/// request is served ([`crate::log_context::in_request`]) names its
+/// `request_id` and `trace_id`.
 pub fn init_child_logging() {
+    use crate::log_context::WithRequest;
+    use tracing_subscriber::fmt::format;
     log_panics();
     let filter = tracing_subscriber::EnvFilter::try_from_env(ENV_LOG)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     if json_logs() {
         let _ = tracing_subscriber::fmt()
+            .json()
             .with_env_filter(filter)
             .with_writer(std::io::stderr)
-            .json()
-            .flatten_event(true)
-            .with_current_span(true)
-            .with_span_list(false)
-            .with_target(false)
+            .event_format(WithRequest::json(
+                format()
+                    .json()
+                    .flatten_event(true)
+                    .with_current_span(true)
+                    .with_span_list(false)
+                    .with_target(false),
+            ))
             .try_init();
         return;
     }
@@ -81,9 +88,13 @@ pub fn init_child_logging() {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(false)
-        .without_time()
-        .with_target(false)
-        .compact()
+        .event_format(WithRequest::text(
+            format()
+                .with_ansi(false)
+                .without_time()
+                .with_target(false)
+                .compact(),
+        ))
         .try_init();
 }
 
