@@ -111,6 +111,13 @@ struct Answer {
 }
 
 async fn send(sender: &mut Sender, method: &str, path: &str, body: &[u8]) -> Answer {
+    answer(begin(sender, method, path, body).await).await
+}
+
+type Stream = h3::client::RequestStream<h3_quinn::BidiStream<Bytes>, Bytes>;
+
+/// Sends a request, its body and its end; the answer is read by [`answer`].
+async fn begin(sender: &mut Sender, method: &str, path: &str, body: &[u8]) -> Stream {
     let req = http::Request::builder()
         .method(method)
         .uri(format!("https://localhost{path}"))
@@ -125,6 +132,10 @@ async fn send(sender: &mut Sender, method: &str, path: &str, body: &[u8]) -> Ans
         }
     }
     let _ = stream.finish().await;
+    stream
+}
+
+async fn answer(mut stream: Stream) -> Answer {
     let response = tokio::time::timeout(PATIENCE, stream.recv_response())
         .await
         .expect("answer in time")
@@ -309,17 +320,20 @@ struct Seen {
 /// With `answer = false` the server's datagrams are counted and dropped:
 /// the client's handshakes never complete, as from spoofed addresses.
 async fn relay(server: SocketAddr, answer: bool) -> (SocketAddr, Arc<Mutex<Seen>>) {
-    relay_holding(server, answer, None).await
+    relay_holding(server, answer, None, None).await
 }
 
 /// [`relay`], holding the client's Handshake packets (its Finished) back
 /// until `hold` says `true`: what it sent in 0-RTT reaches the server, and
 /// is answered, before the handshake can complete, however slow the
-/// machine.
+/// machine. With `start`, nothing the client sends goes on until `start`
+/// says `true`: whatever the client writes meanwhile can only leave in
+/// early data, since no answer can have completed its handshake.
 async fn relay_holding(
     server: SocketAddr,
     answer: bool,
     hold: Option<tokio::sync::watch::Receiver<bool>>,
+    mut start: Option<tokio::sync::watch::Receiver<bool>>,
 ) -> (SocketAddr, Arc<Mutex<Seen>>) {
     let front = UdpSocket::bind("127.0.0.1:0").await.unwrap();
     let back = Arc::new(UdpSocket::bind("127.0.0.1:0").await.unwrap());
@@ -331,37 +345,57 @@ async fn relay_holding(
         let mut client = None;
         let mut sent = 0u64;
         let (mut a, mut b) = (vec![0u8; 65536], vec![0u8; 65536]);
+        // Client datagrams waiting for `start`, in order.
+        let mut waiting: Vec<Vec<u8>> = Vec::new();
+        // Sends one client datagram on. The handshake's end may ride any
+        // datagram, coalesced behind an Initial ACK or behind 0-RTT
+        // packets: what comes before it goes on now, it and the rest wait.
+        let forward = async |datagram: &[u8], sent: &mut u64| {
+            *sent += 1;
+            let from = hold.as_ref().and_then(|_| held_from(datagram, *sent == 1));
+            if let (Some(from), Some(mut held)) = (from, hold.clone()) {
+                if from > 0 {
+                    let _ = back.send(&datagram[..from]).await;
+                }
+                let (back, datagram) = (back.clone(), datagram[from..].to_vec());
+                tokio::spawn(async move {
+                    if held.wait_for(|released| *released).await.is_ok() {
+                        let _ = back.send(&datagram).await;
+                    }
+                });
+                return;
+            }
+            let _ = back.send(datagram).await;
+        };
         loop {
+            let started = start.as_ref().is_none_or(|s| *s.borrow());
             tokio::select! {
+                changed = async { start.as_mut().unwrap().changed().await }, if !started => {
+                    if changed.is_err() {
+                        start = None;
+                    }
+                    if start.as_ref().is_none_or(|s| *s.borrow()) {
+                        for datagram in std::mem::take(&mut waiting) {
+                            forward(&datagram, &mut sent).await;
+                        }
+                    }
+                }
                 got = front.recv_from(&mut a) => {
                     let Ok((n, from)) = got else { return };
                     client = Some(from);
                     record.lock().unwrap().client_bytes += n;
-                    sent += 1;
-                    // The handshake's end may ride any datagram, coalesced
-                    // behind an Initial ACK or behind 0-RTT packets: what
-                    // comes before it goes on now, it and the rest wait.
-                    let from = hold.as_ref().and_then(|_| held_from(&a[..n], sent == 1));
-                    if let (Some(from), Some(mut held)) = (from, hold.clone()) {
-                        if from > 0 {
-                            let _ = back.send(&a[..from]).await;
-                        }
-                        let (back, datagram) = (back.clone(), a[from..n].to_vec());
-                        tokio::spawn(async move {
-                            if held.wait_for(|released| *released).await.is_ok() {
-                                let _ = back.send(&datagram).await;
-                            }
-                        });
-                        continue;
+                    if started {
+                        forward(&a[..n], &mut sent).await;
+                    } else {
+                        waiting.push(a[..n].to_vec());
                     }
-                    let _ = back.send(&a[..n]).await;
                 }
                 got = back.recv(&mut b) => {
                     let Ok(n) = got else { return };
                     {
                         let mut seen = record.lock().unwrap();
                         seen.server_bytes += n;
-                        if b[0] & 0xf0 == 0xf0 {
+                        if b[0] & 0x80 != 0 && b[0] & 0x30 == RETRY {
                             seen.retries += 1;
                         }
                         let ratio = seen.server_bytes as f64 / seen.client_bytes.max(1) as f64;
@@ -378,24 +412,31 @@ async fn relay_holding(
 }
 
 /// Where the part of a client's datagram that ends the handshake begins:
-/// its first Handshake packet (long header type 0xe_), or an Initial after
+/// its first Handshake packet (long header, type 2), or an Initial after
 /// the first flight (which may carry it coalesced behind an ACK); `None`
 /// when it has neither. Coalesced long-header packets are walked by their
 /// length fields (RFC 9000 §17.2); a short-header packet runs to the end.
 fn held_from(datagram: &[u8], first_flight: bool) -> Option<usize> {
     let mut at = 0;
     while at < datagram.len() {
-        let kind = datagram[at] & 0xf0;
         if datagram[at] & 0x80 == 0 {
             return None;
         }
-        if kind == 0xe0 || (kind == 0xc0 && !first_flight) {
+        // The type is bits 4-5; bit 6, the fixed bit, may be greased
+        // (RFC 9287), and quinn greases it once the peer allows.
+        let kind = datagram[at] & 0x30;
+        if kind == HANDSHAKE || (kind == INITIAL && !first_flight) {
             return Some(at);
         }
         at += long_packet_len(&datagram[at..])?;
     }
     None
 }
+
+/// Long-header packet types (RFC 9000 §17.2), bits 4-5 of the first byte.
+const INITIAL: u8 = 0x00;
+const HANDSHAKE: u8 = 0x20;
+const RETRY: u8 = 0x30;
 
 /// The length of the long-header packet at the start of `packet`.
 fn long_packet_len(packet: &[u8]) -> Option<usize> {
@@ -411,7 +452,7 @@ fn long_packet_len(packet: &[u8]) -> Option<usize> {
     let mut at = 6 + dcid;
     let scid = *packet.get(at)? as usize;
     at += 1 + scid;
-    if packet[0] & 0x30 == 0x00 {
+    if packet[0] & 0x30 == INITIAL {
         // An Initial carries a token.
         let (token, size) = varint(packet.get(at..)?)?;
         at += size + token;
@@ -573,16 +614,19 @@ async fn zero_rtt_is_off_unless_asked_and_then_only_for_safe_methods() {
     let on = start("h3-0rtt-on", "zero_rtt = true", "", 0);
     let endpoint = resuming_endpoint(&on.ca);
     let (release, held) = tokio::sync::watch::channel(false);
-    let (slow_finish, _) = relay_holding(on.udp, true, Some(held)).await;
+    let (go, start) = tokio::sync::watch::channel(false);
+    let (slow_finish, _) = relay_holding(on.udp, true, Some(held), Some(start)).await;
     let (mut h3, _driver, handshake) = early(&endpoint, on.udp, slow_finish)
         .await
         .expect("0-RTT offered");
-    // Sent at once, in early data: the handshake is not complete yet.
+    // Written while nothing of this connection has reached the server: the
+    // client cannot complete its handshake before they are out, so they
+    // leave in early data, however slow the machine.
     let mut second = h3.clone();
-    let (post, get) = tokio::join!(
-        send(&mut second, "POST", "/echo-bytes", b"replayable"),
-        send(&mut h3, "GET", "/noop", b""),
-    );
+    let post = begin(&mut second, "POST", "/echo-bytes", b"replayable").await;
+    let get = begin(&mut h3, "GET", "/noop", b"").await;
+    go.send(true).unwrap();
+    let (post, get) = tokio::join!(answer(post), answer(get));
     assert_eq!(get.status, 200, "a safe method is served from early data");
     assert_eq!(
         post.status,
