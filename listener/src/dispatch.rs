@@ -73,11 +73,8 @@ pub(crate) async fn serve(
         .map(|_| (req.method().clone(), req.uri().clone(), client.ip));
     let mut stats = metrics::fixed(metrics::Fixed::Unmatched, req.method());
     req.extensions_mut().insert(client);
-    let accept = req
-        .headers()
-        .get(header::ACCEPT)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
+    // Shares the request's bytes; read only if the answer is an error.
+    let accept = req.headers().get(header::ACCEPT).cloned();
     // Every line this request causes here names it: the formatter reads
     // the context while the request is polled, and formats it only into a
     // line that is written (decision 0161).
@@ -87,7 +84,7 @@ pub(crate) async fn serve(
         reply
     })
     .await;
-    let mut reply = crate::negotiate::error_page(accept.as_deref(), reply).await;
+    let mut reply = crate::negotiate::error_page(accept.as_ref().and_then(|v| v.to_str().ok()), reply).await;
     let elapsed = started.elapsed();
     let status = reply.status().as_u16();
     if config.metrics {
@@ -382,13 +379,14 @@ async fn route(
     // Admitted before a 404 or 405 too: a client probing paths counts
     // against its limits like any other.
     let event = match &lookup {
-        Lookup::Found(m) => Some(m.entry.type_name.clone()),
+        Lookup::Found(m) => Some(m.entry.type_name.as_str()),
         _ => None,
     };
-    let path = req.uri().path().to_owned();
+    // A clone of the parsed URI shares its bytes: no copy of the path.
+    let uri = req.uri().clone();
     let scope = Scope {
-        path: Some(&path),
-        event: event.as_deref(),
+        path: Some(uri.path()),
+        event,
         subscription: false,
         routes: Some(routes.event_paths().as_ref()),
     };
