@@ -579,7 +579,7 @@ fn resuming_endpoint(ca: &CertificateDer<'static>) -> quinn::Endpoint {
 /// Connects once to `at` (for a session ticket), then again to `again`
 /// with 0-RTT: the second connection's sender, or none when the client may
 /// not send early data; with it, the future that resolves once the
-/// handshake is complete.
+/// handshake is complete, and the connection (for its statistics).
 async fn early(
     endpoint: &quinn::Endpoint,
     at: SocketAddr,
@@ -588,6 +588,7 @@ async fn early(
     Sender,
     tokio::task::JoinHandle<h3::error::ConnectionError>,
     quinn::ZeroRttAccepted,
+    quinn::Connection,
 )> {
     let (mut first, _driver) = connect(endpoint, at).await;
     // An answer: the tickets came with or before it.
@@ -595,9 +596,11 @@ async fn early(
     drop(first);
     let connecting = endpoint.connect(again, "localhost").unwrap();
     let (quic, accepted) = connecting.into_0rtt().ok()?;
-    let (mut driver, sender) = h3::client::new(h3_quinn::Connection::new(quic)).await.unwrap();
+    let (mut driver, sender) = h3::client::new(h3_quinn::Connection::new(quic.clone()))
+        .await
+        .unwrap();
     let driver = tokio::spawn(async move { std::future::poll_fn(|cx| driver.poll_close(cx)).await });
-    Some((sender, driver, accepted))
+    Some((sender, driver, accepted, quic))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -616,15 +619,23 @@ async fn zero_rtt_is_off_unless_asked_and_then_only_for_safe_methods() {
     let (release, held) = tokio::sync::watch::channel(false);
     let (go, start) = tokio::sync::watch::channel(false);
     let (slow_finish, _) = relay_holding(on.udp, true, Some(held), Some(start)).await;
-    let (mut h3, _driver, handshake) = early(&endpoint, on.udp, slow_finish)
+    let (mut h3, _driver, handshake, quic) = early(&endpoint, on.udp, slow_finish)
         .await
         .expect("0-RTT offered");
     // Written while nothing of this connection has reached the server: the
     // client cannot complete its handshake before they are out, so they
-    // leave in early data, however slow the machine.
+    // leave in early data, however slow the machine. Out means sent by the
+    // connection's driver, woken by the writes: it runs before this task
+    // is polled again, and a datagram sent after the writes began says so.
+    let before = quic.stats().udp_tx.datagrams;
     let mut second = h3.clone();
     let post = begin(&mut second, "POST", "/echo-bytes", b"replayable").await;
     let get = begin(&mut h3, "GET", "/noop", b"").await;
+    let deadline = std::time::Instant::now() + PATIENCE;
+    tokio::task::yield_now().await;
+    while quic.stats().udp_tx.datagrams == before && std::time::Instant::now() < deadline {
+        tokio::task::yield_now().await;
+    }
     go.send(true).unwrap();
     let (post, get) = tokio::join!(answer(post), answer(get));
     assert_eq!(get.status, 200, "a safe method is served from early data");
