@@ -2,7 +2,8 @@
 //! broker, router, the `basics` manager that serves `GET /noop`) and the
 //! whole group's, each as a ratio to the in-process baseline server's
 //! measured in the same run, must not grow more than 25 % over the ratios
-//! recorded in `bench/baseline/linux-x86_64.json` for this build profile.
+//! recorded in `bench/baseline/linux-x86_64.json` for this build profile
+//! (a role's: 25 % or 0.15× the baseline, whichever is more).
 //! Per role, because one hop's regression drowns in the group's total: 5 µs
 //! more in the router is +10 % of the group's ~50 µs but doubles the
 //! router's own share (decision 0148).
@@ -38,6 +39,13 @@ const SLICES: usize = 12;
 const REQUESTS_PER_SLICE: usize = 24_000;
 const CLIENTS: usize = 8;
 const ALLOWED_GROWTH: f64 = 1.25;
+/// A role may also grow by this much of the baseline's CPU, whichever
+/// allows more: the broker's and router's ~6 µs per request move by 1–2 µs
+/// with the hand-off's timing alone (their medians read 0.40–0.51× the
+/// baseline over one day with no change to them), which 25 % of 0.4 cannot
+/// absorb. A 5 µs regression in one hop is ~0.3× the baseline and still
+/// fails (decision 0148, amended).
+const ROLE_FLOOR: f64 = 0.15;
 /// The processes whose CPU per request is judged one by one: every hop of
 /// `GET /noop`, and the manager that serves it.
 const ROLES: [&str; 4] = ["listener", "broker", "router", "basics"];
@@ -216,6 +224,15 @@ fn group_cpu_per_request_stays_within_budget_of_the_baseline() {
         .and_then(|s| serde_json::from_str(&s).ok())
         .unwrap_or_else(|| serde_json::json!({}));
     let budget = |name: &str| recorded[profile()]["cpu_ratio"][name].as_f64();
+    // What a figure may reach, from its recorded ratio.
+    let allowed = |name: &str, recorded: f64| {
+        let grown = recorded * ALLOWED_GROWTH;
+        if name == "group" {
+            grown
+        } else {
+            grown.max(recorded + ROLE_FLOOR)
+        }
+    };
     eprintln!(
         "perf budget ({}, {CLIENTS} clients, {SLICES} slices of {REQUESTS_PER_SLICE} requests): baseline {base_us:.1} µs/req",
         profile()
@@ -223,7 +240,7 @@ fn group_cpu_per_request_stays_within_budget_of_the_baseline() {
     eprintln!("  figure    µs/req  ratio  (slices)       recorded  allowed");
     for f in &figures {
         let (was, allowed) = budget(f.name).map_or(("-".into(), "-".into()), |b| {
-            (format!("{b:.2}"), format!("{:.2}", b * ALLOWED_GROWTH))
+            (format!("{b:.2}"), format!("{:.2}", allowed(f.name, b)))
         });
         eprintln!(
             "  {:<9} {:>6.1}  {:>5.2}  ({:.2}–{:.2})  {was:>8}  {allowed:>7}",
@@ -259,13 +276,13 @@ fn group_cpu_per_request_stays_within_budget_of_the_baseline() {
                     path.display()
                 )
             });
-            (f.ratio > b * ALLOWED_GROWTH).then(|| {
+            (f.ratio > allowed(f.name, b)).then(|| {
                 format!(
                     "{}: {:.1} µs/req, {:.2}× the baseline's (recorded {b:.2}×, allowed up to {:.2}×, +{:.0} %)",
                     f.name,
                     f.us,
                     f.ratio,
-                    b * ALLOWED_GROWTH,
+                    allowed(f.name, b),
                     (f.ratio / b - 1.0) * 100.0
                 )
             })
@@ -273,7 +290,7 @@ fn group_cpu_per_request_stays_within_budget_of_the_baseline() {
         .collect();
     assert!(
         over.is_empty(),
-        "CPU per request regressed more than {:.0} % over the recorded ratio in {}:\n  {}",
+        "CPU per request regressed more than {:.0} % (a role: or {ROLE_FLOOR}× the baseline) over the recorded ratio in {}:\n  {}",
         (ALLOWED_GROWTH - 1.0) * 100.0,
         path.display(),
         over.join("\n  ")
