@@ -625,8 +625,8 @@ async fn zero_rtt_is_off_unless_asked_and_then_only_for_safe_methods() {
     // Written while nothing of this connection has reached the server: the
     // client cannot complete its handshake before they are out, so they
     // leave in early data, however slow the machine. Out means sent by the
-    // connection's driver, woken by the writes: it runs before this task
-    // is polled again, and a datagram sent after the writes began says so.
+    // connection's driver, which the writes woke: a datagram sent since
+    // they began says it has run (it may have sent only part of them).
     let before = quic.stats().udp_tx.datagrams;
     let mut second = h3.clone();
     let post = begin(&mut second, "POST", "/echo-bytes", b"replayable").await;

@@ -2,9 +2,9 @@
 //!
 //! A `tracing` span made for every request costs its fields formatted
 //! into a string when it is made (the fmt layer stores them), a slot in
-//! the registry, and an enter and an exit at every poll: about a
-//! microsecond of the listener's CPU per request, whether or not any line
-//! is written while it lives. Instead the request's future runs inside
+//! the registry, and an enter and an exit at every poll: 3 % of the
+//! listener's samples at 8 clients, whether or not any line is written
+//! while it lives. Instead the request's future runs inside
 //! [`in_request`], which only points a thread-local at its
 //! [`RequestContext`] while it is polled; the event formatter installed
 //! by [`crate::process::init_child_logging`] ([`WithRequest`]) reads it
@@ -128,7 +128,9 @@ where
                 };
                 writer.write_str(head)?;
                 if let Some(id) = &request.request_id {
-                    write!(writer, ",\"request_id\":\"{}\"", JsonText(id))?;
+                    // A client's id may hold `"` or `\`: serde_json escapes.
+                    let id = serde_json::to_string(&id.to_string()).map_err(|_| fmt::Error)?;
+                    write!(writer, ",\"request_id\":{id}")?;
                 }
                 if let Some(trace) = &request.trace {
                     write!(writer, ",\"trace_id\":\"{}\"", trace.trace_id())?;
@@ -147,27 +149,6 @@ where
         })
     }
 }
-
-/// A value written inside a JSON string: a client's request id is visible
-/// ASCII, of which only `"` and `\` need escaping.
-struct JsonText<'a, T>(&'a T);
-
-impl<T: fmt::Display> fmt::Display for JsonText<'_, T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let text = self.0.to_string();
-        for c in text.chars() {
-            match c {
-                '"' => f.write_str("\\\"")?,
-                '\\' => f.write_str("\\\\")?,
-                c if c.is_control() => write!(f, "\\u{:04x}", c as u32)?,
-                c => f.write_char(c)?,
-            }
-        }
-        Ok(())
-    }
-}
-
-use std::fmt::Write as _;
 
 #[cfg(test)]
 mod tests {
