@@ -155,3 +155,20 @@ fn a_direct_answer_does_not_pass_through_the_router() {
         (n == Some(0)).then_some(()).ok_or(n)
     });
 }
+
+/// The router's count of an instance's requests lags the answers given
+/// straight back by a bounded amount (decision 0149), however busy the
+/// router is: 32 keep-alive clients keep one manager's instance fed
+/// while its cap is 512 requests in flight, sixteen times what they can
+/// have, and nothing is refused. (A ring reader that always found frames
+/// once kept the router's thread: it routed requests while the records
+/// that close them waited on the instance's link, and the cap was
+/// reached with 32 requests in flight.)
+#[test]
+fn a_busy_router_still_reads_the_completions_that_close_its_requests() {
+    let g = Group::builder("return-path-completions")
+        .config("[group]\nmax_outstanding_per_instance = 512\n")
+        .start();
+    g.eventually_status("/noop", 200);
+    common::load::noop_load(g.addr, 48_000, 32);
+}

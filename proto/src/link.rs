@@ -589,6 +589,37 @@ mod tests {
         assert_eq!(reader.unclaimed_descriptors(), 0);
     }
 
+    /// A reader whose ring always holds frames gives the thread up after a
+    /// budget's worth of them: the process's other tasks (the router's
+    /// other links) run before its backlog is read, not after.
+    #[tokio::test]
+    async fn a_reader_with_frames_waiting_lets_other_tasks_run() {
+        const FRAMES: usize = 2000;
+        let ((_, sink), (mut reader, _keep)) = pair(FRAMES).await;
+        for i in 0..FRAMES as u64 {
+            sink.send(request(i, Payload::Inline(Bytes::new()))).unwrap();
+        }
+        let other_ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = other_ran.clone();
+        tokio::spawn(async move { flag.store(true, Ordering::Relaxed) });
+        let mut got = Vec::new();
+        let mut read_before_other = None;
+        while got.len() < FRAMES {
+            assert!(reader.read_batch(&mut got).await.unwrap());
+            if read_before_other.is_none() && other_ran.load(Ordering::Relaxed) {
+                read_before_other = Some(got.len());
+            }
+        }
+        let before = read_before_other.unwrap_or(FRAMES);
+        assert!(
+            before < FRAMES / 4,
+            "the other task ran after {before} of {FRAMES} frames"
+        );
+        for (i, env) in got.iter().enumerate() {
+            assert_eq!(env.correlation, i as u64);
+        }
+    }
+
     /// A reader that falls behind a writer of shared-memory bodies holds
     /// its backlog in the kernel and reads it whole once it catches up:
     /// descriptors ahead of their frames are load, not a broken peer.

@@ -434,12 +434,39 @@ impl<R: FdSocket> FrameReader<R> {
 
     /// Reads until at least one whole frame is buffered, then appends every
     /// whole frame to `out`. Returns `Ok(false)` at a clean end of stream.
+    ///
+    /// Every frame spends one unit of the task's tokio budget (as a socket
+    /// read does): a reader whose peer keeps it fed hands the thread to the
+    /// process's other tasks after a budget's worth of frames rather than
+    /// starving them. The router read requests that way while the frames
+    /// that close them waited on another link, and refused requests for
+    /// a capacity they did not use.
     pub async fn read_batch(&mut self, out: &mut Vec<Envelope>) -> Result<bool> {
+        use std::task::Poll;
         let before = out.len();
         loop {
-            while let Some(env) = self.next_buffered()? {
-                out.push(env);
-            }
+            std::future::poll_fn(|cx| {
+                loop {
+                    let Poll::Ready(coop) = tokio::task::coop::poll_proceed(cx) else {
+                        // Spent: return what this call has, or yield (the
+                        // waker is registered) and go on when polled again.
+                        return if out.len() > before {
+                            Poll::Ready(Ok(()))
+                        } else {
+                            Poll::Pending
+                        };
+                    };
+                    match self.next_buffered() {
+                        Ok(Some(env)) => {
+                            coop.made_progress();
+                            out.push(env);
+                        }
+                        Ok(None) => return Poll::Ready(Ok(())),
+                        Err(err) => return Poll::Ready(Err(err)),
+                    }
+                }
+            })
+            .await?;
             if out.len() > before {
                 return Ok(true);
             }

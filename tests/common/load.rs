@@ -25,12 +25,12 @@ pub fn noop_load(addr: SocketAddr, requests: usize, clients: usize) {
                         .write_all(b"GET /noop HTTP/1.1\r\nhost: bench\r\n\r\n")
                         .unwrap();
                     let mut length = 0usize;
-                    let mut status_ok = false;
+                    let mut status = String::new();
                     loop {
                         line.clear();
                         reader.read_line(&mut line).unwrap();
                         if line.starts_with("HTTP/1.1 ") {
-                            status_ok = line.starts_with("HTTP/1.1 200");
+                            status = line.trim_end().to_owned();
                         } else if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
                             length = v.trim().parse().unwrap();
                         } else if line == "\r\n" {
@@ -39,7 +39,11 @@ pub fn noop_load(addr: SocketAddr, requests: usize, clients: usize) {
                     }
                     let mut body = vec![0; length];
                     reader.read_exact(&mut body).unwrap();
-                    assert!(status_ok, "non-200 during the measured load");
+                    assert!(
+                        status.starts_with("HTTP/1.1 200"),
+                        "{status} during the load: {}",
+                        String::from_utf8_lossy(&body)
+                    );
                 }
             })
         })
