@@ -647,13 +647,14 @@ impl<M: Manager> Runtime<M> {
             return self.respond(correlation, result);
         };
         let (finished, log) = (self.finished.clone(), self.shared.log.clone());
-        let spawned = crate::stream::spawn_stream_thread(move || {
+        let spawned = crate::stream::spawn_stream_thread(move |slot| {
             let result = run();
             if let (Err(err), Some(log)) = (&result, &log)
                 && err.status == 500
             {
                 log(LogLevel::Error, correlation, &err.message);
             }
+            drop(slot);
             finished
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())

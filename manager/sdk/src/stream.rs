@@ -29,7 +29,9 @@ pub const STREAM_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_s
 
 static STREAMS: AtomicUsize = AtomicUsize::new(0);
 
-struct StreamSlot;
+/// One of the [`MAX_STREAMS`] a stream thread holds: counted from
+/// [`spawn_stream_thread`] until dropped.
+pub(crate) struct StreamSlot;
 
 impl StreamSlot {
     fn take() -> Result<StreamSlot, Error> {
@@ -52,15 +54,20 @@ impl Drop for StreamSlot {
     }
 }
 
-/// Runs `work` on a thread of its own, counted against [`MAX_STREAMS`].
-pub(crate) fn spawn_stream_thread(work: impl FnOnce() + Send + 'static) -> Result<(), Error> {
+/// Runs `work` on a thread of its own, counted against [`MAX_STREAMS`]
+/// until `work` drops the slot it is given (at the latest, when it
+/// returns). `work` drops it before the step that lets the client go on
+/// (publishing the answer, finishing the body): a client that sends its
+/// next request at once must not find its finished stream still counted
+/// because the thread that ran it has not been given the CPU to exit (200
+/// upload clients were refused with 503 that way, well under the limit).
+pub(crate) fn spawn_stream_thread(work: impl FnOnce(StreamSlot) + Send + 'static) -> Result<(), Error> {
     let slot = StreamSlot::take()?;
     std::thread::Builder::new()
         .name("switchyard-stream".into())
         .spawn(move || {
-            let _slot = slot;
             let _io = crate::reactor::enter();
-            work();
+            work(slot);
         })
         .map(drop)
         .map_err(|e| Error::unavailable(format!("cannot start a stream thread: {e}")))
@@ -139,8 +146,9 @@ impl Reply for Streamed {
             remaining: self.length,
         };
         let producer = self.producer;
-        spawn_stream_thread(move || {
+        spawn_stream_thread(move |slot| {
             let produced = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| producer(&mut writer)));
+            drop(slot);
             if matches!(produced, Ok(Ok(()))) && matches!(writer.remaining, None | Some(0)) {
                 writer.end.finish();
             }
@@ -303,5 +311,43 @@ impl io::Read for BodyReader {
         buf[..n].copy_from_slice(&self.pending.split_to(n));
         self.read += n as u64;
         Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    /// A streamed body's slot is free by the time its reader sees the end:
+    /// a client that starts its next download at once is not refused for
+    /// the one it has finished, however long the finished thread waits
+    /// for a CPU to exit on.
+    #[test]
+    fn a_finished_streams_slot_is_free_when_its_reader_sees_the_end() {
+        for round in 0..50 {
+            let before = STREAMS.load(Ordering::Acquire);
+            let response = Streamed::new(Some(3), |w: &mut BodyWriter| {
+                w.write_all(b"abc")?;
+                Ok(())
+            })
+            .into_response(Format::Json)
+            .unwrap();
+            let mut end = response.stream.expect("a stream").open().unwrap();
+            let mut got = Vec::new();
+            loop {
+                let chunk = end.read_blocking(64).unwrap();
+                if chunk.is_empty() {
+                    break;
+                }
+                got.extend_from_slice(&chunk);
+            }
+            assert_eq!(got, b"abc");
+            assert_eq!(
+                STREAMS.load(Ordering::Acquire),
+                before,
+                "round {round}: the finished stream is still counted"
+            );
+        }
     }
 }
