@@ -722,16 +722,8 @@ impl AsyncPipe {
         max: usize,
     ) -> std::task::Poll<Result<usize>> {
         use std::task::Poll;
-        // A ring that always holds bytes would otherwise never return
-        // `Pending`: its reader would keep a current-thread runtime to
-        // itself and starve the process's other links (the router read
-        // requests and never the completions that close them). Counting
-        // each read against tokio's task budget makes it yield as a
-        // socket read does.
-        let coop = std::task::ready!(tokio::task::coop::poll_proceed(cx));
         loop {
             if let Progress::Moved(n) = self.end.get_mut().try_read_into(buf, max)? {
-                coop.made_progress();
                 return Poll::Ready(Ok(n));
             }
             match self.poll_wake(cx) {
