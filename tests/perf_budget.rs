@@ -35,7 +35,7 @@ use std::process::{Child, Command, Stdio};
 
 /// Many short slices rather than a few long ones: the median of the
 /// per-slice ratios then shrugs off the slices a neighbour disturbed.
-const SLICES: usize = 12;
+const SLICES: usize = 20;
 const REQUESTS_PER_SLICE: usize = 24_000;
 const CLIENTS: usize = 8;
 const ALLOWED_GROWTH: f64 = 1.25;
