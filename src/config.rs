@@ -384,6 +384,11 @@ pub(crate) struct ListenerConfig {
     pub(crate) threads: usize,
     /// Return pipes to the broker (0: one per thread).
     pub(crate) pipes: usize,
+    /// Microseconds a listener process of one thread that awaits answers
+    /// and has nothing else to run keeps its CPU (yielding it to any
+    /// process that wants it) before it sleeps; 0: sleep at once
+    /// (decision 0162).
+    pub(crate) park_spin_us: u64,
     /// Largest request head in bytes (at least 8192); larger gets 431/400.
     pub(crate) max_header_bytes: usize,
     /// Largest request body in bytes; larger gets 413.
@@ -695,6 +700,7 @@ impl Default for ListenerConfig {
             workers: 1,
             threads: 0,
             pipes: 0,
+            park_spin_us: 150,
             max_header_bytes: 16 * 1024,
             max_body_bytes: 1024 * 1024,
             max_upload_bytes: 4 << 30,
@@ -1531,6 +1537,9 @@ impl Config {
                 ));
             }
         }
+        if self.listener.park_spin_us > 10_000 {
+            problems.push("listener.park_spin_us: must be at most 10000 (10 ms)".to_owned());
+        }
         if self.group.ring_yields > 1000 {
             problems.push("group.ring_yields: must be at most 1000".to_owned());
         }
@@ -1766,6 +1775,19 @@ mod tests {
             "{err}"
         );
         let config: Config = toml::from_str("[listener.ws]\nsubprotocols = []\n").unwrap();
+        config.validate().unwrap();
+    }
+
+    #[test]
+    fn the_listeners_spin_is_at_most_ten_milliseconds() {
+        let config: Config = toml::from_str("[listener]\npark_spin_us = 10001\n").unwrap();
+        let err = config.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("listener.park_spin_us: must be at most 10000"),
+            "{err}"
+        );
+        assert_eq!(Config::default().listener.park_spin_us, 150, "on by default");
+        let config: Config = toml::from_str("[listener]\npark_spin_us = 0\n").unwrap();
         config.validate().unwrap();
     }
 

@@ -143,7 +143,12 @@ pub(crate) fn main(role: Role, name: String, instance: u32) -> ExitCode {
             .worker_threads(spec.config.threads())
             .enable_all()
             .build(),
-        _ => tokio::runtime::Builder::new_current_thread().enable_all().build(),
+        // The park hook does nothing unless the role asks for it
+        // (`set_spin`: the listener, decision 0162).
+        _ => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .on_thread_park(switchyard_proto::park::before_park)
+            .build(),
     };
     let runtime = match runtime {
         Ok(rt) => rt,
@@ -380,6 +385,11 @@ async fn serve(role: Role, name: String, instance: u32, spec: Spec) -> anyhow::R
     // Every process of the group speaks the same transport on its links.
     switchyard_proto::link::set_transport(config.group.transport);
     switchyard_proto::link::set_yields(config.group.ring_yields);
+    if role == Role::Listener && config.threads() == 1 {
+        // This thread is the current-thread runtime's only one (a
+        // multi-thread listener's workers keep their readers' yields).
+        switchyard_proto::park::set_spin(config.listener.park_spin_us);
+    }
     switchyard_proto::returns::set_return_path(config.group.return_path);
     let (ready_tx, ready_rx) = oneshot::channel();
     let Started { work, live } = role.start(Setup {

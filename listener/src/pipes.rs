@@ -223,6 +223,9 @@ pub(crate) struct InFlight<'a> {
     /// A request, not a notification: something may be working on it.
     cancels: bool,
     pub(crate) response: oneshot::Receiver<Envelope>,
+    /// Counted while it lives: a listener thread with answers to await
+    /// keeps its CPU a little before it sleeps (decision 0162).
+    _awaited: switchyard_proto::park::Awaited,
 }
 
 impl Drop for InFlight<'_> {
@@ -398,6 +401,7 @@ impl Pool {
                 correlation,
                 cancels: false,
                 response,
+                _awaited: switchyard_proto::park::Awaited::start(),
             };
             let request = env.kind == Kind::Request;
             match sink.send(env) {

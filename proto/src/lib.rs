@@ -63,6 +63,8 @@ pub mod frame;
 pub mod link;
 #[cfg(feature = "runtime")]
 pub mod log_context;
+#[cfg(feature = "runtime")]
+pub mod park;
 pub mod pipe;
 pub mod pool;
 pub mod problem;

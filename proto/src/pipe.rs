@@ -205,7 +205,31 @@ fn make(capacity: usize, length: Option<u64>, budget: Budget) -> Result<(PipeEnd
     Ok((producer, StreamHandle::from_parts(fd, theirs, length)))
 }
 
-/// The mapped ring, shared by reference with nothing else in this process.
+/// See [`PipeEnd::probe`].
+#[cfg(feature = "runtime")]
+pub(crate) struct RingProbe(std::sync::Weak<Ring>);
+
+#[cfg(feature = "runtime")]
+impl RingProbe {
+    /// Unread bytes in the ring (false once its end is gone). Only looks:
+    /// the positions are checked by the reader that takes them.
+    pub(crate) fn has_bytes(&self) -> bool {
+        self.0.upgrade().is_some_and(|ring| {
+            ring.word64(OFF_WRITTEN).load(Ordering::Acquire) > ring.word64(OFF_READ).load(Ordering::Acquire)
+        })
+    }
+
+    /// Whether the end it looks at still lives.
+    pub(crate) fn is_open(&self) -> bool {
+        self.0.strong_count() > 0
+    }
+
+    pub(crate) fn same(&self, other: &RingProbe) -> bool {
+        std::sync::Weak::ptr_eq(&self.0, &other.0)
+    }
+}
+
+/// The mapped ring: its end's, and looked at by that end's probes.
 struct Ring {
     map: memmap2::MmapRaw,
     capacity: usize,
@@ -295,7 +319,8 @@ enum Side {
 /// [`Progress::Wait`] and the caller waits with [`PipeEnd::wait_blocking`]
 /// or, in async code, [`AsyncPipe`].
 pub struct PipeEnd {
-    ring: Ring,
+    /// Shared with the [`RingProbe`]s handed out, which only look.
+    ring: Arc<Ring>,
     wake: OwnedFd,
     side: Side,
     /// The other side's socket end is closed (it finished or died).
@@ -315,6 +340,7 @@ pub enum Progress {
 
 impl PipeEnd {
     fn new(ring: Ring, wake: OwnedFd, side: Side) -> Result<PipeEnd> {
+        let ring = Arc::new(ring);
         nix::fcntl::fcntl(&wake, FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK))
             .map_err(io::Error::from)?;
         Ok(PipeEnd {
@@ -470,6 +496,14 @@ impl PipeEnd {
 
     /// Consumer: whether the producer has published bytes not read yet (a
     /// peek at the positions; false when they make no sense).
+    /// A look at this consumer's ring from elsewhere in this process
+    /// (a runtime's park hook, [`crate::park`]): whether it holds unread
+    /// bytes, while this end lives.
+    #[cfg(feature = "runtime")]
+    pub(crate) fn probe(&self) -> RingProbe {
+        RingProbe(Arc::downgrade(&self.ring))
+    }
+
     pub fn has_bytes(&self) -> bool {
         self.positions().is_ok_and(|(written, read)| written > read)
     }

@@ -511,15 +511,28 @@ impl<R: FdSocket> FrameReader<R> {
             // machine the process that feeds us is likely runnable, and
             // if it writes meanwhile it need not wake us, and we need not
             // sleep (decision 0040; measured there).
-            for _ in 0..yields() {
-                if ring.end_mut().has_bytes() {
-                    break;
+            // A thread that spins before it parks yields there instead,
+            // when nothing else can run (crate::park).
+            let spinning = crate::park::spinning();
+            if !spinning {
+                for _ in 0..yields() {
+                    if ring.end_mut().has_bytes() {
+                        break;
+                    }
+                    std::thread::yield_now();
                 }
-                std::thread::yield_now();
             }
             let buf = &mut self.buf;
             let max = buf.capacity() - buf.len();
-            let n = match std::future::poll_fn(|cx| ring.poll_read_into(cx, buf, max)).await {
+            let n = match std::future::poll_fn(|cx| {
+                let polled = ring.poll_read_into(cx, buf, max);
+                if spinning && polled.is_pending() {
+                    crate::park::note_waiting(ring.end_mut().probe(), cx.waker());
+                }
+                polled
+            })
+            .await
+            {
                 Ok(n) => n,
                 // The writer's process is gone: end of stream, as a
                 // socket shows it.

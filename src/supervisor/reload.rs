@@ -106,6 +106,7 @@ const RESTART_KEYS: &[&str] = &[
     "listener.workers",
     "listener.threads",
     "listener.pipes",
+    "listener.park_spin_us",
     "group.max_frame_bytes",
     "group.queue_capacity",
     "group.max_outstanding_per_instance",
