@@ -17,7 +17,7 @@
 # server. SWITCHYARD names the binary to run for the group (default
 # target/release/switchyard, built first), to set two builds side by side.
 #
-# Per round and server: a fresh server, a 2 s warm-up, then one wrk run per
+# Per round and server: a fresh server (private runtime and data dirs), a 2 s warm-up, then one wrk run per
 # connection count. CPU time per request is the server's whole process tree
 # (utime+stime from /proc) over the run divided by the requests wrk counted.
 # Raw figures go to $OUT/rest-STAMP.tsv (wrk and server output next to it in
@@ -111,12 +111,16 @@ start_server() {
     case $name in
     switchyard | direct | router)
         rtdir=$(mktemp -d)
-        cmd=("$SWITCHYARD" up --bind 127.0.0.1:0 --runtime-dir "$rtdir/rt" --ready-file "$rtdir/ready.json")
+        cmd=("$SWITCHYARD" up --bind 127.0.0.1:0 --runtime-dir "$rtdir/rt" --data-dir "$rtdir/data" --ready-file "$rtdir/ready.json")
         [[ $name != switchyard ]] && cmd=(env SWITCHYARD_GROUP__RETURN_PATH="$name" "${cmd[@]}")
         ;;
     baseline) cmd=("$ROOT/target/release/switchyard-baseline" --bind 127.0.0.1:0) ;;
     *) die "unknown server $name" ;;
     esac
+    # Made here, not by the child's redirection: the readiness loop below
+    # may read the file before the child has opened it.
+    : >"$prefix.out"
+    : >"$prefix.err"
     "${cmd[@]}" >"$prefix.out" 2>"$prefix.err" &
     PID=$!
     LIVE[$PID]=$rtdir
@@ -211,8 +215,16 @@ if ! command -v wrk >/dev/null; then
     "${sudo[@]}" apt-get install -y wrk || { "${sudo[@]}" apt-get update && "${sudo[@]}" apt-get install -y wrk; }
 fi
 
-log "building (release)"
-(cd "$ROOT" && cargo build --release -p switchyard -p switchyard-bench) >&2
+# The group's binary is built only when it is this tree's: a SWITCHYARD
+# named elsewhere is measured as it is, and a source edited during the run
+# must not start a build beside the measurement.
+if [[ $SWITCHYARD == "$ROOT/target/release/switchyard" ]]; then
+    log "building (release)"
+    (cd "$ROOT" && cargo build --release -p switchyard -p switchyard-bench) >&2
+else
+    log "building the baseline (release); the group is $SWITCHYARD as it is"
+    (cd "$ROOT" && cargo build --release -p switchyard-bench --bin switchyard-baseline) >&2
+fi
 
 STAMP=$(date -u +%Y%m%dT%H%M%SZ)
 mkdir -p "$OUT"

@@ -10,7 +10,7 @@ target=${CARGO_TARGET_DIR:-target}
 [ -n "${NO_BUILD:-}" ] || cargo build --release -q -p switchyard -p switchyard-bench
 dir=$(mktemp -d)
 log="$dir/up.log"
-"$target/release/switchyard" up --bind 127.0.0.1:0 --runtime-dir "$dir/run" --ready-file "$dir/ready.json" >"$log" 2>&1 &
+"$target/release/switchyard" up --bind 127.0.0.1:0 --runtime-dir "$dir/run" --data-dir "$dir/data" --ready-file "$dir/ready.json" >"$log" 2>&1 &
 sup=$!
 trap 'kill $sup 2>/dev/null; wait $sup 2>/dev/null; rm -rf "$dir"' EXIT
 . "$(dirname "$0")/ready.sh"
