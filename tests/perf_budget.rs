@@ -11,7 +11,10 @@
 //! Only ratios are compared: the machine's speed and load cancel out, because
 //! both servers are measured in alternating slices under the same
 //! conditions, and each ratio is the median over the slices, so that one
-//! slice disturbed by a neighbour does not decide.
+//! slice disturbed by a neighbour does not decide. A pair of slices during
+//! which the hypervisor stole more than 5 % of the CPU is measured again
+//! (at most 20 times); a run left with fewer than half its slices clean
+//! says it is inconclusive and judges nothing.
 //!
 //! A release measurement, out of the debug suite: the nextest profile
 //! `budget` selects this binary and the others leave it out (`.ci/run`):
@@ -46,6 +49,15 @@ const ALLOWED_GROWTH: f64 = 1.25;
 /// absorb. A 5 µs regression in one hop is ~0.3× the baseline and still
 /// fails (decision 0148, amended).
 const ROLE_FLOOR: f64 = 0.15;
+/// A pair of slices during which the hypervisor ran other guests on our
+/// CPUs for more than this share of the time is measured again: under
+/// steal every hand-off costs more, the group's many more than the
+/// baseline's few, and the ratio reads 4.7 where a quiet machine reads
+/// 3.3–3.9 (decision 0148, third amendment).
+const MAX_STEAL: f64 = 0.05;
+/// Pairs measured again at most; with fewer than half of [`SLICES`] clean
+/// pairs the run judges nothing and says so.
+const MAX_STOLEN_PAIRS: usize = 20;
 /// The processes whose CPU per request is judged one by one: every hop of
 /// `GET /noop`, and the manager that serves it.
 const ROLES: [&str; 4] = ["listener", "broker", "router", "basics"];
@@ -105,6 +117,38 @@ fn measure_baseline(baseline: &Baseline, requests: usize) -> f64 {
     let before = process_ns(pid);
     noop_load(baseline.addr, requests, CLIENTS);
     process_ns(pid).saturating_sub(before) as f64 / requests as f64
+}
+
+/// The machine's CPU time so far, from `/proc/stat`'s first line, in
+/// clock ticks: all of it, and what the hypervisor stole.
+struct CpuTicks {
+    total: u64,
+    steal: u64,
+}
+
+impl CpuTicks {
+    fn steal_share_since(&self, before: &CpuTicks) -> f64 {
+        let total = self.total.saturating_sub(before.total).max(1);
+        self.steal.saturating_sub(before.steal) as f64 / total as f64
+    }
+}
+
+fn cpu_ticks() -> CpuTicks {
+    let stat = std::fs::read_to_string("/proc/stat").expect("/proc/stat");
+    // cpu user nice system idle iowait irq softirq steal ...
+    let fields: Vec<u64> = stat
+        .lines()
+        .next()
+        .expect("the cpu line")
+        .split_whitespace()
+        .skip(1)
+        .take(8)
+        .map(|f| f.parse().expect("a tick count"))
+        .collect();
+    CpuTicks {
+        total: fields.iter().sum(),
+        steal: fields.get(7).copied().unwrap_or(0),
+    }
 }
 
 fn median(mut values: Vec<f64>) -> f64 {
@@ -187,16 +231,39 @@ fn group_cpu_per_request_stays_within_budget_of_the_baseline() {
     let pids = ROLES.map(|role| group.pid_of(role));
 
     let (mut group_slices, mut base_slices) = (Vec::new(), Vec::new());
-    for i in 0..SLICES {
+    let (mut pairs, mut stolen) = (0, 0);
+    while group_slices.len() < SLICES && stolen < MAX_STOLEN_PAIRS {
+        let before = cpu_ticks();
         // Who goes first alternates, so that a trend in the machine's load
         // does not always favour the same server.
-        if i % 2 == 0 {
-            group_slices.push(measure_group(&group, &pids, REQUESTS_PER_SLICE));
-            base_slices.push(measure_baseline(&baseline, REQUESTS_PER_SLICE));
+        let (g, b) = if pairs % 2 == 0 {
+            let g = measure_group(&group, &pids, REQUESTS_PER_SLICE);
+            (g, measure_baseline(&baseline, REQUESTS_PER_SLICE))
         } else {
-            base_slices.push(measure_baseline(&baseline, REQUESTS_PER_SLICE));
-            group_slices.push(measure_group(&group, &pids, REQUESTS_PER_SLICE));
+            let b = measure_baseline(&baseline, REQUESTS_PER_SLICE);
+            (measure_group(&group, &pids, REQUESTS_PER_SLICE), b)
+        };
+        pairs += 1;
+        let share = cpu_ticks().steal_share_since(&before);
+        if share > MAX_STEAL {
+            stolen += 1;
+            eprintln!(
+                "  pair {pairs}: the host stole {:.0} % of the CPU; measured again",
+                share * 100.0
+            );
+            continue;
         }
+        group_slices.push(g);
+        base_slices.push(b);
+    }
+    if group_slices.len() < SLICES / 2 {
+        // Not a judgement of the code: the host ran other guests on our
+        // CPUs for most of the run. The next run on a quieter host judges.
+        eprintln!(
+            "perf budget inconclusive: the host stole more than {:.0} % of the CPU in {stolen} of {pairs} pairs of slices; nothing judged",
+            MAX_STEAL * 100.0
+        );
+        return;
     }
     let base_us = median(base_slices.clone()) / 1e3;
     let figure = |name: &'static str, of: &dyn Fn(&Slice) -> f64| {
@@ -234,8 +301,9 @@ fn group_cpu_per_request_stays_within_budget_of_the_baseline() {
         }
     };
     eprintln!(
-        "perf budget ({}, {CLIENTS} clients, {SLICES} slices of {REQUESTS_PER_SLICE} requests): baseline {base_us:.1} µs/req",
-        profile()
+        "perf budget ({}, {CLIENTS} clients, {} slices of {REQUESTS_PER_SLICE} requests, {stolen} pairs dropped for steal): baseline {base_us:.1} µs/req",
+        profile(),
+        group_slices.len()
     );
     eprintln!("  figure    µs/req  ratio  (slices)       recorded  allowed");
     for f in &figures {
