@@ -167,8 +167,8 @@ mod tests {
         before_park();
         assert_eq!(count.0.load(Ordering::SeqCst), 0, "nothing was awaited");
 
-        // Awaited, bytes waiting: the reader is woken at once (the spin
-        // is a second long; the test would hang, not pass, if it spun it).
+        // Awaited, bytes waiting: the reader is woken before any yield (a
+        // spin that missed the bytes would end without waking it).
         let awaited = Awaited::start();
         before_park();
         assert_eq!(

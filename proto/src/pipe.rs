@@ -211,12 +211,10 @@ pub(crate) struct RingProbe(std::sync::Weak<Ring>);
 
 #[cfg(feature = "runtime")]
 impl RingProbe {
-    /// Unread bytes in the ring (false once its end is gone). Only looks:
-    /// the positions are checked by the reader that takes them.
+    /// Unread bytes in the ring, as [`PipeEnd::has_bytes`] (false once
+    /// its end is gone).
     pub(crate) fn has_bytes(&self) -> bool {
-        self.0.upgrade().is_some_and(|ring| {
-            ring.word64(OFF_WRITTEN).load(Ordering::Acquire) > ring.word64(OFF_READ).load(Ordering::Acquire)
-        })
+        self.0.upgrade().is_some_and(|ring| ring.has_unread())
     }
 
     /// Whether the end it looks at still lives.
@@ -244,6 +242,22 @@ impl Ring {
             capacity: size - HEADER,
             _reservation: reservation,
         })
+    }
+
+    /// The positions, checked: the peer's word may be anything.
+    fn positions(&self) -> Result<(u64, u64)> {
+        let written = self.word64(OFF_WRITTEN).load(Ordering::Acquire);
+        let read = self.word64(OFF_READ).load(Ordering::Acquire);
+        if written < read || written - read > self.capacity as u64 {
+            return Err(Error::Malformed("pipe positions out of range"));
+        }
+        Ok((written, read))
+    }
+
+    /// Bytes published and not read yet (false when the positions make
+    /// no sense).
+    fn has_unread(&self) -> bool {
+        self.positions().is_ok_and(|(written, read)| written > read)
     }
 
     fn word64(&self, offset: usize) -> &AtomicU64 {
@@ -388,16 +402,6 @@ impl PipeEnd {
         })
     }
 
-    /// The positions, checked: the peer's word may be anything.
-    fn positions(&self) -> Result<(u64, u64)> {
-        let written = self.written().load(Ordering::Acquire);
-        let read = self.read().load(Ordering::Acquire);
-        if written < read || written - read > self.ring.capacity as u64 {
-            return Err(Error::Malformed("pipe positions out of range"));
-        }
-        Ok((written, read))
-    }
-
     /// Wakes the peer if it said it sleeps. SeqCst pairs with the fence in
     /// `prepare_wait`: either the peer sees our new position, or we see its
     /// flag.
@@ -466,7 +470,7 @@ impl PipeEnd {
             if self.peer_gone || self.peer_state().load(Ordering::Acquire) != OPEN {
                 return Err(Error::PipeAborted("the reader went away"));
             }
-            let (written, read) = self.positions()?;
+            let (written, read) = self.ring.positions()?;
             let free = self.ring.capacity - (written - read) as usize;
             if free > 0 {
                 if attempt == 1 {
@@ -496,16 +500,16 @@ impl PipeEnd {
 
     /// Consumer: whether the producer has published bytes not read yet (a
     /// peek at the positions; false when they make no sense).
+    pub fn has_bytes(&self) -> bool {
+        self.ring.has_unread()
+    }
+
     /// A look at this consumer's ring from elsewhere in this process
     /// (a runtime's park hook, [`crate::park`]): whether it holds unread
     /// bytes, while this end lives.
     #[cfg(feature = "runtime")]
     pub(crate) fn probe(&self) -> RingProbe {
         RingProbe(Arc::downgrade(&self.ring))
-    }
-
-    pub fn has_bytes(&self) -> bool {
-        self.positions().is_ok_and(|(written, read)| written > read)
     }
 
     /// Consumer: appends up to `max` bytes of the stream to `buf` (one copy,
@@ -516,7 +520,7 @@ impl PipeEnd {
         debug_assert_eq!(self.side, Side::Consumer);
         for attempt in 0..2 {
             let state = self.peer_state().load(Ordering::Acquire);
-            let (written, read) = self.positions()?;
+            let (written, read) = self.ring.positions()?;
             if written > read {
                 if attempt == 1 {
                     self.cancel_wait();
@@ -564,7 +568,7 @@ impl PipeEnd {
             // FINISHED, so a finished state read here means every byte is
             // already visible below.
             let state = self.peer_state().load(Ordering::Acquire);
-            let (written, read) = self.positions()?;
+            let (written, read) = self.ring.positions()?;
             if written > read {
                 if attempt == 1 {
                     self.cancel_wait();
