@@ -125,6 +125,11 @@ fn download(status: StatusCode, meta: &Meta, handle: StreamHandle, range: Option
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct ManagerTime(pub(crate) u64);
 
+/// Headers the listener may add to a manager's answer: the five default
+/// security headers, `x-request-id`, `alt-svc`, `traceparent` and
+/// `server-timing`, and a few to spare.
+const LISTENER_HEADERS: usize = 12;
+
 /// The response event's meta as HTTP headers (invalid ones are skipped).
 fn copy_headers(meta: &Meta, reply: &mut Reply) {
     // Asked for by `[tracing] server_timing`: for `Server-Timing`.
@@ -135,6 +140,10 @@ fn copy_headers(meta: &Meta, reply: &mut Reply) {
         reply.extensions_mut().insert(ManagerTime(us));
     }
     let headers = reply.headers_mut();
+    // Room for the headers the listener adds on the way out (security
+    // headers, `x-request-id`, `alt-svc`, tracing's), so the map is
+    // allocated once instead of growing and rehashing per request.
+    headers.reserve(meta.0.len() + LISTENER_HEADERS);
     // The request's context (`:request-id`) never becomes a header.
     for (name, value) in meta
         .iter()

@@ -101,6 +101,16 @@ struct HeaderOwned {
     context: RequestContext,
 }
 
+/// A header buffer's first size: a request's header with its context.
+const HEADER_SCRATCH_START: usize = 256;
+/// A header buffer grown past this (a frame with huge meta) is let go.
+const HEADER_SCRATCH_KEEP: usize = 64 * 1024;
+
+thread_local! {
+    static HEADER_SCRATCH: std::cell::RefCell<Vec<u8>> =
+        std::cell::RefCell::new(Vec::with_capacity(HEADER_SCRATCH_START));
+}
+
 /// Appends the prefix and header of `env` to `out`, and returns the inline
 /// payload that must follow them on the wire.
 pub fn encode_head<'e>(env: &'e Envelope, out: &mut BytesMut, max: usize) -> Result<&'e [u8]> {
@@ -124,19 +134,39 @@ pub fn encode_head<'e>(env: &'e Envelope, out: &mut BytesMut, max: usize) -> Res
     };
     let start = out.len();
     out.put_bytes(0, PREFIX_LEN);
-    let mut header = Vec::with_capacity(64);
-    codec::encode_into(&head, &mut header)?;
-    let frame_len = 4 + header.len() + payload.len();
-    if frame_len + 4 > max || header.len() >= FD_MARK as usize || frame_len > u32::MAX as usize {
+    // Encoded into this thread's reused buffer: no allocation, and no
+    // growth when the request's context makes the header pass a fresh
+    // buffer's size. (Encoding straight into `out` through an `io::Write`
+    // adapter costs more per field than `Vec`'s own writer.)
+    let header_len = HEADER_SCRATCH.with_borrow_mut(|header| {
+        header.clear();
+        let encoded = codec::encode_into(&head, header);
+        if encoded.is_ok() {
+            out.extend_from_slice(header);
+        }
+        let len = header.len();
+        if header.capacity() > HEADER_SCRATCH_KEEP {
+            *header = Vec::with_capacity(HEADER_SCRATCH_START);
+        }
+        encoded.map(|()| len)
+    });
+    let header_len = match header_len {
+        Ok(len) => len,
+        Err(err) => {
+            out.truncate(start);
+            return Err(err);
+        }
+    };
+    let frame_len = 4 + header_len + payload.len();
+    if frame_len + 4 > max || header_len >= FD_MARK as usize || frame_len > u32::MAX as usize {
         out.truncate(start);
         return Err(Error::FrameTooLarge {
             len: frame_len + 4,
             max,
         });
     }
-    out.extend_from_slice(&header);
     out[start..start + 4].copy_from_slice(&(frame_len as u32).to_le_bytes());
-    out[start + 4..start + 8].copy_from_slice(&(header.len() as u32).to_le_bytes());
+    out[start + 4..start + 8].copy_from_slice(&(header_len as u32).to_le_bytes());
     Ok(payload)
 }
 
@@ -270,6 +300,33 @@ mod tests {
         assert!(matches!(check(&bytes, 1024), Err(Error::FrameTooLarge { .. })));
         // A declared length of 4 GiB is refused before any buffering.
         assert!(check(&[0xff, 0xff, 0xff, 0xff], DEFAULT_MAX_FRAME).is_err());
+    }
+
+    #[test]
+    fn headers_share_a_reused_buffer_and_a_refused_one_leaves_nothing() {
+        // A header too big for the buffer's first size, one past what it
+        // keeps, then ordinary ones: each frame holds its own header only.
+        let mut big = sample(b"big");
+        big.meta.push("x-long", "v".repeat(HEADER_SCRATCH_KEEP + 1));
+        let mut out = BytesMut::new();
+        for env in [sample(b"a"), big.clone(), sample(b"b"), sample(b"")] {
+            out.clear();
+            let payload = encode_head(&env, &mut out, DEFAULT_MAX_FRAME).unwrap();
+            out.extend_from_slice(payload);
+            assert_eq!(one(&out).unwrap(), env);
+        }
+        // Refused for its size: `out` is as it was, and the next frame
+        // appended after it reads back whole.
+        let mut out = BytesMut::from(&b"kept"[..]);
+        assert!(matches!(
+            encode_head(&big, &mut out, 1024),
+            Err(Error::FrameTooLarge { .. })
+        ));
+        assert_eq!(&out[..], b"kept");
+        let env = sample(b"after");
+        let payload = encode_head(&env, &mut out, DEFAULT_MAX_FRAME).unwrap();
+        out.extend_from_slice(payload);
+        assert_eq!(one(&out[4..]).unwrap(), env);
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! host loop (`serve`) keeps the request names they read
 //! and waits on the wake-ups.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 
 use switchyard_manager_abi::messages::LogLevel;
 use switchyard_proto::RequestContext;
@@ -13,11 +13,12 @@ use switchyard_proto::event::META_TIMING;
 /// The request id and trace context of each request in the plugin's hands
 /// that has one, by the local id the plugin knows it by: the plugin's log
 /// lines name only that, and may come from any of its threads
-/// (`HostApi::log`).
-static REQUEST_IDS: std::sync::LazyLock<std::sync::Mutex<HashMap<u64, Tags>>> =
+/// (`HostApi::log`). Keyed by the host's own counter, not by anything a
+/// client chooses: no SipHash needed against flooding.
+static REQUEST_IDS: std::sync::LazyLock<std::sync::Mutex<FxHashMap<u64, Tags>>> =
     std::sync::LazyLock::new(Default::default);
 
-pub(crate) fn request_ids() -> std::sync::MutexGuard<'static, HashMap<u64, Tags>> {
+pub(crate) fn request_ids() -> std::sync::MutexGuard<'static, FxHashMap<u64, Tags>> {
     REQUEST_IDS.lock().unwrap_or_else(|p| p.into_inner())
 }
 
