@@ -137,34 +137,33 @@ pub fn encode_head<'e>(env: &'e Envelope, out: &mut BytesMut, max: usize) -> Res
     // Encoded into this thread's reused buffer: no allocation, and no
     // growth when the request's context makes the header pass a fresh
     // buffer's size. (Encoding straight into `out` through an `io::Write`
-    // adapter costs more per field than `Vec`'s own writer.)
-    let header_len = HEADER_SCRATCH.with_borrow_mut(|header| {
+    // adapter costs more per field than `Vec`'s own writer.) Copied into
+    // `out` only once it is known to fit.
+    let encoded = HEADER_SCRATCH.with_borrow_mut(|header| {
         header.clear();
-        let encoded = codec::encode_into(&head, header);
-        if encoded.is_ok() {
+        let fits = codec::encode_into(&head, header).and_then(|()| {
+            let frame_len = 4 + header.len() + payload.len();
+            if frame_len + 4 > max || header.len() >= FD_MARK as usize || frame_len > u32::MAX as usize {
+                return Err(Error::FrameTooLarge {
+                    len: frame_len + 4,
+                    max,
+                });
+            }
             out.extend_from_slice(header);
-        }
-        let len = header.len();
+            Ok((header.len(), frame_len))
+        });
         if header.capacity() > HEADER_SCRATCH_KEEP {
             *header = Vec::with_capacity(HEADER_SCRATCH_START);
         }
-        encoded.map(|()| len)
+        fits
     });
-    let header_len = match header_len {
-        Ok(len) => len,
+    let (header_len, frame_len) = match encoded {
+        Ok(lengths) => lengths,
         Err(err) => {
             out.truncate(start);
             return Err(err);
         }
     };
-    let frame_len = 4 + header_len + payload.len();
-    if frame_len + 4 > max || header_len >= FD_MARK as usize || frame_len > u32::MAX as usize {
-        out.truncate(start);
-        return Err(Error::FrameTooLarge {
-            len: frame_len + 4,
-            max,
-        });
-    }
     out[start..start + 4].copy_from_slice(&(frame_len as u32).to_le_bytes());
     out[start + 4..start + 8].copy_from_slice(&(header_len as u32).to_le_bytes());
     Ok(payload)
